@@ -1,0 +1,373 @@
+//! Named consumer slots and the drain API: the contract with the sidecar.
+//!
+//! A slot remembers a consumer's confirmed position (the last sequence it has fully handled)
+//! across reconnects, for as long as the server runs. Each slot sees every message. A drain
+//! reads after a position, waiting for messages up to a timeout, and reports evicted
+//! messages as a gap row instead of skipping them silently.
+
+use crate::errors;
+use crate::message::MessageView;
+use crate::queue::Locate;
+use crate::shared::{queue, QueueShared};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8};
+
+const NAME_MAX: usize = 63;
+/// Bytes copied out of the ring per drain call beyond the first message; bounds how long a
+/// reader holds the lock that committing writers need.
+const MAX_BATCH_BYTES: usize = 16 << 20;
+
+#[repr(C)]
+pub struct ConsumerSlot {
+    /// Changed only under the exclusive queue lock.
+    in_use: AtomicBool,
+    name_len: AtomicU64,
+    name: [AtomicU8; NAME_MAX],
+    pub confirmed: AtomicU64,
+    /// Where the last read stopped: (sequence read through, ring offset to continue at).
+    hint_seq: AtomicU64,
+    hint_off: AtomicU64,
+    pub last_read: AtomicU64,
+    pub pid: AtomicI32,
+    pub gaps: AtomicU64,
+    pub lost: AtomicU64,
+    lost_through: AtomicU64,
+    pub delivered: AtomicU64,
+}
+
+impl ConsumerSlot {
+    pub fn in_use(&self) -> bool {
+        self.in_use.load(Relaxed)
+    }
+
+    pub fn name(&self) -> String {
+        let n = self.name_len.load(Relaxed) as usize;
+        let bytes: Vec<u8> = self.name[..n].iter().map(|c| c.load(Relaxed)).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn set_name(&self, name: &str) {
+        for (cell, b) in self.name.iter().zip(name.bytes()) {
+            cell.store(b, Relaxed);
+        }
+        self.name_len.store(name.len() as u64, Relaxed);
+    }
+}
+
+fn find<'a>(q: &'a QueueShared, name: &str) -> Option<&'a ConsumerSlot> {
+    q.slots().iter().find(|s| s.in_use() && s.name() == name)
+}
+
+fn require(q: &QueueShared, name: &str) -> &'static ConsumerSlot {
+    let q: &'static QueueShared = unsafe { &*(q as *const QueueShared) };
+    let _g = q.shared();
+    match find(q, name) {
+        Some(s) => s,
+        None => errors::fail(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("realtime consumer \"{name}\" does not exist"),
+            Some("Create it with realtime.create_consumer(name)."),
+        ),
+    }
+}
+
+fn validate_name(name: &str) {
+    if name.is_empty() || name.len() > NAME_MAX {
+        errors::invalid(
+            format!("consumer name must be 1 to {NAME_MAX} bytes long"),
+            None,
+        );
+    }
+}
+
+/// Creates the consumer if it does not exist, positioned after the last published message,
+/// and returns its confirmed position either way.
+#[pg_extern(volatile, parallel_unsafe)]
+fn create_consumer(name: &str) -> i64 {
+    validate_name(name);
+    let q = queue();
+    let mut g = q.exclusive();
+    if let Some(s) = find(q, name) {
+        return s.confirmed.load(Relaxed) as i64;
+    }
+    let Some(slot) = q.slots().iter().find(|s| !s.in_use()) else {
+        drop(g);
+        errors::fail(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            format!("all {} realtime consumer slots are in use", q.nslots),
+            Some("Drop an unused consumer with realtime.drop_consumer(name), or raise realtime.max_consumers."),
+        );
+    };
+    let core = g.core();
+    let position = core.last_seq();
+    slot.set_name(name);
+    for c in [&slot.gaps, &slot.lost, &slot.delivered] {
+        c.store(0, Relaxed);
+    }
+    slot.confirmed.store(position, Relaxed);
+    slot.last_read.store(position, Relaxed);
+    slot.lost_through.store(position, Relaxed);
+    slot.hint_seq.store(position, Relaxed);
+    slot.hint_off.store(core.published, Relaxed);
+    slot.pid.store(0, Relaxed);
+    slot.in_use.store(true, Relaxed);
+    position as i64
+}
+
+/// Frees a consumer's slot. Returns false when there was no such consumer.
+#[pg_extern(volatile, parallel_unsafe)]
+fn drop_consumer(name: &str) -> bool {
+    let q = queue();
+    let _g = q.exclusive();
+    let Some(slot) = find(q, name) else {
+        return false;
+    };
+    let pid = slot.pid.load(Relaxed);
+    if pid != 0 && pid != unsafe { pg_sys::MyProcPid } && backend_alive(pid) {
+        drop(_g);
+        errors::fail(
+            PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+            format!("realtime consumer \"{name}\" is in use by process {pid}"),
+            None,
+        );
+    }
+    slot.in_use.store(false, Relaxed);
+    true
+}
+
+/// Records that the consumer has handled every message up to `seq`; a reconnecting consumer
+/// resumes after its confirmed position. Never moves the position backwards.
+#[pg_extern(volatile, parallel_unsafe)]
+fn confirm(consumer: &str, seq: i64) {
+    let q = queue();
+    let slot = require(q, consumer);
+    let last = q.shared().core().last_seq();
+    if seq < 0 || seq as u64 > last {
+        errors::invalid(
+            format!("cannot confirm position {seq}: the last message of this queue is {last}"),
+            Some("The server may have restarted; read the consumer's position again with realtime.create_consumer()."),
+        );
+    }
+    slot.confirmed.fetch_max(seq as u64, Relaxed);
+}
+
+fn backend_alive(pid: i32) -> bool {
+    unsafe { !pg_sys::BackendPidGetProc(pid).is_null() }
+}
+
+/// Claims the slot for this backend: one reader per slot at a time.
+fn attach(slot: &'static ConsumerSlot, name: &str) {
+    let me = unsafe { pg_sys::MyProcPid };
+    let holder = slot.pid.load(Relaxed);
+    if holder == me {
+        return;
+    }
+    if holder != 0 && backend_alive(holder) {
+        errors::fail(
+            PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+            format!("realtime consumer \"{name}\" is in use by process {holder}"),
+            Some("Each consumer slot has one reader at a time; give every sidecar its own consumer name."),
+        );
+    }
+    if slot
+        .pid
+        .compare_exchange(holder, me, Relaxed, Relaxed)
+        .is_err()
+    {
+        errors::fail(
+            PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+            format!("realtime consumer \"{name}\" was just claimed by another process"),
+            None,
+        );
+    }
+    register_detach();
+}
+
+/// Releases this backend's slots when it exits, so a reconnecting consumer can claim them.
+fn register_detach() {
+    thread_local! { static REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) }; }
+    if !REGISTERED.get() {
+        unsafe { pg_sys::before_shmem_exit(Some(detach_all), pg_sys::Datum::from(0)) };
+        REGISTERED.set(true);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn detach_all(_code: i32, _arg: pg_sys::Datum) {
+    let me = unsafe { pg_sys::MyProcPid };
+    for s in queue().slots() {
+        let _ = s.pid.compare_exchange(me, 0, Relaxed, Relaxed);
+    }
+}
+
+type DrainRow = (
+    i64,
+    &'static str,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<bool>,
+    Option<TimestampWithTimeZone>,
+    Option<pgrx::Uuid>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// Returns the messages after `after_seq` (default: the consumer's confirmed position),
+/// waiting up to `timeout_ms` for the first one. Passing `after_seq` also confirms it.
+/// A first row of kind 'gap' reports messages evicted before this consumer read them.
+#[pg_extern(sql = r#"
+CREATE FUNCTION realtime."drain"(consumer text, after_seq bigint DEFAULT NULL, max_messages integer DEFAULT 10000, timeout_ms integer DEFAULT 1000)
+RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, lost_first bigint, lost_last bigint)
+VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#)]
+#[allow(clippy::type_complexity)]
+fn drain(
+    consumer: &str,
+    after_seq: Option<i64>,
+    max_messages: i32,
+    timeout_ms: i32,
+) -> TableIterator<
+    'static,
+    (
+        name!(seq, i64),
+        name!(kind, &'static str),
+        name!(topic, Option<String>),
+        name!(event, Option<String>),
+        name!(payload, Option<String>),
+        name!(binary_payload, Option<Vec<u8>>),
+        name!(private, Option<bool>),
+        name!(committed_at, Option<TimestampWithTimeZone>),
+        name!(id, Option<pgrx::Uuid>),
+        name!(lost_first, Option<i64>),
+        name!(lost_last, Option<i64>),
+    ),
+> {
+    if max_messages < 1 {
+        errors::invalid("max_messages must be at least 1", None);
+    }
+    if timeout_ms < 0 {
+        errors::invalid("timeout_ms must not be negative", None);
+    }
+    if after_seq.is_some_and(|s| s < 0) {
+        errors::invalid("after_seq must not be negative", None);
+    }
+    let q = queue();
+    let slot = require(q, consumer);
+    attach(slot, consumer);
+    let after = after_seq.map_or_else(|| slot.confirmed.load(Relaxed), |s| s as u64);
+
+    let ring = q.ring();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64);
+    let mut buf = Vec::new();
+    let mut sleeping = false;
+    let (gap, batch, read_through) = loop {
+        let (gap, batch) = {
+            let g = q.shared();
+            let hint = Some((slot.hint_seq.load(Relaxed), slot.hint_off.load(Relaxed)));
+            let (gap, start) = match g.core().locate(&ring, after, hint) {
+                Locate::At(off) => (None, off),
+                Locate::Gap { first, last, off } => (Some((first, last)), off),
+                Locate::Ahead { last_published } => {
+                    drop(g);
+                    ahead(after, last_published, q.epoch);
+                }
+            };
+            let b =
+                g.core()
+                    .read_batch(&ring, start, max_messages as u32, MAX_BATCH_BYTES, &mut buf);
+            (gap, b)
+        };
+        let read_through = batch.last_seq.unwrap_or(match gap {
+            Some((_, last)) => last,
+            None => after,
+        });
+        slot.hint_seq.store(read_through, Relaxed);
+        slot.hint_off.store(batch.next_off, Relaxed);
+        let remaining = deadline.saturating_duration_since(std::time::Instant::now());
+        if gap.is_some() || batch.count > 0 || remaining.is_zero() {
+            break (gap, batch, read_through);
+        }
+        unsafe {
+            if !sleeping {
+                // Registering before the re-check closes the window where a publish between
+                // our read and our sleep would go unnoticed.
+                pg_sys::ConditionVariablePrepareToSleep(q.cv());
+                sleeping = true;
+            } else {
+                pg_sys::ConditionVariableTimedSleep(
+                    q.cv(),
+                    remaining.as_millis().max(1) as i64,
+                    pg_sys::PG_WAIT_EXTENSION,
+                );
+            }
+        }
+    };
+    if sleeping {
+        unsafe { pg_sys::ConditionVariableCancelSleep() };
+    }
+    if let Some(s) = after_seq {
+        slot.confirmed.fetch_max(s as u64, Relaxed);
+    }
+
+    let mut rows: Vec<DrainRow> = Vec::with_capacity(batch.count as usize + 1);
+    if let Some((first, last)) = gap {
+        let counted = slot.lost_through.fetch_max(last, Relaxed);
+        if counted < last {
+            slot.gaps.fetch_add(1, Relaxed);
+            slot.lost.fetch_add(last - counted.max(first - 1), Relaxed);
+        }
+        rows.push((
+            last as i64,
+            "gap",
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            Some(first as i64),
+            Some(last as i64),
+        ));
+    }
+    let mut at = 0;
+    for _ in 0..batch.count {
+        let m = MessageView::parse(&buf[at..]);
+        at += m.header.len as usize;
+        let (payload, binary) = if m.is_binary() {
+            (None, Some(m.payload.to_vec()))
+        } else {
+            (Some(String::from_utf8_lossy(m.payload).into_owned()), None)
+        };
+        rows.push((
+            m.header.seq as i64,
+            "message",
+            Some(m.topic.to_owned()),
+            Some(m.event.to_owned()),
+            payload,
+            binary,
+            Some(m.is_private()),
+            TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
+            Some(pgrx::Uuid::from_bytes(m.header.id)),
+            None,
+            None,
+        ));
+    }
+    slot.last_read.store(read_through, Relaxed);
+    slot.delivered.fetch_add(batch.count as u64, Relaxed);
+    TableIterator::new(rows)
+}
+
+fn ahead(after: u64, last: u64, epoch: i64) -> ! {
+    let epoch = TimestampWithTimeZone::try_from(epoch)
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    errors::invalid(
+        format!("position {after} is beyond the last message of this queue ({last}); the queue started at {epoch}"),
+        Some("The server restarted and undelivered messages were lost; read the consumer's position again with realtime.create_consumer()."),
+    )
+}

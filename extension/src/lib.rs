@@ -1,0 +1,38 @@
+//! pg_realtime: transactional broadcast from Postgres into a shared-memory queue that
+//! WebSocket sidecars drain. See `queue.rs` for how messages are ordered and delivered.
+
+mod args;
+mod consumer;
+mod errors;
+mod gucs;
+mod message;
+mod payload;
+mod queue;
+mod send;
+mod shared;
+mod stats;
+mod trigger;
+mod xact;
+
+use pgrx::prelude::*;
+
+pgrx::pg_module_magic!();
+
+extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
+extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    // The queue lives in shared memory sized at postmaster start; a library loaded later
+    // (by CREATE EXTENSION or LOAD) could not have it, so refuse to load at all.
+    if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
+        errors::fail(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pg_realtime must be loaded via shared_preload_libraries",
+            Some("Add pg_realtime to shared_preload_libraries in postgresql.conf (shared_preload_libraries = 'pg_realtime') and restart the server."),
+        );
+    }
+    gucs::init();
+    shared::install_hooks();
+    xact::register_callbacks();
+}

@@ -1,0 +1,176 @@
+//! The byte layout of one message record, as it sits in a transaction's local buffer and,
+//! after commit, in the shared ring.
+//!
+//! A record is a fixed 48-byte header followed by the topic, the event and the payload bytes,
+//! unpadded. Records are copied into the ring with wrap-around, so nothing here depends on
+//! alignment: headers are always decoded from a copy.
+
+/// Set while the sending transaction has not yet committed or aborted.
+pub const STATE_PENDING: u8 = 1;
+/// The transaction committed; the record is (or is about to be) numbered and delivered.
+pub const STATE_COMMITTED: u8 = 2;
+/// The transaction aborted after reserving space; readers skip the record.
+pub const STATE_ABORTED: u8 = 3;
+
+pub const FLAG_PRIVATE: u8 = 1;
+pub const FLAG_BINARY: u8 = 2;
+
+pub const HEADER_LEN: usize = 48;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// Total record length, header included.
+    pub len: u32,
+    pub state: u8,
+    pub flags: u8,
+    pub topic_len: u16,
+    pub event_len: u16,
+    pub payload_len: u32,
+    /// Assigned when the record is published; 0 before that.
+    pub seq: u64,
+    /// Commit time of the sending transaction (Postgres TimestampTz, µs since 2000-01-01).
+    pub committed_at: i64,
+    /// The message id (a v4 uuid), delivered to clients as `meta.id`.
+    pub id: [u8; 16],
+}
+
+impl RecordHeader {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&self.len.to_le_bytes());
+        b[4] = self.state;
+        b[5] = self.flags;
+        b[6..8].copy_from_slice(&self.topic_len.to_le_bytes());
+        b[8..10].copy_from_slice(&self.event_len.to_le_bytes());
+        b[12..16].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        b[24..32].copy_from_slice(&self.committed_at.to_le_bytes());
+        b[32..48].copy_from_slice(&self.id);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Self {
+        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        RecordHeader {
+            len: u32_at(0),
+            state: b[4],
+            flags: b[5],
+            topic_len: u16_at(6),
+            event_len: u16_at(8),
+            payload_len: u32_at(12),
+            seq: u64_at(16),
+            committed_at: u64_at(24) as i64,
+            id: b[32..48].try_into().unwrap(),
+        }
+    }
+}
+
+/// Length of the record that `encode_record` writes for these parts.
+pub fn record_len(topic: &str, event: &str, payload_len: usize) -> usize {
+    HEADER_LEN + topic.len() + event.len() + payload_len
+}
+
+/// Appends one pending record to `out`. Lengths must already have been checked by the caller
+/// against the limits in `limits.rs`.
+pub fn encode_record(
+    out: &mut Vec<u8>,
+    topic: &str,
+    event: &str,
+    payload: &[u8],
+    flags: u8,
+    id: [u8; 16],
+) {
+    let header = RecordHeader {
+        len: record_len(topic, event, payload.len()) as u32,
+        state: STATE_PENDING,
+        flags,
+        topic_len: topic.len() as u16,
+        event_len: event.len() as u16,
+        payload_len: payload.len() as u32,
+        seq: 0,
+        committed_at: 0,
+        id,
+    };
+    out.extend_from_slice(&header.encode());
+    out.extend_from_slice(topic.as_bytes());
+    out.extend_from_slice(event.as_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// A decoded view of one contiguous record (as copied out of the ring by a reader).
+pub struct MessageView<'a> {
+    pub header: RecordHeader,
+    pub topic: &'a str,
+    pub event: &'a str,
+    pub payload: &'a [u8],
+}
+
+impl<'a> MessageView<'a> {
+    /// Splits `bytes` (exactly one record) into its parts. Topic and event were valid UTF-8
+    /// when they were written, so a failure here means shared memory was corrupted.
+    pub fn parse(bytes: &'a [u8]) -> Self {
+        let header = RecordHeader::decode(&bytes[..HEADER_LEN]);
+        let t_end = HEADER_LEN + header.topic_len as usize;
+        let e_end = t_end + header.event_len as usize;
+        let p_end = e_end + header.payload_len as usize;
+        MessageView {
+            header,
+            topic: std::str::from_utf8(&bytes[HEADER_LEN..t_end]).expect("topic is utf-8"),
+            event: std::str::from_utf8(&bytes[t_end..e_end]).expect("event is utf-8"),
+            payload: &bytes[e_end..p_end],
+        }
+    }
+
+    pub fn is_private(&self) -> bool {
+        self.header.flags & FLAG_PRIVATE != 0
+    }
+
+    pub fn is_binary(&self) -> bool {
+        self.header.flags & FLAG_BINARY != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let h = RecordHeader {
+            len: 123,
+            state: STATE_COMMITTED,
+            flags: FLAG_PRIVATE | FLAG_BINARY,
+            topic_len: 7,
+            event_len: 3,
+            payload_len: 65,
+            seq: u64::MAX - 1,
+            committed_at: -42,
+            id: [9; 16],
+        };
+        assert_eq!(RecordHeader::decode(&h.encode()), h);
+    }
+
+    #[test]
+    fn record_parses_back_into_its_parts() {
+        let mut buf = Vec::new();
+        encode_record(
+            &mut buf,
+            "room:1",
+            "INSERT",
+            b"{\"a\": 1}",
+            FLAG_PRIVATE,
+            [1; 16],
+        );
+        assert_eq!(buf.len(), record_len("room:1", "INSERT", 8));
+        let m = MessageView::parse(&buf);
+        assert_eq!(m.topic, "room:1");
+        assert_eq!(m.event, "INSERT");
+        assert_eq!(m.payload, b"{\"a\": 1}");
+        assert!(m.is_private());
+        assert!(!m.is_binary());
+        assert_eq!(m.header.state, STATE_PENDING);
+        assert_eq!(m.header.id, [1; 16]);
+    }
+}

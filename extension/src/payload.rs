@@ -1,0 +1,167 @@
+//! Building message payloads: ids, JSON text, and the payload shape of Supabase's
+//! `realtime.broadcast_changes`.
+
+use pgrx::pg_sys;
+
+/// A random (version 4) uuid from Postgres's strong random source, as `gen_random_uuid` makes.
+pub fn new_id() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    let ok = unsafe { pg_sys::pg_strong_random(b.as_mut_ptr().cast(), b.len()) };
+    if !ok {
+        pgrx::error!("could not generate random values");
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    b
+}
+
+pub fn push_uuid(out: &mut String, id: &[u8; 16]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, byte) in id.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push(HEX[(byte >> 4) as usize] as char);
+        out.push(HEX[(byte & 0xf) as usize] as char);
+    }
+}
+
+/// Appends `s` as a JSON string literal.
+pub fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn push_opt_str(out: &mut String, s: Option<&str>) {
+    match s {
+        Some(s) => push_json_str(out, s),
+        None => out.push_str("null"),
+    }
+}
+
+/// The payload Supabase's `broadcast_changes` delivers:
+/// `{id, table, record, schema, operation, old_record}`. Keys are in the order jsonb prints
+/// them, so the top level is byte-identical to Supabase's; `record` and `old_record` are
+/// `row_to_json` text (same values, columns in table order, no spaces).
+pub fn changes_payload(
+    id: &[u8; 16],
+    table: Option<&str>,
+    schema: Option<&str>,
+    operation: &str,
+    record: Option<&[u8]>,
+    old_record: Option<&[u8]>,
+) -> String {
+    let rows = record.map_or(4, |r| r.len()) + old_record.map_or(4, |r| r.len());
+    let mut out = String::with_capacity(128 + rows);
+    out.push_str("{\"id\": \"");
+    push_uuid(&mut out, id);
+    out.push_str("\", \"table\": ");
+    push_opt_str(&mut out, table);
+    out.push_str(", \"record\": ");
+    push_row(&mut out, record);
+    out.push_str(", \"schema\": ");
+    push_opt_str(&mut out, schema);
+    out.push_str(", \"operation\": ");
+    push_json_str(&mut out, operation);
+    out.push_str(", \"old_record\": ");
+    push_row(&mut out, old_record);
+    out.push('}');
+    out
+}
+
+fn push_row(out: &mut String, row: Option<&[u8]>) {
+    match row {
+        // row_to_json output is valid UTF-8 JSON in a UTF8 database.
+        Some(r) => out.push_str(&String::from_utf8_lossy(r)),
+        None => out.push_str("null"),
+    }
+}
+
+/// Adds `"id": "<uuid>"` as the first key of a JSON object text (`{...}`), as `realtime.send`
+/// does when the payload has no `id`.
+pub fn inject_id(object: &str, id: &[u8; 16]) -> String {
+    let rest = object
+        .trim_start()
+        .strip_prefix('{')
+        .unwrap_or(object)
+        .trim_start();
+    let mut out = String::with_capacity(object.len() + 48);
+    out.push_str("{\"id\": \"");
+    push_uuid(&mut out, id);
+    out.push('"');
+    if !rest.starts_with('}') {
+        out.push_str(", ");
+    }
+    out.push_str(rest);
+    out
+}
+
+/// JSON text of a composite datum (a row), via Postgres's own `row_to_json`.
+pub unsafe fn row_json<'a>(row: pg_sys::Datum) -> &'a [u8] {
+    unsafe {
+        let json = pgrx::fcinfo::direct_function_call_as_datum(pg_sys::row_to_json, &[Some(row)])
+            .expect("row_to_json returned NULL");
+        crate::args::varlena_bytes(json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_formats_like_postgres() {
+        let mut s = String::new();
+        push_uuid(&mut s, &[0xab; 16]);
+        assert_eq!(s, "abababab-abab-abab-abab-abababababab");
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        let mut s = String::new();
+        push_json_str(&mut s, "a\"b\\c\n\u{1}é");
+        assert_eq!(s, "\"a\\\"b\\\\c\\n\\u0001é\"");
+    }
+
+    #[test]
+    fn id_is_injected_first() {
+        let id = [0u8; 16];
+        assert_eq!(
+            inject_id("{\"a\": 1}", &id),
+            "{\"id\": \"00000000-0000-0000-0000-000000000000\", \"a\": 1}"
+        );
+        assert_eq!(
+            inject_id("{}", &id),
+            "{\"id\": \"00000000-0000-0000-0000-000000000000\"}"
+        );
+    }
+
+    #[test]
+    fn changes_payload_has_supabase_keys_in_jsonb_order() {
+        let p = changes_payload(
+            &[0; 16],
+            Some("t"),
+            Some("public"),
+            "DELETE",
+            None,
+            Some(b"{\"x\":1}"),
+        );
+        assert_eq!(
+            p,
+            "{\"id\": \"00000000-0000-0000-0000-000000000000\", \"table\": \"t\", \"record\": null, \"schema\": \"public\", \"operation\": \"DELETE\", \"old_record\": {\"x\":1}}"
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! `realtime.send`, `realtime.send_binary` and `realtime.broadcast_changes`: the SQL API that
+//! Supabase Realtime users already call, with the same names, arguments and defaults. They
+//! write no table row and no WAL: each call only appends to the transaction's buffer.
+
+use crate::args;
+use crate::errors;
+use crate::message::{FLAG_BINARY, FLAG_PRIVATE};
+use crate::payload;
+use crate::xact;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+fn flags(private: bool) -> u8 {
+    if private {
+        FLAG_PRIVATE
+    } else {
+        0
+    }
+}
+
+/// Unlike Supabase's `send`, which turns every failure into a WARNING and loses the message,
+/// a payload that cannot be delivered is an ERROR.
+#[pg_extern(sql = r#"
+CREATE FUNCTION realtime."send"(payload jsonb, event text, topic text, private boolean DEFAULT true)
+RETURNS void VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#)]
+fn send(fcinfo: pg_sys::FunctionCallInfo) {
+    unsafe {
+        let Some(d) = args::datum(fcinfo, 0) else {
+            errors::null_arg("payload")
+        };
+        let event = args::required_text(fcinfo, 1, "event");
+        let topic = args::required_text(fcinfo, 2, "topic");
+        let private = args::bool_or(fcinfo, 3, true);
+
+        let jb = pg_sys::pg_detoast_datum(d.cast_mut_ptr()) as *mut pg_sys::Jsonb;
+        if (*jb).root.header & pg_sys::JB_FOBJECT == 0 {
+            errors::invalid(
+                "realtime.send payload must be a JSON object",
+                Some("Wrap the value in an object, for example jsonb_build_object('value', ...)."),
+            );
+        }
+        let id = payload::new_id();
+        let has_id = pgrx::fcinfo::direct_function_call_as_datum(
+            pg_sys::jsonb_exists,
+            &[Some(pg_sys::Datum::from(jb)), Some(id_key())],
+        )
+        .is_some_and(|b| b.value() != 0);
+        let text = pg_sys::JsonbToCString(
+            std::ptr::null_mut(),
+            &raw mut (*jb).root,
+            pgrx::varlena::varsize(jb as *const pg_sys::varlena) as i32,
+        );
+        let text = std::ffi::CStr::from_ptr(text).to_string_lossy();
+        if has_id {
+            xact::enqueue(topic, event, text.as_bytes(), flags(private), id);
+        } else {
+            let with_id = payload::inject_id(&text, &id);
+            xact::enqueue(topic, event, with_id.as_bytes(), flags(private), id);
+        }
+    }
+}
+
+/// The text datum `'id'`, built once per backend.
+fn id_key() -> pg_sys::Datum {
+    thread_local! {
+        static KEY: pg_sys::Datum = unsafe {
+            let mut ctx = pgrx::PgMemoryContexts::TopMemoryContext;
+            ctx.switch_to(|_| pg_sys::Datum::from(pgrx::varlena::rust_str_to_text_p("id").into_pg()))
+        };
+    }
+    KEY.with(|k| *k)
+}
+
+/// Binary payloads reach only clients on the 2.0.0 serializer, as in Supabase.
+#[pg_extern(sql = r#"
+CREATE FUNCTION realtime."send_binary"(payload bytea, event text, topic text, private boolean DEFAULT true)
+RETURNS void VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#)]
+fn send_binary(fcinfo: pg_sys::FunctionCallInfo) {
+    unsafe {
+        let Some(d) = args::datum(fcinfo, 0) else {
+            errors::null_arg("payload")
+        };
+        let event = args::required_text(fcinfo, 1, "event");
+        let topic = args::required_text(fcinfo, 2, "topic");
+        let private = args::bool_or(fcinfo, 3, true);
+        let bytes = args::varlena_bytes(d);
+        xact::enqueue(
+            topic,
+            event,
+            bytes,
+            flags(private) | FLAG_BINARY,
+            payload::new_id(),
+        );
+    }
+}
+
+const CHANGE_OPERATIONS: [&str; 3] = ["INSERT", "UPDATE", "DELETE"];
+
+/// Supabase's signature and error texts; always sends to the private topic, as Supabase does.
+#[pg_extern(sql = r#"
+CREATE FUNCTION realtime."broadcast_changes"(topic_name text, event_name text, operation text, table_name text, table_schema text, new record, old record, level text DEFAULT 'ROW')
+RETURNS void VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#)]
+fn broadcast_changes(fcinfo: pg_sys::FunctionCallInfo) {
+    unsafe {
+        if let Some(level) = args::datum(fcinfo, 7) {
+            if args::text(level, "level") == "STATEMENT" {
+                errors::fail(
+                    PgSqlErrorCode::ERRCODE_RAISE_EXCEPTION,
+                    "Failed to process the row: function can only be triggered for each row, not for each statement",
+                    Some("Create the trigger FOR EACH ROW."),
+                );
+            }
+        }
+        let op = args::datum(fcinfo, 2).map(|d| args::text(d, "operation"));
+        let op = match op {
+            Some(op) if CHANGE_OPERATIONS.contains(&op) => op,
+            other => errors::fail(
+                PgSqlErrorCode::ERRCODE_RAISE_EXCEPTION,
+                format!(
+                    "Failed to process the row: Unexpected operation type: {}",
+                    other.unwrap_or("<NULL>")
+                ),
+                Some("operation must be INSERT, UPDATE or DELETE (TG_OP)."),
+            ),
+        };
+        let topic = args::required_text(fcinfo, 0, "topic_name");
+        let event = args::required_text(fcinfo, 1, "event_name");
+        let table = args::datum(fcinfo, 3).map(|d| args::text(d, "table_name"));
+        let schema = args::datum(fcinfo, 4).map(|d| args::text(d, "table_schema"));
+        let new = args::datum(fcinfo, 5).map(|d| payload::row_json(d));
+        let old = args::datum(fcinfo, 6).map(|d| payload::row_json(d));
+        let id = payload::new_id();
+        let body = payload::changes_payload(&id, table, schema, op, new, old);
+        xact::enqueue(topic, event, body.as_bytes(), FLAG_PRIVATE, id);
+    }
+}

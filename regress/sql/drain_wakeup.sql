@@ -1,0 +1,47 @@
+-- A drain that is waiting wakes when a transaction commits, and a subscriber that then
+-- queries sees that transaction's writes. The reader runs in a second session (dblink).
+CREATE EXTENSION dblink;
+CREATE TABLE wake (id int);
+SELECT realtime.create_consumer('waker') >= 0 AS created;
+SELECT dblink_connect('reader', format('host=%s port=%s dbname=%s',
+    split_part(current_setting('unix_socket_directories'), ',', 1), current_setting('port'), current_database()));
+SELECT dblink_send_query('reader', $$
+    SELECT d.payload::jsonb->>'row' AS row, clock_timestamp() - s.started < interval '10 s' AS woke_before_timeout
+    FROM (SELECT clock_timestamp() AS started) s, realtime.drain('waker', NULL, 10, 20000) d $$);
+
+-- Wait (bounded) until the reader sleeps in the drain, so the wake-up path is what is tested.
+DO $$
+BEGIN
+    FOR i IN 1..400 LOOP
+        EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity
+                          WHERE wait_event_type = 'Extension' AND query LIKE '%realtime.drain(''waker''%');
+        PERFORM pg_sleep(0.025);
+    END LOOP;
+END
+$$;
+SELECT wait_event_type, wait_event FROM pg_stat_activity
+WHERE pid <> pg_backend_pid() AND query LIKE '%realtime.drain(''waker''%';
+
+-- While the reader holds the consumer, no one else may drain it.
+DO $$
+BEGIN
+    PERFORM * FROM realtime.drain('waker', NULL, 1, 0);
+EXCEPTION WHEN object_in_use THEN
+    RAISE NOTICE '%', regexp_replace(SQLERRM, '\d+', 'N', 'g');
+END
+$$;
+
+BEGIN;
+INSERT INTO wake VALUES (7);
+SELECT realtime.send('{"row": 7}', 'ev', 'wake', false);
+COMMIT;
+SELECT * FROM dblink_get_result('reader') AS t(row text, woke_before_timeout boolean);
+SELECT * FROM dblink_get_result('reader') AS t(row text, woke_before_timeout boolean);
+SELECT * FROM dblink('reader', 'SELECT count(*) FROM wake WHERE id = 7') AS t(visible bigint);
+
+-- When the reader's session ends, its consumer is free again.
+SELECT dblink_disconnect('reader');
+SELECT wait_until_released('waker');
+SELECT count(*) AS redelivered_unconfirmed FROM realtime.drain('waker', NULL, 10, 0);
+SELECT realtime.drop_consumer('waker');
+SELECT count(*) FROM take();

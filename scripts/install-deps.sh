@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what building and testing pg_realtime needs on Debian 12, as root. Idempotent:
+# each step is skipped when its result is already there.
+set -euo pipefail
+
+PGRX_VERSION=0.18.1
+packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config build-essential sudo)
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
+    echo "installing cargo-pgrx $PGRX_VERSION (several minutes on a fresh machine)"
+    cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+fi
+if ! grep -q '^pg15 *= *"/usr/bin/pg_config"' "$HOME/.pgrx/config.toml" 2>/dev/null; then
+    cargo pgrx init --pg15 /usr/bin/pg_config
+fi
