@@ -19,4 +19,4 @@ $$;
 REVOKE EXECUTE ON FUNCTION realtime.create_consumer(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.drop_consumer(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.confirm(text, bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION realtime.drain(text, bigint, integer, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.drain(text, bigint, integer, integer, integer) FROM PUBLIC;

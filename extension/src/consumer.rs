@@ -13,6 +13,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8};
+use std::time::{Duration, Instant};
 
 const NAME_MAX: usize = 63;
 /// Bytes copied out of the ring per drain call beyond the first message; bounds how long a
@@ -56,21 +57,22 @@ impl ConsumerSlot {
     }
 }
 
-fn find<'a>(q: &'a QueueShared, name: &str) -> Option<&'a ConsumerSlot> {
+/// Looks a consumer up. The caller holds the queue lock, so slots do not change meanwhile.
+fn find(q: &'static QueueShared, name: &str) -> Option<&'static ConsumerSlot> {
     q.slots().iter().find(|s| s.in_use() && s.name() == name)
 }
 
-fn require(q: &QueueShared, name: &str) -> &'static ConsumerSlot {
-    let q: &'static QueueShared = unsafe { &*(q as *const QueueShared) };
+fn missing(name: &str) -> ! {
+    errors::fail(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+        format!("realtime consumer \"{name}\" does not exist"),
+        Some("Create it with realtime.create_consumer(name)."),
+    )
+}
+
+fn require(q: &'static QueueShared, name: &str) -> &'static ConsumerSlot {
     let _g = q.shared();
-    match find(q, name) {
-        Some(s) => s,
-        None => errors::fail(
-            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-            format!("realtime consumer \"{name}\" does not exist"),
-            Some("Create it with realtime.create_consumer(name)."),
-        ),
-    }
+    find(q, name).unwrap_or_else(|| missing(name))
 }
 
 fn validate_name(name: &str) {
@@ -157,32 +159,28 @@ fn backend_alive(pid: i32) -> bool {
     unsafe { !pg_sys::BackendPidGetProc(pid).is_null() }
 }
 
-/// Claims the slot for this backend: one reader per slot at a time.
-fn attach(slot: &'static ConsumerSlot, name: &str) {
+/// Finds the consumer and claims it for this backend: one reader per slot at a time. The
+/// claim is made under the exclusive lock so that a concurrent drop cannot free the slot
+/// between the lookup and the claim.
+fn claim(q: &'static QueueShared, name: &str) -> &'static ConsumerSlot {
     let me = unsafe { pg_sys::MyProcPid };
-    let holder = slot.pid.load(Relaxed);
-    if holder == me {
-        return;
+    let slot = require(q, name);
+    if slot.pid.load(Relaxed) == me {
+        return slot;
     }
-    if holder != 0 && backend_alive(holder) {
+    let _g = q.exclusive();
+    let slot = find(q, name).unwrap_or_else(|| missing(name));
+    let holder = slot.pid.load(Relaxed);
+    if holder != 0 && holder != me && backend_alive(holder) {
         errors::fail(
             PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
             format!("realtime consumer \"{name}\" is in use by process {holder}"),
             Some("Each consumer slot has one reader at a time; give every sidecar its own consumer name."),
         );
     }
-    if slot
-        .pid
-        .compare_exchange(holder, me, Relaxed, Relaxed)
-        .is_err()
-    {
-        errors::fail(
-            PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
-            format!("realtime consumer \"{name}\" was just claimed by another process"),
-            None,
-        );
-    }
+    slot.pid.store(me, Relaxed);
     register_detach();
+    slot
 }
 
 /// Releases this backend's slots when it exits, so a reconnecting consumer can claim them.
@@ -217,10 +215,11 @@ type DrainRow = (
 );
 
 /// Returns the messages after `after_seq` (default: the consumer's confirmed position),
-/// waiting up to `timeout_ms` for the first one. Passing `after_seq` also confirms it.
+/// waiting up to `timeout_ms` for the first one, then up to `linger_ms` for more to batch
+/// with it. Passing `after_seq` also confirms it.
 /// A first row of kind 'gap' reports messages evicted before this consumer read them.
 #[pg_extern(sql = r#"
-CREATE FUNCTION realtime."drain"(consumer text, after_seq bigint DEFAULT NULL, max_messages integer DEFAULT 10000, timeout_ms integer DEFAULT 1000)
+CREATE FUNCTION realtime."drain"(consumer text, after_seq bigint DEFAULT NULL, max_messages integer DEFAULT 10000, timeout_ms integer DEFAULT 1000, linger_ms integer DEFAULT 0)
 RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, lost_first bigint, lost_last bigint)
 VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
@@ -230,6 +229,7 @@ fn drain(
     after_seq: Option<i64>,
     max_messages: i32,
     timeout_ms: i32,
+    linger_ms: i32,
 ) -> TableIterator<
     'static,
     (
@@ -252,44 +252,56 @@ fn drain(
     if timeout_ms < 0 {
         errors::invalid("timeout_ms must not be negative", None);
     }
+    if !(0..=10_000).contains(&linger_ms) {
+        errors::invalid("linger_ms must be between 0 and 10000", None);
+    }
     if after_seq.is_some_and(|s| s < 0) {
         errors::invalid("after_seq must not be negative", None);
     }
     let q = queue();
-    let slot = require(q, consumer);
-    attach(slot, consumer);
+    let slot = claim(q, consumer);
     let after = after_seq.map_or_else(|| slot.confirmed.load(Relaxed), |s| s as u64);
 
     let ring = q.ring();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64);
+    let hint = Some((slot.hint_seq.load(Relaxed), slot.hint_off.load(Relaxed)));
+    let read = |buf: &mut Vec<u8>| {
+        buf.clear();
+        let g = q.shared();
+        let (gap, start) = match g.core().locate(&ring, after, hint) {
+            Locate::At(off) => (None, off),
+            Locate::Gap { first, last, off } => (Some((first, last)), off),
+            Locate::Ahead { last_published } => {
+                drop(g);
+                ahead(after, last_published, q.epoch);
+            }
+        };
+        let batch = g
+            .core()
+            .read_batch(&ring, start, max_messages as u32, MAX_BATCH_BYTES, buf);
+        (gap, batch)
+    };
+
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
     let mut buf = Vec::new();
     let mut sleeping = false;
-    let (gap, batch, read_through) = loop {
-        let (gap, batch) = {
-            let g = q.shared();
-            let hint = Some((slot.hint_seq.load(Relaxed), slot.hint_off.load(Relaxed)));
-            let (gap, start) = match g.core().locate(&ring, after, hint) {
-                Locate::At(off) => (None, off),
-                Locate::Gap { first, last, off } => (Some((first, last)), off),
-                Locate::Ahead { last_published } => {
-                    drop(g);
-                    ahead(after, last_published, q.epoch);
-                }
-            };
-            let b =
-                g.core()
-                    .read_batch(&ring, start, max_messages as u32, MAX_BATCH_BYTES, &mut buf);
-            (gap, b)
-        };
-        let read_through = batch.last_seq.unwrap_or(match gap {
-            Some((_, last)) => last,
-            None => after,
-        });
-        slot.hint_seq.store(read_through, Relaxed);
-        slot.hint_off.store(batch.next_off, Relaxed);
-        let remaining = deadline.saturating_duration_since(std::time::Instant::now());
-        if gap.is_some() || batch.count > 0 || remaining.is_zero() {
-            break (gap, batch, read_through);
+    let mut lingered = linger_ms == 0;
+    let (gap, batch) = loop {
+        let (gap, batch) = read(&mut buf);
+        let found = gap.is_some() || batch.count > 0;
+        if found && !lingered && batch.count < max_messages as u32 {
+            // Under load, one wake-up per commit costs the consumer (and the 2 cores writers
+            // share with it) more than the messages do: wait a little and take more at once.
+            lingered = true;
+            if sleeping {
+                unsafe { pg_sys::ConditionVariableCancelSleep() };
+                sleeping = false;
+            }
+            sleep_interruptibly(Duration::from_millis(linger_ms as u64));
+            continue;
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if found || remaining.is_zero() {
+            break (gap, batch);
         }
         unsafe {
             if !sleeping {
@@ -309,6 +321,12 @@ fn drain(
     if sleeping {
         unsafe { pg_sys::ConditionVariableCancelSleep() };
     }
+    let read_through = batch.last_seq.unwrap_or(match gap {
+        Some((_, last)) => last,
+        None => after,
+    });
+    slot.hint_seq.store(read_through, Relaxed);
+    slot.hint_off.store(batch.next_off, Relaxed);
     if let Some(s) = after_seq {
         slot.confirmed.fetch_max(s as u64, Relaxed);
     }
@@ -360,6 +378,28 @@ fn drain(
     slot.last_read.store(read_through, Relaxed);
     slot.delivered.fetch_add(batch.count as u64, Relaxed);
     TableIterator::new(rows)
+}
+
+/// Sleeps on this backend's latch (not the queue's condition variable, so commits do not
+/// wake it), still answering query cancel and statement_timeout.
+fn sleep_interruptibly(d: Duration) {
+    let until = Instant::now() + d;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                left.as_millis().max(1) as i64,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pgrx::check_for_interrupts!();
+    }
 }
 
 fn ahead(after: u64, last: u64, epoch: i64) -> ! {

@@ -70,6 +70,14 @@ pub fn enqueue(topic: &str, event: &str, payload: &[u8], flags: u8, id: [u8; 16]
     }
     let len = record_len(topic, event, payload.len());
     BUFFER.with_borrow_mut(|b| {
+        if b.reserved.is_some() {
+            // Another extension's pre-commit hook is sending after ours copied the buffer.
+            errors::fail(
+                PgSqlErrorCode::ERRCODE_INVALID_TRANSACTION_STATE,
+                "cannot send realtime messages while the transaction is committing",
+                None,
+            );
+        }
         let total = (b.records.len() + len) as u64;
         let capacity = queue().capacity;
         if total > capacity {

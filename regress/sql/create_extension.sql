@@ -2,7 +2,7 @@
 CREATE EXTENSION pg_realtime;
 
 SELECT p.oid::regprocedure AS function, p.prorettype::regtype AS returns
-FROM pg_proc p WHERE p.pronamespace = 'realtime'::regnamespace ORDER BY 1::text;
+FROM pg_proc p WHERE p.pronamespace = 'realtime'::regnamespace ORDER BY p.proname;
 
 SELECT pg_get_function_arguments('realtime.send'::regproc) AS send_args;
 SELECT pg_get_function_arguments('realtime.send_binary'::regproc) AS send_binary_args;

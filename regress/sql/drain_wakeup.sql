@@ -39,9 +39,34 @@ SELECT * FROM dblink_get_result('reader') AS t(row text, woke_before_timeout boo
 SELECT * FROM dblink_get_result('reader') AS t(row text, woke_before_timeout boolean);
 SELECT * FROM dblink('reader', 'SELECT count(*) FROM wake WHERE id = 7') AS t(visible bigint);
 
--- When the reader's session ends, its consumer is free again.
+-- When the reader's session ends, its consumer is free again, and a new session gets what
+-- was not confirmed once more.
 SELECT dblink_disconnect('reader');
 SELECT wait_until_released('waker');
-SELECT count(*) AS redelivered_unconfirmed FROM realtime.drain('waker', NULL, 10, 0);
+SELECT dblink_connect('reader', format('host=%s port=%s dbname=%s',
+    split_part(current_setting('unix_socket_directories'), ',', 1), current_setting('port'), current_database()));
+SELECT * FROM dblink('reader', $$ SELECT count(*) FROM realtime.drain('waker', NULL, 10, 0) $$) AS t(redelivered bigint);
+SELECT * FROM dblink('reader', $$ SELECT realtime.confirm('waker', last_read_seq) FROM realtime.consumers() WHERE name = 'waker' $$) AS t(confirmed text);
+
+-- With linger_ms, a drain woken by one commit waits that long for more and returns them
+-- together: the reader gets both messages below in one call.
+SELECT dblink_send_query('reader', $$
+    SELECT d.payload::jsonb->>'row' AS row FROM realtime.drain('waker', NULL, 10, 20000, 3000) d $$);
+DO $$
+BEGIN
+    FOR i IN 1..400 LOOP
+        EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity
+                          WHERE wait_event_type = 'Extension' AND query LIKE '%realtime.drain(''waker''%');
+        PERFORM pg_sleep(0.025);
+    END LOOP;
+END
+$$;
+SELECT realtime.send('{"row": 8}', 'ev', 'wake', false);
+SELECT realtime.send('{"row": 9}', 'ev', 'wake', false);
+SELECT * FROM dblink_get_result('reader') AS t(row text);
+SELECT * FROM dblink_get_result('reader') AS t(row text);
+SELECT dblink_disconnect('reader');
+SELECT wait_until_released('waker');
+SELECT * FROM realtime.drain('test', NULL, 10, 0, -1);
 SELECT realtime.drop_consumer('waker');
 SELECT count(*) FROM take();

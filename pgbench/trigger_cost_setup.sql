@@ -1,0 +1,34 @@
+-- Tables for the trigger-cost benchmark: the same 6-column table, once per way of broadcasting.
+CREATE EXTENSION pg_realtime;
+
+CREATE TABLE t_plain (id bigserial PRIMARY KEY, room int, author text, body text, score numeric, created_at timestamptz);
+CREATE TABLE t_changes (LIKE t_plain INCLUDING ALL);
+CREATE TABLE t_native (LIKE t_plain INCLUDING ALL);
+CREATE TABLE t_notify (LIKE t_plain INCLUDING ALL);
+
+-- (b) broadcast_changes called from a plpgsql trigger, as Supabase's docs write it.
+CREATE FUNCTION t_changes_broadcast() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM realtime.broadcast_changes('room:' || NEW.room, TG_OP, TG_OP, TG_TABLE_NAME, TG_TABLE_SCHEMA, NEW, OLD);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER t_changes_broadcast AFTER INSERT OR UPDATE OR DELETE ON t_changes
+    FOR EACH ROW EXECUTE FUNCTION t_changes_broadcast();
+
+-- (b') the native trigger, same payload.
+CREATE TRIGGER t_native_broadcast AFTER INSERT OR UPDATE OR DELETE ON t_native
+    FOR EACH ROW EXECUTE FUNCTION realtime.broadcast_trigger('room:{room}');
+
+-- (c) the same payload through NOTIFY.
+CREATE FUNCTION t_notify_broadcast() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('bench', jsonb_build_object('old_record', OLD, 'record', NEW, 'operation', TG_OP,
+                                                   'table', TG_TABLE_NAME, 'schema', TG_TABLE_SCHEMA)::text);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER t_notify_broadcast AFTER INSERT OR UPDATE OR DELETE ON t_notify
+    FOR EACH ROW EXECUTE FUNCTION t_notify_broadcast();
+
+SELECT realtime.create_consumer('bench');
