@@ -5,6 +5,8 @@ set -euo pipefail
 
 PGRX_VERSION=0.18.1
 packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config build-essential sudo)
+# The realtime-js end-to-end tests run on Node (this machine kind ships Node 20 and npm).
+command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine, as root: installs what it needs,
-# checks formatting and lints, runs the Rust unit tests, installs the extension into the
-# system PostgreSQL 15, and runs the pg_regress, isolation and not-preloaded suites.
+# checks formatting and lints, installs the extension into the system PostgreSQL 15, runs
+# the Rust unit and end-to-end tests and the realtime-js tests against a throwaway cluster,
+# then the pg_regress, isolation and not-preloaded suites.
 # The last line is "N passed, N failed" over everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$(pwd)
 export PATH="$HOME/.cargo/bin:$PATH"
 log=$(mktemp -d /tmp/pg_realtime_test.XXXXXX)
+chmod 755 "$log"
 
 scripts/install-deps.sh
 
@@ -14,19 +17,37 @@ echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== unit tests"
-cargo test --workspace 2>&1 | tee "$log/unit.log"
 echo "== install the extension"
 scripts/install-extension.sh
+
+echo "== cluster for the end-to-end tests"
+cluster="$log/cluster"
+port=${TEST_PG_PORT:-54350}
+scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 64" "max_connections = 200"
+trap 'scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true' EXIT
+runuser -u postgres -- psql -h "$cluster" -p "$port" -U postgres -X -q -c "CREATE EXTENSION pg_realtime"
+export PG_REALTIME_TEST_DSN="host=$cluster port=$port user=postgres dbname=postgres"
+export PG_REALTIME_TEST_PGDATA="$cluster/data"
+
+echo "== Rust unit and end-to-end tests"
+cargo test --workspace 2>&1 | tee "$log/cargo.log"
+echo "== realtime-js end-to-end tests"
+(cd sidecar/e2e && npm ci --no-audit --no-fund --loglevel=error)
+SIDECAR_BIN="$root/target/debug/realtime-sidecar" npm --prefix sidecar/e2e test 2>&1 | tee "$log/node.log"
+
+scripts/cluster.sh stop "$cluster"
+trap - EXIT
+
 echo "== pg_regress and isolation suites"
 regress_status=0
 scripts/regress.sh 2>&1 | tee "$log/regress.log" || regress_status=$?
 
-unit_passed=$(grep -oE 'test result: .* ([0-9]+) passed' "$log/unit.log" | grep -oE '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
-unit_failed=$(grep -oE '[0-9]+ failed' "$log/unit.log" | awk '{s+=$1} END {print s+0}')
+sum() { grep -oE "$1" "$2" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}'; }
+passed=$(( $(sum '[0-9]+ passed;' "$log/cargo.log") + $(sum '^# pass [0-9]+' "$log/node.log") ))
+failed=$(( $(sum '[0-9]+ failed;' "$log/cargo.log") + $(sum '^# fail [0-9]+' "$log/node.log") ))
 read -r reg_passed reg_failed < <(sed -nE 's/^regress: ([0-9]+) passed, ([0-9]+) failed$/\1 \2/p' "$log/regress.log")
-passed=$((unit_passed + ${reg_passed:-0}))
-failed=$((unit_failed + ${reg_failed:-1}))
+passed=$((passed + ${reg_passed:-0}))
+failed=$((failed + ${reg_failed:-1}))
 [ "$regress_status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,154 @@
+// End to end with the official @supabase/realtime-js client (pinned in package.json), run
+// under Node with the `ws` transport, against a real sidecar and a real Postgres.
+// Needs SIDECAR_BIN and PG_REALTIME_TEST_DSN (scripts/test.sh sets both).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import crypto from 'node:crypto';
+import net from 'node:net';
+import WebSocket from 'ws';
+import pg from 'pg';
+import { RealtimeClient } from '@supabase/realtime-js';
+
+const SECRET = 'test-secret-with-at-least-32-characters';
+const b64url = (s) => Buffer.from(s).toString('base64url');
+const jwt = (claims) => {
+  const head = b64url(JSON.stringify({ alg: 'HS256', typ: 'JWT' }));
+  const body = b64url(JSON.stringify(claims));
+  const sig = crypto.createHmac('sha256', SECRET).update(`${head}.${body}`).digest('base64url');
+  return `${head}.${body}.${sig}`;
+};
+const apikey = jwt({ role: 'anon', exp: Math.floor(Date.now() / 1000) + 3600 });
+
+function pgConfig(dsn) {
+  const kv = Object.fromEntries(dsn.split(/\s+/).filter(Boolean).map((p) => p.split('=')));
+  return { host: kv.host, port: Number(kv.port ?? 5432), user: kv.user, database: kv.dbname };
+}
+
+const withTimeout = (p, ms, what) =>
+  Promise.race([p, new Promise((_, reject) => setTimeout(() => reject(new Error(`timed out: ${what}`)), ms))]);
+
+function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer().listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+let sidecar;
+let port;
+let db;
+
+before(async () => {
+  const dsn = process.env.PG_REALTIME_TEST_DSN;
+  assert.ok(dsn && process.env.SIDECAR_BIN, 'SIDECAR_BIN and PG_REALTIME_TEST_DSN must be set');
+  port = await freePort();
+  sidecar = spawn(process.env.SIDECAR_BIN, [], {
+    env: { ...process.env, PORT: String(port), API_JWT_SECRET: SECRET, DATABASE_URL: dsn, CONSUMER_NAME: 'realtime_js_e2e', LOG_LEVEL: 'warn' },
+    stdio: ['ignore', 'inherit', 'inherit'],
+  });
+  const deadline = Date.now() + 15000;
+  for (;;) {
+    try {
+      if ((await fetch(`http://127.0.0.1:${port}/healthz`)).status === 200) break;
+    } catch {}
+    assert.ok(Date.now() < deadline, 'sidecar did not become healthy');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  db = new pg.Client(pgConfig(dsn));
+  await db.connect();
+  await db.query(`CREATE TABLE IF NOT EXISTS js_rooms (id serial PRIMARY KEY, room text NOT NULL, body text);
+                  DROP TRIGGER IF EXISTS js_rooms_bc ON js_rooms;
+                  CREATE TRIGGER js_rooms_bc AFTER INSERT OR UPDATE OR DELETE ON js_rooms
+                    FOR EACH ROW EXECUTE FUNCTION realtime.broadcast_trigger('room:{room}', '', 'false')`);
+});
+
+after(async () => {
+  await db?.end();
+  sidecar?.kill('SIGTERM');
+});
+
+async function subscribe(vsn, topic) {
+  const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey }, vsn });
+  await client.setAuth(apikey);
+  const channel = client.channel(topic, { config: { private: false } });
+  return { client, channel };
+}
+
+async function close(client) {
+  await client.removeAllChannels();
+  client.disconnect();
+}
+
+function subscribed(channel) {
+  return withTimeout(
+    new Promise((resolve, reject) =>
+      channel.subscribe((status, err) => {
+        if (status === 'SUBSCRIBED') resolve();
+        else if (status === 'CHANNEL_ERROR' || status === 'TIMED_OUT') reject(err ?? new Error(status));
+      }),
+    ),
+    10000,
+    'subscribe',
+  );
+}
+
+for (const vsn of ['1.0.0', '2.0.0']) {
+  test(`realtime-js (${vsn}) receives a trigger's broadcast`, async () => {
+    const room = `js-${vsn}-${Date.now()}`;
+    const { client, channel } = await subscribe(vsn, `room:${room}`);
+    try {
+      const got = new Promise((resolve) => channel.on('broadcast', { event: 'INSERT' }, resolve));
+      await subscribed(channel);
+      const { rows } = await db.query('INSERT INTO js_rooms (room, body) VALUES ($1, $2) RETURNING id', [room, 'hello']);
+      const msg = await withTimeout(got, 10000, 'broadcast');
+      assert.equal(msg.type, 'broadcast');
+      assert.equal(msg.event, 'INSERT');
+      assert.deepEqual(msg.payload.record, { id: rows[0].id, room, body: 'hello' });
+      assert.equal(msg.payload.operation, 'INSERT');
+      assert.equal(msg.payload.table, 'js_rooms');
+      assert.equal(msg.payload.old_record, null);
+      assert.equal(msg.meta.id, msg.payload.id);
+    } finally {
+      await close(client);
+    }
+  });
+
+  test(`realtime-js (${vsn}) receives realtime.send messages in order`, async () => {
+    const topic = `ordered-${vsn}-${Date.now()}`;
+    const { client, channel } = await subscribe(vsn, topic);
+    try {
+      const seen = [];
+      const done = new Promise((resolve) =>
+        channel.on('broadcast', { event: 'n' }, (m) => {
+          seen.push(m.payload.n);
+          if (seen.length === 20) resolve();
+        }),
+      );
+      await subscribed(channel);
+      await db.query(`SELECT realtime.send(jsonb_build_object('n', i), 'n', $1, false) FROM generate_series(1, 20) i`, [topic]);
+      await withTimeout(done, 10000, '20 messages');
+      assert.deepEqual(seen, Array.from({ length: 20 }, (_, i) => i + 1));
+    } finally {
+      await close(client);
+    }
+  });
+}
+
+test('realtime-js gets the Unauthorized reason for a private channel', async () => {
+  const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  await client.setAuth(apikey);
+  try {
+    const channel = client.channel('secret-room', { config: { private: true } });
+    const err = await withTimeout(
+      new Promise((resolve) => channel.subscribe((status, e) => status === 'CHANNEL_ERROR' && resolve(e))),
+      10000,
+      'channel error',
+    );
+    assert.match(String(err?.message ?? err), /Unauthorized: You do not have permissions to read from this Channel topic: secret-room/);
+  } finally {
+    await close(client);
+  }
+});

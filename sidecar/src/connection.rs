@@ -1,0 +1,490 @@
+//! One WebSocket connection: its channels, the client's frames, and the frames queued for it.
+//!
+//! A single task owns the connection. It answers the client's frames directly (so a reply
+//! always precedes broadcasts on the channel it opened) and writes hub frames from a bounded
+//! queue, batching whatever is ready into one flush. It ends on close, error, idle timeout,
+//! a full queue (the client is too slow), a rate limit, or server shutdown, each with a close
+//! reason, and unsubscribes every channel on the way out.
+
+use crate::channel;
+use crate::frame::{self, Inbound, Vsn};
+use crate::hub::{ConnId, Subscriber, TopicKey};
+use crate::jwt::{self, Claims};
+use crate::state::Shared;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, Notify};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Frames written per flush at most, so one busy connection cannot hog its task.
+const WRITE_BATCH: usize = 256;
+/// How long a closing connection may take to send its close frame.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+struct Channel {
+    key: TopicKey,
+    join_ref: Option<String>,
+    claims: Claims,
+}
+
+/// Per-second counter for the connection's rate limits.
+struct Rate {
+    window: Instant,
+    count: u32,
+}
+
+impl Rate {
+    fn new() -> Self {
+        Rate {
+            window: Instant::now(),
+            count: 0,
+        }
+    }
+
+    /// Counts one event; false once more than `limit` happened within the current second.
+    fn allow(&mut self, limit: u32) -> bool {
+        if self.window.elapsed() >= Duration::from_secs(1) {
+            self.window = Instant::now();
+            self.count = 0;
+        }
+        self.count += 1;
+        self.count <= limit
+    }
+}
+
+/// Why the connection ends, sent to the client as the close frame.
+struct Close(CloseCode, &'static str);
+
+struct Conn {
+    id: ConnId,
+    vsn: Vsn,
+    shared: Arc<Shared>,
+    socket_claims: Claims,
+    channels: HashMap<String, Channel>,
+    tx: mpsc::Sender<Message>,
+    too_slow: Arc<Notify>,
+    joins: Rate,
+    events: Rate,
+    /// Replies and pushes produced while handling one client frame.
+    out: Vec<Message>,
+}
+
+pub async fn serve<S>(ws: WebSocketStream<S>, shared: Arc<Shared>, vsn: Vsn, socket_claims: Claims)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (tx, mut rx) = mpsc::channel(shared.cfg.max_outbound_frames);
+    let mut conn = Conn {
+        id: NEXT_ID.fetch_add(1, Relaxed),
+        vsn,
+        shared: shared.clone(),
+        socket_claims,
+        channels: HashMap::new(),
+        tx,
+        too_slow: Arc::new(Notify::new()),
+        joins: Rate::new(),
+        events: Rate::new(),
+        out: Vec::new(),
+    };
+    let m = &shared.metrics;
+    m.connections.fetch_add(1, Relaxed);
+    m.connections_total.fetch_add(1, Relaxed);
+    let (mut sink, mut stream) = ws.split();
+    let mut shutdown = shared.shutdown.clone();
+    let idle_timeout = shared.cfg.idle_timeout();
+    let idle = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle);
+    let too_slow = conn.too_slow.clone();
+
+    let close = loop {
+        let expiry = conn.next_expiry();
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => break Some(Close(CloseCode::Away, "server shutting down")),
+            _ = too_slow.notified() => break Some(too_slow_close(&shared)),
+            _ = tokio::time::sleep_until(expiry.into()), if conn.has_channels() => {
+                conn.expire_tokens();
+            }
+            frame = stream.next() => {
+                idle.as_mut().reset((Instant::now() + idle_timeout).into());
+                match frame {
+                    Some(Ok(msg)) => {
+                        if let Err(c) = conn.handle(msg) {
+                            break Some(c);
+                        }
+                    }
+                    Some(Err(WsError::Capacity(e))) => {
+                        tracing::debug!(conn = conn.id, error = %e, "frame too large");
+                        break Some(Close(CloseCode::Size, "frame too large"));
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(conn = conn.id, error = %e, "websocket error");
+                        break Some(Close(CloseCode::Protocol, "invalid WebSocket frame"));
+                    }
+                    None => break None,
+                }
+            }
+            Some(msg) = rx.recv() => conn.out.push(msg),
+            _ = &mut idle => break Some(Close(CloseCode::Normal, "idle timeout: no heartbeat received")),
+        }
+        // Write what handling produced plus whatever the hub has queued, then flush once.
+        while conn.out.len() < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(msg) => conn.out.push(msg),
+                Err(_) => break,
+            }
+        }
+        if !conn.out.is_empty() {
+            let batch = std::mem::take(&mut conn.out);
+            let write = async {
+                for msg in batch {
+                    sink.feed(msg).await?;
+                }
+                sink.flush().await
+            };
+            // A client that stops reading blocks this write; it must not block being cut off.
+            tokio::select! {
+                r = write => if r.is_err() { break None; },
+                _ = too_slow.notified() => break Some(too_slow_close(&shared)),
+                _ = shutdown.changed() => break Some(Close(CloseCode::Away, "server shutting down")),
+            }
+        }
+    };
+
+    conn.leave_all();
+    drop(rx);
+    // A close frame with the reason, unless the client is not reading at all: then the
+    // connection is just dropped after a grace period.
+    let goodbye = async {
+        if let Some(Close(code, reason)) = close {
+            let _ = sink
+                .send(Message::Close(Some(CloseFrame {
+                    code,
+                    reason: reason.into(),
+                })))
+                .await;
+        }
+        let _ = sink.close().await;
+    };
+    let _ = tokio::time::timeout(CLOSE_GRACE, goodbye).await;
+    shared.metrics.connections.fetch_sub(1, Relaxed);
+}
+
+fn too_slow_close(shared: &Shared) -> Close {
+    shared.metrics.slow_disconnects_total.fetch_add(1, Relaxed);
+    Close(
+        CloseCode::Policy,
+        "too slow: the client did not keep up with its messages",
+    )
+}
+
+impl Conn {
+    fn has_channels(&self) -> bool {
+        !self.channels.is_empty()
+    }
+
+    fn next_expiry(&self) -> Instant {
+        let now_s = jwt::now();
+        let soonest = self
+            .channels
+            .values()
+            .map(|c| c.claims.exp)
+            .min()
+            .unwrap_or(i64::MAX);
+        let secs = (soonest - now_s).clamp(0, 86_400) as u64;
+        Instant::now() + Duration::from_secs(secs)
+    }
+
+    fn push_text(&mut self, text: String) {
+        self.out.push(Message::text(text));
+    }
+
+    fn push_system(&mut self, topic: &str, join_ref: Option<&str>, status: &str, message: &str) {
+        let sub = topic.strip_prefix("realtime:").unwrap_or(topic);
+        let payload =
+            json!({"extension": "system", "status": status, "message": message, "channel": sub});
+        self.push_text(frame::encode(
+            self.vsn, join_ref, None, topic, "system", &payload,
+        ));
+    }
+
+    fn push_close(&mut self, topic: &str, join_ref: Option<&str>) {
+        self.push_text(frame::encode(
+            self.vsn,
+            join_ref,
+            None,
+            topic,
+            "phx_close",
+            &json!({}),
+        ));
+    }
+
+    /// Closes channels whose token expired, as Supabase does: a system error, then phx_close.
+    fn expire_tokens(&mut self) {
+        let now = jwt::now();
+        let expired: Vec<String> = self
+            .channels
+            .iter()
+            .filter(|(_, c)| c.claims.exp <= now)
+            .map(|(t, _)| t.clone())
+            .collect();
+        for topic in expired {
+            let ch = self.channels.remove(&topic).expect("listed above");
+            // In a system message Supabase says it without the error code.
+            let msg = format!("Token has expired {} seconds ago", now - ch.claims.exp);
+            self.push_system(&topic, ch.join_ref.as_deref(), "error", &msg);
+            self.push_close(&topic, ch.join_ref.as_deref());
+            self.unsubscribe(&ch);
+        }
+    }
+
+    fn unsubscribe(&self, ch: &Channel) {
+        self.shared.hub.unsubscribe(&ch.key, self.id);
+        self.shared.metrics.channels.fetch_sub(1, Relaxed);
+    }
+
+    fn leave_all(&mut self) {
+        for (_, ch) in std::mem::take(&mut self.channels) {
+            self.unsubscribe(&ch);
+        }
+    }
+
+    fn handle(&mut self, msg: Message) -> Result<(), Close> {
+        let inbound = match msg {
+            Message::Text(t) => frame::decode_text(self.vsn, t.as_str()),
+            Message::Binary(b) if self.vsn == Vsn::V2 => match frame::decode_binary(&b) {
+                Ok(push) => {
+                    return self.client_broadcast(Inbound {
+                        join_ref: push.join_ref,
+                        reference: push.reference,
+                        topic: push.topic,
+                        event: "broadcast".into(),
+                        payload: json!({"type": "broadcast", "event": push.event}),
+                    });
+                }
+                Err(e) => Err(e),
+            },
+            Message::Binary(_) => Err(frame::DecodeError::Binary(
+                "binary frames need serializer 2.0.0",
+            )),
+            Message::Close(_) => return Err(Close(CloseCode::Normal, "bye")),
+            // Pings are answered by tungstenite; pongs need nothing.
+            _ => return Ok(()),
+        };
+        let m = match inbound {
+            Ok(m) => m,
+            Err(e) => {
+                // Supabase's MalformedWebSocketMessage: the message is dropped, the socket kept.
+                self.shared
+                    .metrics
+                    .malformed_frames_total
+                    .fetch_add(1, Relaxed);
+                tracing::debug!(conn = self.id, error = %e, "malformed frame");
+                return Ok(());
+            }
+        };
+        if m.topic == "phoenix" && m.event == "heartbeat" {
+            self.push_text(frame::reply(self.vsn, &m, "ok", json!({})));
+            return Ok(());
+        }
+        if m.event != "phx_join" && !self.channels.contains_key(&m.topic) {
+            self.push_text(frame::reply(
+                self.vsn,
+                &m,
+                "error",
+                json!({"reason": "unmatched topic"}),
+            ));
+            return Ok(());
+        }
+        if m.event != "phx_join" && !self.events.allow(self.shared.cfg.max_events_per_second) {
+            self.leave(&m.topic, Some("Too many messages per second"));
+            return Ok(());
+        }
+        match m.event.as_str() {
+            "phx_join" => self.join(m),
+            "phx_leave" => {
+                self.push_text(frame::reply(self.vsn, &m, "ok", json!({})));
+                self.leave(&m.topic, None);
+                Ok(())
+            }
+            "access_token" => {
+                self.refresh_token(&m);
+                Ok(())
+            }
+            "broadcast" => self.client_broadcast(m),
+            "presence" => {
+                self.push_text(frame::reply(
+                    self.vsn,
+                    &m,
+                    "error",
+                    json!({"reason": "Presence is not supported by this server yet"}),
+                ));
+                Ok(())
+            }
+            other => {
+                let reason = format!("UnknownEvent: this server does not handle event \"{other}\"");
+                self.push_text(frame::reply(
+                    self.vsn,
+                    &m,
+                    "error",
+                    json!({ "reason": reason }),
+                ));
+                Ok(())
+            }
+        }
+    }
+
+    fn join_error(&mut self, m: &Inbound, reason: String) {
+        self.shared.metrics.join_errors_total.fetch_add(1, Relaxed);
+        self.push_text(frame::reply(
+            self.vsn,
+            m,
+            "error",
+            json!({ "reason": reason }),
+        ));
+    }
+
+    fn join(&mut self, m: Inbound) -> Result<(), Close> {
+        if !self.joins.allow(self.shared.cfg.max_joins_per_second) {
+            self.join_error(
+                &m,
+                "ClientJoinRateLimitReached: Too many joins per second".into(),
+            );
+            return Err(Close(
+                CloseCode::Policy,
+                "ClientJoinRateLimitReached: Too many joins per second",
+            ));
+        }
+        let Some(sub_topic) = m.topic.strip_prefix("realtime:").filter(|s| !s.is_empty()) else {
+            self.join_error(
+                &m,
+                "TopicNameRequired: You must provide a topic name".into(),
+            );
+            return Ok(());
+        };
+        let sub_topic = sub_topic.to_owned();
+        let config = channel::parse_join(&m.payload);
+        let claims = match config.access_token.as_deref() {
+            Some(t) if !t.starts_with("sb_") => match self.shared.verifier.verify(t) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.join_error(&m, e.reason());
+                    return Ok(());
+                }
+            },
+            _ => self.socket_claims.clone(),
+        };
+        if claims.exp <= jwt::now() {
+            self.join_error(&m, expired_text(jwt::now() - claims.exp));
+            return Ok(());
+        }
+        if config.has_postgres_changes {
+            self.join_error(
+                &m,
+                "PostgresChangesNotSupported: this server delivers Broadcast only; use realtime.broadcast_changes".into(),
+            );
+            return Ok(());
+        }
+        if config.private {
+            self.join_error(
+                &m,
+                format!("Unauthorized: You do not have permissions to read from this Channel topic: {sub_topic} (private channels are not authorized by this server yet)"),
+            );
+            return Ok(());
+        }
+        let rejoin = self.channels.contains_key(&m.topic);
+        if !rejoin && self.channels.len() >= self.shared.cfg.max_channels_per_client {
+            self.join_error(&m, "ChannelRateLimitReached: Too many channels".into());
+            return Ok(());
+        }
+        let key = TopicKey {
+            private: config.private,
+            topic: sub_topic,
+        };
+        if let Some(old) = self.channels.remove(&m.topic) {
+            self.unsubscribe(&old);
+        }
+        self.shared.hub.subscribe(
+            key.clone(),
+            Subscriber {
+                conn: self.id,
+                vsn: self.vsn,
+                join_ref: m.join_ref.clone(),
+                tx: self.tx.clone(),
+                too_slow: self.too_slow.clone(),
+            },
+        );
+        self.shared.metrics.channels.fetch_add(1, Relaxed);
+        self.shared.metrics.joins_total.fetch_add(1, Relaxed);
+        self.push_text(frame::reply(
+            self.vsn,
+            &m,
+            "ok",
+            json!({"postgres_changes": []}),
+        ));
+        self.channels.insert(
+            m.topic.clone(),
+            Channel {
+                key,
+                join_ref: m.join_ref.clone(),
+                claims,
+            },
+        );
+        Ok(())
+    }
+
+    /// Leaves a channel; with a reason, tells the client first (system error).
+    fn leave(&mut self, topic: &str, reason: Option<&str>) {
+        if let Some(ch) = self.channels.remove(topic) {
+            if let Some(r) = reason {
+                self.push_system(topic, ch.join_ref.as_deref(), "error", r);
+            }
+            self.push_close(topic, ch.join_ref.as_deref());
+            self.unsubscribe(&ch);
+        }
+    }
+
+    fn refresh_token(&mut self, m: &Inbound) {
+        let Some(token) = m.payload.get("access_token").and_then(Value::as_str) else {
+            return;
+        };
+        if token.starts_with("sb_") {
+            return;
+        }
+        match self.shared.verifier.verify(token) {
+            Ok(c) => {
+                if let Some(ch) = self.channels.get_mut(&m.topic) {
+                    ch.claims = c;
+                }
+            }
+            Err(e) => self.leave(&m.topic, Some(&e.reason())),
+        }
+    }
+
+    /// Client-originated broadcasts go through the database so that every sidecar sees them
+    /// in one order; that path is not built yet, so they are refused explicitly.
+    fn client_broadcast(&mut self, m: Inbound) -> Result<(), Close> {
+        self.push_text(frame::reply(
+            self.vsn,
+            &m,
+            "error",
+            json!({"reason": "ClientBroadcastNotSupported: broadcasts from clients are not supported by this server yet"}),
+        ));
+        Ok(())
+    }
+}
+
+/// Supabase's wording for a token that expired while in use.
+fn expired_text(seconds_ago: i64) -> String {
+    jwt::JwtError::Expired { seconds_ago }.reason()
+}

@@ -1,0 +1,166 @@
+//! The one Postgres connection that drains this sidecar's consumer slot into the hub.
+//!
+//! Each drain call passes the last sequence it handed to the hub, which confirms it; after a
+//! reconnect the slot resumes from there, so nothing within the queue's capacity is lost (the
+//! last batch may be delivered twice). While the database is away subscribers are told, and
+//! when it comes back with a new epoch (it restarted) they are told that messages were lost.
+
+use crate::config::Config;
+use crate::hub::{DbMessage, Hub, Payload};
+use crate::metrics::Metrics;
+use bytes::Bytes;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_postgres::{Client, NoTls};
+
+const DRAIN_SQL: &str = "SELECT seq, kind, topic, event, payload::text, binary_payload, private, \
+     (extract(epoch FROM committed_at) * 1000000)::int8, id::text, lost_first, lost_last \
+     FROM realtime.drain($1, $2, $3, $4, $5)";
+
+/// Runs until `shutdown` turns true; then confirms the position and returns.
+pub async fn run(
+    cfg: Arc<Config>,
+    hub: Arc<Hub>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut epoch: Option<String> = None;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let result = session(&cfg, &hub, &metrics, &mut epoch, &mut shutdown).await;
+        let was_up = metrics.db_up.swap(0, Relaxed) == 1;
+        match result {
+            Ok(()) => return,
+            Err(e) => tracing::warn!(error = %e, "drain connection failed; reconnecting"),
+        }
+        if was_up {
+            backoff = Duration::from_millis(100);
+            metrics.db_reconnects_total.fetch_add(1, Relaxed);
+            hub.system_all(
+                "error",
+                "The database is unavailable; reconnecting. Messages are kept and delivered when it returns, unless it restarts.",
+            );
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.changed() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+fn unix_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+async fn connect(cfg: &Config) -> Result<Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(&cfg.dsn(), NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "drain connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// One connected session: resume the slot and drain until an error or shutdown.
+async fn session(
+    cfg: &Config,
+    hub: &Hub,
+    metrics: &Metrics,
+    epoch: &mut Option<String>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), tokio_postgres::Error> {
+    let client = connect(cfg).await?;
+    let mut pos: i64 = client
+        .query_one("SELECT realtime.create_consumer($1)", &[&cfg.consumer])
+        .await?
+        .get(0);
+    let now_epoch: String = client
+        .query_one("SELECT epoch::text FROM realtime.stats()", &[])
+        .await?
+        .get(0);
+    match epoch.as_deref() {
+        Some(old) if old != now_epoch => {
+            tracing::warn!(old, new = %now_epoch, "database restarted; undelivered messages were lost");
+            hub.system_all(
+                "error",
+                "The database restarted; messages sent just before the restart may have been lost.",
+            );
+        }
+        Some(_) => hub.system_all(
+            "ok",
+            "The database is available again; no messages were lost.",
+        ),
+        None => {}
+    }
+    *epoch = Some(now_epoch);
+    metrics.db_up.store(1, Relaxed);
+    tracing::info!(consumer = %cfg.consumer, position = pos, "draining");
+
+    let stmt = client.prepare(DRAIN_SQL).await?;
+    let batch = cfg.drain_batch as i32;
+    let linger = cfg.drain_linger_ms as i32;
+    loop {
+        let timeout_ms = 1000i32;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&cfg.consumer, &pos, &batch, &timeout_ms, &linger];
+        let rows = tokio::select! {
+            r = client.query(&stmt, &params) => r?,
+            _ = shutdown.changed() => {
+                client.execute("SELECT realtime.confirm($1, $2)", &[&cfg.consumer, &pos]).await?;
+                return Ok(());
+            }
+        };
+        if rows.is_empty() {
+            continue;
+        }
+        metrics.drain_batches_total.fetch_add(1, Relaxed);
+        let now_us = unix_micros();
+        for row in rows {
+            let seq: i64 = row.get(0);
+            let kind: &str = row.get(1);
+            if kind == "gap" {
+                let (first, last): (i64, i64) = (row.get(9), row.get(10));
+                metrics.drain_gaps_total.fetch_add(1, Relaxed);
+                metrics
+                    .drain_lost_messages_total
+                    .fetch_add((last - first + 1) as u64, Relaxed);
+                tracing::warn!(
+                    first,
+                    last,
+                    "messages were evicted before this sidecar read them"
+                );
+                hub.system_all(
+                    "error",
+                    &format!("Messages {first} to {last} were lost: this server fell behind the database's queue."),
+                );
+                pos = seq;
+                continue;
+            }
+            let payload = match row.get::<_, Option<Vec<u8>>>(5) {
+                Some(b) => Payload::Binary(Bytes::from(b)),
+                None => Payload::Json(
+                    row.get::<_, Option<String>>(4)
+                        .unwrap_or_else(|| "null".into()),
+                ),
+            };
+            let committed_us: i64 = row.get(7);
+            metrics.record_latency_us((now_us - committed_us).max(0) as u64);
+            hub.dispatch(&DbMessage {
+                topic: row.get(2),
+                event: row.get(3),
+                payload,
+                private: row.get(6),
+                id: row.get(8),
+            });
+            metrics.drain_messages_total.fetch_add(1, Relaxed);
+            pos = seq;
+        }
+        metrics.last_seq.store(pos, Relaxed);
+    }
+}

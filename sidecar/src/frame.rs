@@ -1,0 +1,327 @@
+//! Phoenix channel frames as Supabase Realtime speaks them: serializer 1.0.0 (JSON objects)
+//! and 2.0.0 (JSON arrays, plus binary user-broadcast frames: kind 3 from clients, kind 4
+//! to clients).
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde_json::{json, Value};
+
+/// The serializer a socket negotiated with its `vsn` query parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Vsn {
+    V1,
+    V2,
+}
+
+impl Vsn {
+    /// Phoenix uses 1.0.0 when `vsn` is absent.
+    pub fn parse(vsn: Option<&str>) -> Option<Vsn> {
+        match vsn {
+            None | Some("1.0.0") => Some(Vsn::V1),
+            Some("2.0.0") => Some(Vsn::V2),
+            _ => None,
+        }
+    }
+}
+
+const KIND_USER_BROADCAST_PUSH: u8 = 3;
+const KIND_USER_BROADCAST: u8 = 4;
+pub const ENCODING_BINARY: u8 = 0;
+pub const ENCODING_JSON: u8 = 1;
+
+/// A frame from a client.
+#[derive(Debug, PartialEq)]
+pub struct Inbound {
+    pub join_ref: Option<String>,
+    pub reference: Option<String>,
+    pub topic: String,
+    pub event: String,
+    pub payload: Value,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    NotJson(String),
+    Shape(&'static str),
+    Binary(&'static str),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::NotJson(e) => write!(f, "frame is not valid JSON: {e}"),
+            DecodeError::Shape(what) => write!(f, "frame is not a Phoenix message: {what}"),
+            DecodeError::Binary(what) => write!(f, "binary frame is malformed: {what}"),
+        }
+    }
+}
+
+fn opt_ref(v: &Value) -> Result<Option<String>, DecodeError> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s.clone())),
+        Value::Number(n) => Ok(Some(n.to_string())),
+        _ => Err(DecodeError::Shape(
+            "ref and join_ref must be strings or null",
+        )),
+    }
+}
+
+fn required_str(v: &Value, what: &'static str) -> Result<String, DecodeError> {
+    v.as_str()
+        .map(str::to_owned)
+        .ok_or(DecodeError::Shape(what))
+}
+
+/// Decodes a text frame.
+pub fn decode_text(vsn: Vsn, text: &str) -> Result<Inbound, DecodeError> {
+    let v: Value = serde_json::from_str(text).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+    match (vsn, v) {
+        (Vsn::V1, Value::Object(mut m)) => Ok(Inbound {
+            join_ref: opt_ref(m.get("join_ref").unwrap_or(&Value::Null))?,
+            reference: opt_ref(m.get("ref").unwrap_or(&Value::Null))?,
+            topic: required_str(
+                m.get("topic").unwrap_or(&Value::Null),
+                "topic must be a string",
+            )?,
+            event: required_str(
+                m.get("event").unwrap_or(&Value::Null),
+                "event must be a string",
+            )?,
+            payload: m.remove("payload").unwrap_or(Value::Null),
+        }),
+        (Vsn::V2, Value::Array(mut a)) if a.len() == 5 => Ok(Inbound {
+            payload: a.pop().unwrap(),
+            event: required_str(&a[3], "event must be a string")?,
+            topic: required_str(&a[2], "topic must be a string")?,
+            reference: opt_ref(&a[1])?,
+            join_ref: opt_ref(&a[0])?,
+        }),
+        (Vsn::V1, _) => Err(DecodeError::Shape("expected a JSON object")),
+        (Vsn::V2, _) => Err(DecodeError::Shape("expected a JSON array of 5 elements")),
+    }
+}
+
+/// A client broadcast pushed as a binary frame (2.0.0, kind 3).
+#[derive(Debug, PartialEq)]
+pub struct BinaryPush {
+    pub join_ref: Option<String>,
+    pub reference: Option<String>,
+    pub topic: String,
+    pub event: String,
+    pub encoding: u8,
+    pub payload: Bytes,
+}
+
+/// Decodes a binary frame: kind, join_ref_len, ref_len, topic_len, event_len, metadata_len,
+/// encoding, then those fields and the payload.
+pub fn decode_binary(frame: &Bytes) -> Result<BinaryPush, DecodeError> {
+    if frame.len() < 7 {
+        return Err(DecodeError::Binary("shorter than its header"));
+    }
+    if frame[0] != KIND_USER_BROADCAST_PUSH {
+        return Err(DecodeError::Binary(
+            "only user broadcast pushes (kind 3) are accepted",
+        ));
+    }
+    let lens = [frame[1], frame[2], frame[3], frame[4], frame[5]].map(usize::from);
+    let encoding = frame[6];
+    if encoding != ENCODING_JSON && encoding != ENCODING_BINARY {
+        return Err(DecodeError::Binary("unknown payload encoding"));
+    }
+    let mut at = 7;
+    let mut field = |n: usize| -> Result<Bytes, DecodeError> {
+        if at + n > frame.len() {
+            return Err(DecodeError::Binary("field lengths exceed the frame"));
+        }
+        let b = frame.slice(at..at + n);
+        at += n;
+        Ok(b)
+    };
+    let text = |b: Bytes| {
+        String::from_utf8(b.to_vec()).map_err(|_| DecodeError::Binary("text field is not UTF-8"))
+    };
+    let join_ref = text(field(lens[0])?)?;
+    let reference = text(field(lens[1])?)?;
+    let topic = text(field(lens[2])?)?;
+    let event = text(field(lens[3])?)?;
+    let _metadata = field(lens[4])?;
+    let payload = frame.slice(at..);
+    Ok(BinaryPush {
+        join_ref: (!join_ref.is_empty()).then_some(join_ref),
+        reference: (!reference.is_empty()).then_some(reference),
+        topic,
+        event,
+        encoding,
+        payload,
+    })
+}
+
+fn ref_value(r: Option<&str>) -> Value {
+    r.map_or(Value::Null, |s| Value::String(s.to_owned()))
+}
+
+/// Encodes a server message (reply, push, system, close) as a text frame.
+pub fn encode(
+    vsn: Vsn,
+    join_ref: Option<&str>,
+    reference: Option<&str>,
+    topic: &str,
+    event: &str,
+    payload: &Value,
+) -> String {
+    let v = match vsn {
+        Vsn::V1 => json!({
+            "topic": topic,
+            "event": event,
+            "payload": payload,
+            "ref": ref_value(reference),
+            "join_ref": ref_value(join_ref),
+        }),
+        Vsn::V2 => json!([
+            ref_value(join_ref),
+            ref_value(reference),
+            topic,
+            event,
+            payload
+        ]),
+    };
+    v.to_string()
+}
+
+/// A `phx_reply` to a client message.
+pub fn reply(vsn: Vsn, m: &Inbound, status: &str, response: Value) -> String {
+    encode(
+        vsn,
+        m.join_ref.as_deref(),
+        m.reference.as_deref(),
+        &m.topic,
+        "phx_reply",
+        &json!({"status": status, "response": response}),
+    )
+}
+
+/// Appends `s` as a JSON string literal.
+fn push_json_str(out: &mut String, s: &str) {
+    out.push_str(&Value::String(s.to_owned()).to_string());
+}
+
+/// A user broadcast for 1.0.0 sockets (a text frame). `payload_json` is inserted as is:
+/// it is JSON text that Postgres produced.
+pub fn user_broadcast_v1(topic: &str, event: &str, payload_json: &str, id: Option<&str>) -> String {
+    let mut s = String::with_capacity(96 + topic.len() + event.len() + payload_json.len());
+    s.push_str("{\"topic\":");
+    push_json_str(&mut s, topic);
+    s.push_str(",\"event\":\"broadcast\",\"payload\":{\"event\":");
+    push_json_str(&mut s, event);
+    s.push_str(",\"payload\":");
+    s.push_str(payload_json);
+    s.push_str(",\"type\":\"broadcast\"");
+    if let Some(id) = id {
+        s.push_str(",\"meta\":{\"id\":");
+        push_json_str(&mut s, id);
+        s.push('}');
+    }
+    s.push_str("},\"ref\":null}");
+    s
+}
+
+/// A user broadcast for 2.0.0 sockets (binary, kind 4): kind, topic_len, event_len,
+/// metadata_len, encoding, then topic, event, metadata JSON and the raw payload. Returns None
+/// when a field does not fit its one-byte length.
+pub fn user_broadcast_v2(
+    topic: &str,
+    event: &str,
+    encoding: u8,
+    payload: &[u8],
+    id: Option<&str>,
+) -> Option<Bytes> {
+    let meta = id
+        .map(|id| json!({ "id": id }).to_string())
+        .unwrap_or_default();
+    let lens = [topic.len(), event.len(), meta.len()];
+    if lens.iter().any(|&l| l > 255) {
+        return None;
+    }
+    let mut b = BytesMut::with_capacity(5 + lens.iter().sum::<usize>() + payload.len());
+    b.put_u8(KIND_USER_BROADCAST);
+    for l in lens {
+        b.put_u8(l as u8);
+    }
+    b.put_u8(encoding);
+    b.put_slice(topic.as_bytes());
+    b.put_slice(event.as_bytes());
+    b.put_slice(meta.as_bytes());
+    b.put_slice(payload);
+    Some(b.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_both_text_serializers() {
+        let v1 = r#"{"topic":"realtime:a","event":"phx_join","payload":{"x":1},"ref":"1","join_ref":"1"}"#;
+        let v2 = r#"["1","1","realtime:a","phx_join",{"x":1}]"#;
+        let want = Inbound {
+            join_ref: Some("1".into()),
+            reference: Some("1".into()),
+            topic: "realtime:a".into(),
+            event: "phx_join".into(),
+            payload: json!({"x": 1}),
+        };
+        assert_eq!(decode_text(Vsn::V1, v1).unwrap(), want);
+        assert_eq!(decode_text(Vsn::V2, v2).unwrap(), want);
+        assert!(matches!(
+            decode_text(Vsn::V2, v1),
+            Err(DecodeError::Shape(_))
+        ));
+        assert!(matches!(
+            decode_text(Vsn::V1, "{oops"),
+            Err(DecodeError::NotJson(_))
+        ));
+    }
+
+    #[test]
+    fn heartbeat_reply_has_phoenix_shape() {
+        let hb = decode_text(Vsn::V2, r#"[null,"5","phoenix","heartbeat",{}]"#).unwrap();
+        assert_eq!(
+            reply(Vsn::V2, &hb, "ok", json!({})),
+            r#"[null,"5","phoenix","phx_reply",{"response":{},"status":"ok"}]"#
+        );
+    }
+
+    #[test]
+    fn binary_push_round_trip() {
+        let mut f = vec![3u8, 1, 2, 10, 2, 0, 1];
+        f.extend_from_slice(b"412realtime:aev{\"a\":1}");
+        let p = decode_binary(&Bytes::from(f)).unwrap();
+        assert_eq!(p.join_ref.as_deref(), Some("4"));
+        assert_eq!(p.reference.as_deref(), Some("12"));
+        assert_eq!(p.topic, "realtime:a");
+        assert_eq!(p.event, "ev");
+        assert_eq!(p.encoding, ENCODING_JSON);
+        assert_eq!(&p.payload[..], b"{\"a\":1}");
+        assert!(decode_binary(&Bytes::from_static(&[3, 9, 0, 0, 0, 0, 1])).is_err());
+        assert!(decode_binary(&Bytes::from_static(&[4, 0, 0, 0, 0, 0, 1])).is_err());
+    }
+
+    #[test]
+    fn user_broadcast_frames() {
+        let v1 = user_broadcast_v1("realtime:room", "INSERT", "{\"a\": 1}", Some("u-1"));
+        let v: Value = serde_json::from_str(&v1).unwrap();
+        assert_eq!(
+            v,
+            json!({"topic":"realtime:room","event":"broadcast","ref":null,
+                   "payload":{"event":"INSERT","payload":{"a":1},"type":"broadcast","meta":{"id":"u-1"}}})
+        );
+        let v2 = user_broadcast_v2("realtime:room", "INSERT", ENCODING_JSON, b"{}", Some("u-1"))
+            .unwrap();
+        assert_eq!(&v2[..5], &[4, 13, 6, 12, 1]);
+        assert_eq!(
+            &v2[5..],
+            b"realtime:roomINSERT{\"id\":\"u-1\"}{}".as_slice()
+        );
+        assert!(user_broadcast_v2(&"t".repeat(256), "e", 1, b"", None).is_none());
+    }
+}

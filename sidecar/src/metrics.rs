@@ -1,0 +1,147 @@
+//! Counters and the commit-to-dispatch latency histogram, rendered for Prometheus.
+
+use hdrhistogram::Histogram;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+#[derive(Default)]
+pub struct Metrics {
+    pub connections: AtomicI64,
+    pub connections_total: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub channels: AtomicI64,
+    pub joins_total: AtomicU64,
+    pub join_errors_total: AtomicU64,
+    pub deliveries_total: AtomicU64,
+    pub slow_disconnects_total: AtomicU64,
+    pub malformed_frames_total: AtomicU64,
+    pub drain_batches_total: AtomicU64,
+    pub drain_messages_total: AtomicU64,
+    pub drain_gaps_total: AtomicU64,
+    pub drain_lost_messages_total: AtomicU64,
+    pub db_reconnects_total: AtomicU64,
+    pub db_up: AtomicI64,
+    /// Sequence of the last message this sidecar drained.
+    pub last_seq: AtomicI64,
+    /// Microseconds from commit to dispatch (1 µs .. 60 s).
+    latency: Mutex<Option<Histogram<u64>>>,
+}
+
+impl Metrics {
+    pub fn record_latency_us(&self, us: u64) {
+        let mut h = self.latency.lock().unwrap();
+        let h = h.get_or_insert_with(|| Histogram::new_with_bounds(1, 60_000_000, 3).unwrap());
+        h.saturating_record(us.max(1));
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = String::with_capacity(4096);
+        let counters: [(&str, &str, u64); 12] = [
+            (
+                "realtime_connections_total",
+                "WebSocket connections accepted",
+                self.connections_total.load(Relaxed),
+            ),
+            (
+                "realtime_connections_refused_total",
+                "connections refused at upgrade (bad apikey or parameters)",
+                self.connections_refused.load(Relaxed),
+            ),
+            (
+                "realtime_joins_total",
+                "channel joins accepted",
+                self.joins_total.load(Relaxed),
+            ),
+            (
+                "realtime_join_errors_total",
+                "channel joins refused",
+                self.join_errors_total.load(Relaxed),
+            ),
+            (
+                "realtime_deliveries_total",
+                "frames queued to subscribers",
+                self.deliveries_total.load(Relaxed),
+            ),
+            (
+                "realtime_slow_disconnects_total",
+                "connections closed for not keeping up",
+                self.slow_disconnects_total.load(Relaxed),
+            ),
+            (
+                "realtime_malformed_frames_total",
+                "client frames that could not be decoded",
+                self.malformed_frames_total.load(Relaxed),
+            ),
+            (
+                "realtime_drain_batches_total",
+                "drain calls that returned messages",
+                self.drain_batches_total.load(Relaxed),
+            ),
+            (
+                "realtime_drain_messages_total",
+                "messages drained from the queue",
+                self.drain_messages_total.load(Relaxed),
+            ),
+            (
+                "realtime_drain_gaps_total",
+                "gaps reported by the queue",
+                self.drain_gaps_total.load(Relaxed),
+            ),
+            (
+                "realtime_drain_lost_messages_total",
+                "messages lost in gaps",
+                self.drain_lost_messages_total.load(Relaxed),
+            ),
+            (
+                "realtime_db_reconnects_total",
+                "reconnections to Postgres",
+                self.db_reconnects_total.load(Relaxed),
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        let gauges: [(&str, &str, i64); 4] = [
+            (
+                "realtime_connections",
+                "open WebSocket connections",
+                self.connections.load(Relaxed),
+            ),
+            (
+                "realtime_channels",
+                "joined channels",
+                self.channels.load(Relaxed),
+            ),
+            (
+                "realtime_db_up",
+                "1 while the drain connection is up",
+                self.db_up.load(Relaxed),
+            ),
+            (
+                "realtime_last_seq",
+                "sequence of the last drained message",
+                self.last_seq.load(Relaxed),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        let name = "realtime_commit_to_dispatch_seconds";
+        let _ = writeln!(
+            s,
+            "# HELP {name} time from commit to fan-out\n# TYPE {name} summary"
+        );
+        if let Some(h) = self.latency.lock().unwrap().as_ref() {
+            for q in [0.5, 0.9, 0.99, 0.999] {
+                let _ = writeln!(
+                    s,
+                    "{name}{{quantile=\"{q}\"}} {}",
+                    h.value_at_quantile(q) as f64 / 1e6
+                );
+            }
+            let _ = writeln!(s, "{name}_count {}", h.len());
+        }
+        s
+    }
+}

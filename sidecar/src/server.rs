@@ -1,0 +1,242 @@
+//! The listening socket and HTTP routing: WebSocket upgrades on Supabase's paths, health and
+//! metrics endpoints. Connect-time failures are HTTP errors with a JSON body, as Supabase's.
+
+use crate::connection;
+use crate::frame::Vsn;
+use crate::state::Shared;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, UPGRADE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use socket2::{Domain, Socket, Type};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::WebSocketStream;
+
+/// Binds with SO_REUSEPORT so several sidecar processes can share one port (each process is
+/// limited to 20,000 open files here).
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Accepts connections until shutdown.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.clone();
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of file descriptors, usually: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| route(req, shared.clone()));
+            let conn = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades();
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "http connection error");
+            }
+        });
+    }
+}
+
+type Resp = Response<Full<Bytes>>;
+
+fn respond(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Resp {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_str(content_type).unwrap());
+    r
+}
+
+fn json_error(status: StatusCode, message: &str) -> Resp {
+    respond(
+        status,
+        "application/json",
+        json!({ "error": message }).to_string(),
+    )
+}
+
+fn query_params(req: &Request<Incoming>) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    for pair in req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        out.insert(percent_decode(k), percent_decode(v));
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                match (
+                    bytes.get(i + 1).copied().and_then(hex),
+                    bytes.get(i + 2).copied().and_then(hex),
+                ) {
+                    (Some(h), Some(l)) => {
+                        out.push(h * 16 + l);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn route(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+) -> Result<Resp, std::convert::Infallible> {
+    let path = req.uri().path().to_owned();
+    Ok(match (req.method(), path.as_str()) {
+        (&Method::GET, "/socket/websocket" | "/realtime/v1/websocket") => upgrade(req, shared),
+        (&Method::GET, "/healthz") => {
+            if shared.metrics.db_up.load(Relaxed) == 1 {
+                respond(StatusCode::OK, "text/plain", "ok\n")
+            } else {
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "database unavailable\n",
+                )
+            }
+        }
+        (&Method::GET, "/metrics") => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            shared.metrics.render(),
+        ),
+        _ => json_error(StatusCode::NOT_FOUND, "Not found"),
+    })
+}
+
+fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
+    let refuse = |status, message: &str| {
+        shared.metrics.connections_refused.fetch_add(1, Relaxed);
+        json_error(status, message)
+    };
+    let is_upgrade = req
+        .headers()
+        .get(UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let Some(key) = req
+        .headers()
+        .get(SEC_WEBSOCKET_KEY)
+        .cloned()
+        .filter(|_| is_upgrade)
+    else {
+        return refuse(StatusCode::BAD_REQUEST, "Expected a WebSocket upgrade");
+    };
+    let params = query_params(&req);
+    let header_key = ["apikey", "x-api-key"].iter().find_map(|h| {
+        req.headers()
+            .get(*h)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    });
+    let Some(apikey) = header_key.or_else(|| params.get("apikey").cloned()) else {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "MissingAPIKey: API key is missing",
+        );
+    };
+    let Some(vsn) = Vsn::parse(params.get("vsn").map(String::as_str)) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "Unsupported vsn: use 1.0.0 or 2.0.0",
+        );
+    };
+    let claims = match shared.verifier.verify(&apikey) {
+        Ok(c) => c,
+        Err(e) => return refuse(StatusCode::UNAUTHORIZED, &e.reason()),
+    };
+
+    let accept = derive_accept_key(key.as_bytes());
+    let cfg = &shared.cfg;
+    let ws_config = WebSocketConfig::default()
+        .read_buffer_size(4096)
+        .write_buffer_size(8192)
+        .max_message_size(Some(cfg.max_frame_size))
+        .max_frame_size(Some(cfg.max_frame_size));
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let shared2 = shared.clone();
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let ws = WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    Role::Server,
+                    Some(ws_config),
+                )
+                .await;
+                connection::serve(ws, shared2, vsn, claims).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "upgrade failed"),
+        }
+    });
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(
+        SEC_WEBSOCKET_ACCEPT,
+        HeaderValue::from_str(&accept).unwrap(),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn decodes_query_values() {
+        assert_eq!(percent_decode("a%2Eb%2ec+d"), "a.b.c d");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+}

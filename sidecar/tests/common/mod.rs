@@ -1,0 +1,314 @@
+//! Helpers for the end-to-end tests: a real sidecar process against a real Postgres with
+//! pg_realtime, real WebSocket clients, and tokens signed like Supabase's.
+//!
+//! The tests need `PG_REALTIME_TEST_DSN` (a database where `CREATE EXTENSION pg_realtime`
+//! was run); `scripts/test.sh` starts such a cluster. Without it they fail, loudly.
+#![allow(dead_code)]
+
+use futures_util::{SinkExt, StreamExt};
+use jsonwebtoken::{encode, EncodingKey, Header};
+use serde_json::{json, Value};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{connect_async, MaybeTlsStream, WebSocketStream};
+
+pub const SECRET: &str = "test-secret-with-at-least-32-characters";
+
+pub fn dsn() -> String {
+    std::env::var("PG_REALTIME_TEST_DSN").expect(
+        "PG_REALTIME_TEST_DSN must name a database with pg_realtime (scripts/test.sh sets it)",
+    )
+}
+
+pub fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+pub fn token(claims: Value) -> String {
+    encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .unwrap()
+}
+
+/// An anon key like Supabase's: role anon, valid for an hour.
+pub fn anon_key() -> String {
+    token(json!({"role": "anon", "exp": now() + 3600, "iss": "supabase"}))
+}
+
+pub async fn db() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&dsn(), tokio_postgres::NoTls)
+        .await
+        .expect("connect to Postgres");
+    tokio::spawn(conn);
+    client
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running sidecar process; SIGTERMed and reaped on drop.
+pub struct Sidecar {
+    pub port: u16,
+    pub consumer: String,
+    child: Child,
+}
+
+impl Sidecar {
+    pub async fn start(consumer: &str, env: &[(&str, &str)]) -> Sidecar {
+        Self::start_on(free_port(), consumer, env).await
+    }
+
+    pub async fn start_on(port: u16, consumer: &str, env: &[(&str, &str)]) -> Sidecar {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_realtime-sidecar"));
+        cmd.env("PORT", port.to_string())
+            .env("API_JWT_SECRET", SECRET)
+            .env("DATABASE_URL", dsn())
+            .env("CONSUMER_NAME", consumer)
+            .env("LOG_LEVEL", "warn")
+            .stdout(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start realtime-sidecar");
+        let s = Sidecar {
+            port,
+            consumer: consumer.to_owned(),
+            child,
+        };
+        s.wait_healthy().await;
+        s
+    }
+
+    /// Waits (at most 15 s) until /healthz says the drain connection is up.
+    pub async fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok((200, _)) = http(self.port, "GET", "/healthz", &[], "").await {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sidecar on port {} did not become healthy",
+                self.port
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn metric(&self, name: &str) -> f64 {
+        let (_, body) = http(self.port, "GET", "/metrics", &[], "").await.unwrap();
+        body.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|r| r.strip_prefix(' '))
+                    .map(|v| v.parse().unwrap())
+            })
+            .unwrap_or_else(|| panic!("metric {name} missing"))
+    }
+
+    /// SIGTERM, then wait for exit (graceful shutdown).
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.stop();
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 request; returns status and body.
+pub async fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).await?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// A Phoenix client speaking one serializer.
+pub struct Client {
+    pub ws: Ws,
+    pub v2: bool,
+    next_ref: u64,
+}
+
+pub fn url(port: u16, vsn: &str, apikey: &str) -> String {
+    format!("ws://127.0.0.1:{port}/realtime/v1/websocket?apikey={apikey}&vsn={vsn}&log_level=info")
+}
+
+impl Client {
+    pub async fn connect(port: u16, vsn: &str) -> Client {
+        Self::connect_with(port, vsn, &anon_key()).await
+    }
+
+    pub async fn connect_with(port: u16, vsn: &str, apikey: &str) -> Client {
+        let (ws, _) = connect_async(url(port, vsn, apikey))
+            .await
+            .expect("websocket connect");
+        Client {
+            ws,
+            v2: vsn == "2.0.0",
+            next_ref: 1,
+        }
+    }
+
+    /// A client whose kernel receive buffer is small and fixed (no autotuning), so that not
+    /// reading backs up into the server quickly.
+    pub async fn connect_small_buffer(port: u16, vsn: &str) -> Client {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.set_recv_buffer_size(64 * 1024).unwrap();
+        socket
+            .connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())
+            .unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let stream = TcpStream::from_std(socket.into()).unwrap();
+        let (ws, _) = tokio_tungstenite::client_async(
+            url(port, vsn, &anon_key()),
+            MaybeTlsStream::Plain(stream),
+        )
+        .await
+        .expect("websocket connect");
+        Client {
+            ws,
+            v2: vsn == "2.0.0",
+            next_ref: 1,
+        }
+    }
+
+    pub async fn send_raw(&mut self, m: Message) {
+        self.ws.send(m).await.unwrap();
+    }
+
+    /// Sends a frame in this client's serializer; returns its ref.
+    pub async fn push(
+        &mut self,
+        join_ref: Option<&str>,
+        topic: &str,
+        event: &str,
+        payload: Value,
+    ) -> String {
+        let r = self.next_ref.to_string();
+        self.next_ref += 1;
+        let text = if self.v2 {
+            json!([join_ref, r, topic, event, payload]).to_string()
+        } else {
+            json!({"join_ref": join_ref, "ref": r, "topic": topic, "event": event, "payload": payload}).to_string()
+        };
+        self.ws.send(Message::text(text)).await.unwrap();
+        r
+    }
+
+    /// Next frame as JSON (text frames) or the raw binary, within `secs`.
+    pub async fn next(&mut self, secs: u64) -> Option<Message> {
+        match tokio::time::timeout(Duration::from_secs(secs), self.ws.next()).await {
+            Ok(Some(Ok(m))) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// Text frames normalized to {join_ref, ref, topic, event, payload}.
+    pub async fn next_json(&mut self, secs: u64) -> Option<Value> {
+        loop {
+            match self.next(secs).await? {
+                Message::Text(t) => {
+                    let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                    return Some(if self.v2 {
+                        json!({"join_ref": v[0], "ref": v[1], "topic": v[2], "event": v[3], "payload": v[4]})
+                    } else {
+                        v
+                    });
+                }
+                Message::Ping(_) | Message::Pong(_) => continue,
+                other => panic!("expected a text frame, got {other:?}"),
+            }
+        }
+    }
+
+    /// Waits for the reply to `reference`.
+    pub async fn reply(&mut self, reference: &str) -> Value {
+        loop {
+            let v = self.next_json(10).await.expect("reply within 10 s");
+            if v["event"] == "phx_reply" && v["ref"] == reference {
+                return v["payload"].clone();
+            }
+        }
+    }
+
+    pub async fn join(&mut self, topic: &str, config: Value) -> Value {
+        let r = self
+            .push(Some("1"), topic, "phx_join", json!({ "config": config }))
+            .await;
+        self.reply(&r).await
+    }
+
+    pub async fn join_public(&mut self, topic: &str) {
+        let reply = self
+            .join(
+                topic,
+                json!({"broadcast": {"self": false, "ack": false}, "private": false}),
+            )
+            .await;
+        assert_eq!(reply["status"], "ok", "join {topic}: {reply}");
+    }
+}
+
+/// Decodes a kind-4 user broadcast: (topic, event, metadata, encoding, payload).
+pub fn decode_kind4(b: &[u8]) -> (String, String, String, u8, Vec<u8>) {
+    assert_eq!(b[0], 4, "kind 4 frame");
+    let (t, e, m, enc) = (b[1] as usize, b[2] as usize, b[3] as usize, b[4]);
+    let s = |from: usize, n: usize| String::from_utf8(b[from..from + n].to_vec()).unwrap();
+    (
+        s(5, t),
+        s(5 + t, e),
+        s(5 + t + e, m),
+        enc,
+        b[5 + t + e + m..].to_vec(),
+    )
+}

@@ -1,0 +1,397 @@
+//! End-to-end protocol tests: a real sidecar, a real Postgres with pg_realtime, and real
+//! WebSocket clients speaking Supabase Realtime's two serializers.
+
+mod common;
+
+use common::*;
+use futures_util::SinkExt;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+async fn send(db: &tokio_postgres::Client, payload: Value, event: &str, topic: &str) {
+    db.execute(
+        "SELECT realtime.send($1::text::jsonb, $2, $3, false)",
+        &[&payload.to_string(), &event, &topic],
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn db_broadcast_reaches_v1_client_with_supabase_envelope() {
+    let sidecar = Sidecar::start("t_envelope_v1", &[]).await;
+    let db = db().await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public("realtime:room:v1").await;
+    send(&db, json!({"text": "hi"}), "message", "room:v1").await;
+    let m = c.next_json(5).await.expect("broadcast");
+    let id = m["payload"]["meta"]["id"]
+        .as_str()
+        .expect("meta.id")
+        .to_owned();
+    assert_eq!(
+        m,
+        json!({"topic": "realtime:room:v1", "event": "broadcast", "ref": null,
+               "payload": {"event": "message", "type": "broadcast", "meta": {"id": id},
+                           "payload": {"id": id, "text": "hi"}}})
+    );
+}
+
+#[tokio::test]
+async fn db_broadcast_reaches_v2_client_as_binary_kind_4() {
+    let sidecar = Sidecar::start("t_envelope_v2", &[]).await;
+    let db = db().await;
+    let mut c = Client::connect(sidecar.port, "2.0.0").await;
+    c.join_public("realtime:room:v2").await;
+    send(&db, json!({"n": 1}), "INSERT", "room:v2").await;
+    let Some(Message::Binary(b)) = c.next(5).await else {
+        panic!("expected a binary frame")
+    };
+    let (topic, event, meta, encoding, payload) = decode_kind4(&b);
+    let meta: Value = serde_json::from_str(&meta).unwrap();
+    let payload: Value = serde_json::from_slice(&payload).unwrap();
+    assert_eq!(
+        (topic.as_str(), event.as_str(), encoding),
+        ("realtime:room:v2", "INSERT", 1)
+    );
+    assert_eq!(payload, json!({"id": meta["id"], "n": 1}));
+}
+
+#[tokio::test]
+async fn trigger_broadcast_changes_payload_arrives() {
+    let sidecar = Sidecar::start("t_trigger", &[]).await;
+    let db = db().await;
+    db.batch_execute(
+        "CREATE TABLE IF NOT EXISTS sidecar_notes (id int PRIMARY KEY, body text);
+         DROP TRIGGER IF EXISTS sidecar_notes_bc ON sidecar_notes;
+         CREATE TRIGGER sidecar_notes_bc AFTER INSERT ON sidecar_notes
+           FOR EACH ROW EXECUTE FUNCTION realtime.broadcast_trigger('notes:{id}', 'INSERT', 'false');",
+    )
+    .await
+    .unwrap();
+    let id: i32 = db
+        .query_one("SELECT coalesce(max(id), 0) + 1 FROM sidecar_notes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public(&format!("realtime:notes:{id}")).await;
+    db.execute("INSERT INTO sidecar_notes VALUES ($1, 'hello')", &[&id])
+        .await
+        .unwrap();
+    let m = c.next_json(5).await.expect("broadcast");
+    let p = &m["payload"]["payload"];
+    assert_eq!(m["payload"]["event"], "INSERT");
+    assert_eq!(p["record"], json!({"id": id, "body": "hello"}));
+    assert_eq!(
+        (
+            p["operation"].as_str(),
+            p["table"].as_str(),
+            p["schema"].as_str()
+        ),
+        (Some("INSERT"), Some("sidecar_notes"), Some("public"))
+    );
+    assert_eq!(p["old_record"], Value::Null);
+}
+
+#[tokio::test]
+async fn binary_payloads_reach_v2_only_and_private_stays_apart() {
+    let sidecar = Sidecar::start("t_binary", &[]).await;
+    let db = db().await;
+    let mut v1 = Client::connect(sidecar.port, "1.0.0").await;
+    let mut v2 = Client::connect(sidecar.port, "2.0.0").await;
+    v1.join_public("realtime:bin").await;
+    v2.join_public("realtime:bin").await;
+    db.execute(
+        "SELECT realtime.send_binary('\\x00ff'::bytea, 'raw', 'bin', false)",
+        &[],
+    )
+    .await
+    .unwrap();
+    // A private message to the same topic must not reach public channels.
+    db.execute(
+        "SELECT realtime.send('{\"secret\": 1}', 'ev', 'bin', true)",
+        &[],
+    )
+    .await
+    .unwrap();
+    send(&db, json!({"after": true}), "marker", "bin").await;
+    let Some(Message::Binary(b)) = v2.next(5).await else {
+        panic!("binary frame")
+    };
+    let (_, event, _, encoding, payload) = decode_kind4(&b);
+    assert_eq!(
+        (event.as_str(), encoding, payload),
+        ("raw", 0, vec![0x00, 0xff])
+    );
+    let Some(Message::Binary(b)) = v2.next(5).await else {
+        panic!("marker frame")
+    };
+    assert_eq!(decode_kind4(&b).1, "marker");
+    // The 1.0.0 client gets only the marker: no binary payload, no private message.
+    let m = v1.next_json(5).await.unwrap();
+    assert_eq!(m["payload"]["event"], "marker");
+}
+
+#[tokio::test]
+async fn heartbeat_is_answered() {
+    let sidecar = Sidecar::start("t_heartbeat", &[]).await;
+    for vsn in ["1.0.0", "2.0.0"] {
+        let mut c = Client::connect(sidecar.port, vsn).await;
+        let r = c.push(None, "phoenix", "heartbeat", json!({})).await;
+        let reply = c.reply(&r).await;
+        assert_eq!(reply, json!({"status": "ok", "response": {}}));
+    }
+}
+
+#[tokio::test]
+async fn invalid_tokens_are_refused_with_supabase_reasons() {
+    let sidecar = Sidecar::start("t_jwt", &[]).await;
+    let other = jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &json!({"role": "anon", "exp": now() + 60}),
+        &jsonwebtoken::EncodingKey::from_secret(b"a-different-secret-of-enough-length"),
+    )
+    .unwrap();
+    let none = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJyb2xlIjoiYW5vbiIsImV4cCI6OTk5OTk5OTk5OX0.";
+    let cases = [
+        (
+            token(json!({"role": "anon", "exp": now() - 5})),
+            "InvalidJWTToken: Token has expired",
+        ),
+        (
+            token(json!({"exp": now() + 60})),
+            "InvalidJWTToken: Fields `role` and `exp` are required in JWT",
+        ),
+        (other, "JwtSignatureError"),
+        ("garbage".to_owned(), "MalformedJWT"),
+        (none.to_owned(), "JwtSignerError"),
+    ];
+    for (apikey, reason) in &cases {
+        // At connect: an HTTP 401 with the reason, as Supabase's connect errors.
+        let path = format!("/realtime/v1/websocket?apikey={apikey}&vsn=1.0.0");
+        let headers = [
+            ("Upgrade", "websocket"),
+            ("Connection", "Upgrade"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Version", "13"),
+        ];
+        let (status, body) = http(sidecar.port, "GET", &path, &headers, "")
+            .await
+            .unwrap();
+        assert_eq!(status, 401, "{reason}");
+        assert!(body.contains(reason), "{body} should contain {reason}");
+        // At join, as access_token: an error reply with the reason.
+        let mut c = Client::connect(sidecar.port, "1.0.0").await;
+        let r = c
+            .push(
+                Some("1"),
+                "realtime:jwt",
+                "phx_join",
+                json!({"config": {}, "access_token": apikey}),
+            )
+            .await;
+        let reply = c.reply(&r).await;
+        assert_eq!(reply["status"], "error");
+        assert!(
+            reply["response"]["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with(reason),
+            "{reply}"
+        );
+    }
+    let headers = [
+        ("Upgrade", "websocket"),
+        ("Connection", "Upgrade"),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ("Sec-WebSocket-Version", "13"),
+    ];
+    let (status, body) = http(
+        sidecar.port,
+        "GET",
+        "/socket/websocket?vsn=1.0.0",
+        &headers,
+        "",
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 401);
+    assert!(body.contains("MissingAPIKey"), "{body}");
+}
+
+#[tokio::test]
+async fn token_that_expires_closes_the_channel() {
+    let sidecar = Sidecar::start("t_expiry", &[]).await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let short = token(json!({"role": "anon", "exp": now() + 2}));
+    let r = c
+        .push(
+            Some("1"),
+            "realtime:exp",
+            "phx_join",
+            json!({"config": {}, "access_token": short}),
+        )
+        .await;
+    assert_eq!(c.reply(&r).await["status"], "ok");
+    let system = c.next_json(6).await.expect("system message on expiry");
+    assert_eq!(system["event"], "system");
+    assert_eq!(system["payload"]["status"], "error");
+    assert!(
+        system["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Token has expired"),
+        "{system}"
+    );
+    assert_eq!(c.next_json(2).await.unwrap()["event"], "phx_close");
+}
+
+#[tokio::test]
+async fn malformed_frames_are_dropped_and_the_socket_kept() {
+    let sidecar = Sidecar::start("t_malformed", &[]).await;
+    let mut c = Client::connect(sidecar.port, "2.0.0").await;
+    c.send_raw(Message::text("{not json")).await;
+    c.send_raw(Message::text("{\"an\": \"object, not an array\"}"))
+        .await;
+    c.send_raw(Message::binary(vec![9u8, 1, 2])).await;
+    let r = c.push(None, "phoenix", "heartbeat", json!({})).await;
+    assert_eq!(c.reply(&r).await["status"], "ok");
+    assert_eq!(sidecar.metric("realtime_malformed_frames_total").await, 3.0);
+    // Events on a topic that was never joined, and unknown events, get error replies.
+    let r = c
+        .push(Some("9"), "realtime:nowhere", "broadcast", json!({}))
+        .await;
+    assert_eq!(c.reply(&r).await["response"]["reason"], "unmatched topic");
+    c.join_public("realtime:known").await;
+    let r = c
+        .push(Some("1"), "realtime:known", "dance", json!({}))
+        .await;
+    assert!(c.reply(&r).await["response"]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("UnknownEvent"));
+}
+
+#[tokio::test]
+async fn oversize_frame_closes_only_that_connection() {
+    let sidecar = Sidecar::start("t_oversize", &[("MAX_FRAME_SIZE", "10000")]).await;
+    let mut big = Client::connect(sidecar.port, "1.0.0").await;
+    let mut other = Client::connect(sidecar.port, "1.0.0").await;
+    let _ = big.ws.send(Message::text("x".repeat(20_000))).await;
+    let closed = loop {
+        match big.next(5).await {
+            Some(Message::Close(f)) => break f,
+            Some(_) => continue,
+            None => panic!("expected a close frame"),
+        }
+    };
+    assert_eq!(u16::from(closed.expect("close frame").code), 1009);
+    let r = other.push(None, "phoenix", "heartbeat", json!({})).await;
+    assert_eq!(other.reply(&r).await["status"], "ok");
+}
+
+#[tokio::test]
+async fn too_many_channels_and_bad_topics_are_refused() {
+    let sidecar = Sidecar::start("t_channels", &[("MAX_CHANNELS_PER_CLIENT", "3")]).await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    for i in 0..3 {
+        c.join_public(&format!("realtime:c{i}")).await;
+    }
+    let reply = c.join("realtime:c3", json!({})).await;
+    assert_eq!(
+        reply,
+        json!({"status": "error", "response": {"reason": "ChannelRateLimitReached: Too many channels"}})
+    );
+    let reply = c.join("notrealtime", json!({})).await;
+    assert_eq!(
+        reply["response"]["reason"],
+        "TopicNameRequired: You must provide a topic name"
+    );
+    let reply = c.join("realtime:p", json!({"private": true})).await;
+    assert!(reply["response"]["reason"].as_str().unwrap().starts_with(
+        "Unauthorized: You do not have permissions to read from this Channel topic: p"
+    ));
+    // Leaving frees a slot.
+    let r = c
+        .push(Some("1"), "realtime:c0", "phx_leave", json!({}))
+        .await;
+    assert_eq!(c.reply(&r).await["status"], "ok");
+    assert_eq!(c.next_json(2).await.unwrap()["event"], "phx_close");
+    c.join_public("realtime:c3").await;
+}
+
+#[tokio::test]
+async fn slow_client_is_cut_off_while_others_keep_receiving() {
+    // Bursts (drain batches) stay well under the queue bound, so only a client that stops
+    // reading can fill it.
+    let sidecar = Sidecar::start(
+        "t_slow",
+        &[("MAX_OUTBOUND_FRAMES", "1000"), ("DRAIN_BATCH", "100")],
+    )
+    .await;
+    let db = db().await;
+    let mut slow = Client::connect_small_buffer(sidecar.port, "1.0.0").await;
+    let mut fast = Client::connect(sidecar.port, "1.0.0").await;
+    slow.join_public("realtime:flood").await;
+    fast.join_public("realtime:flood").await;
+    let n: i64 = 3000;
+    let reader = tokio::spawn(async move {
+        let mut got = 0;
+        while got < n {
+            match fast.next_json(20).await {
+                Some(m) if m["event"] == "broadcast" => got += 1,
+                Some(_) => {}
+                None => break,
+            }
+        }
+        got
+    });
+    // About 24 MB: far more than the slow client's socket buffers and queue hold.
+    db.execute(
+        "SELECT count(realtime.send(jsonb_build_object('i', i, 'pad', repeat('x', 8000)), 'flood', 'flood', false))
+         FROM generate_series(1, $1::int8) i",
+        &[&n],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        reader.await.unwrap(),
+        n,
+        "the fast client received everything"
+    );
+    assert_eq!(sidecar.metric("realtime_slow_disconnects_total").await, 1.0);
+    // Reading at last, the slow client finds a close frame (policy violation) after what
+    // was already in flight.
+    let close = loop {
+        match slow.next(10).await {
+            Some(Message::Close(f)) => break f,
+            Some(_) => continue,
+            None => panic!("slow client was not closed"),
+        }
+    };
+    assert_eq!(u16::from(close.unwrap().code), 1008);
+}
+
+#[tokio::test]
+async fn metrics_and_health_are_served() {
+    let sidecar = Sidecar::start("t_metrics", &[]).await;
+    let (status, body) = http(sidecar.port, "GET", "/healthz", &[], "")
+        .await
+        .unwrap();
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (status, body) = http(sidecar.port, "GET", "/metrics", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    for name in [
+        "realtime_connections ",
+        "realtime_deliveries_total ",
+        "realtime_db_up 1",
+        "realtime_commit_to_dispatch_seconds",
+    ] {
+        assert!(body.contains(name), "metrics lack {name}");
+    }
+    let (status, _) = http(sidecar.port, "GET", "/nope", &[], "").await.unwrap();
+    assert_eq!(status, 404);
+}
