@@ -14,9 +14,11 @@ BEGIN
 END
 $$;
 
--- Draining moves a consumer's position and sees every message, private or not: only roles
--- granted these functions (the sidecar's) may call them.
+-- Draining moves a consumer's position and sees every message, private or not; relaying
+-- speaks for a client connection: only roles granted these functions (the sidecar's) may
+-- call them.
 REVOKE EXECUTE ON FUNCTION realtime.create_consumer(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.drop_consumer(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.confirm(text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.drain(text, bigint, integer, integer, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea) FROM PUBLIC;

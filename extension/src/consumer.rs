@@ -212,6 +212,7 @@ type DrainRow = (
     Option<pgrx::Uuid>,
     Option<i64>,
     Option<i64>,
+    Option<i64>,
 );
 
 /// Returns the messages after `after_seq` (default: the consumer's confirmed position),
@@ -220,7 +221,7 @@ type DrainRow = (
 /// A first row of kind 'gap' reports messages evicted before this consumer read them.
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."drain"(consumer text, after_seq bigint DEFAULT NULL, max_messages integer DEFAULT 10000, timeout_ms integer DEFAULT 1000, linger_ms integer DEFAULT 0)
-RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, lost_first bigint, lost_last bigint)
+RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, origin bigint, lost_first bigint, lost_last bigint)
 VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
 #[allow(clippy::type_complexity)]
@@ -242,6 +243,7 @@ fn drain(
         name!(private, Option<bool>),
         name!(committed_at, Option<TimestampWithTimeZone>),
         name!(id, Option<pgrx::Uuid>),
+        name!(origin, Option<i64>),
         name!(lost_first, Option<i64>),
         name!(lost_last, Option<i64>),
     ),
@@ -348,6 +350,7 @@ fn drain(
             None,
             None,
             None,
+            None,
             Some(first as i64),
             Some(last as i64),
         ));
@@ -371,6 +374,7 @@ fn drain(
             Some(m.is_private()),
             TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
             Some(pgrx::Uuid::from_bytes(m.header.id)),
+            (m.header.origin != 0).then_some(m.header.origin as i64),
             None,
             None,
         ));

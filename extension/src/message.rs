@@ -1,7 +1,7 @@
 //! The byte layout of one message record, as it sits in a transaction's local buffer and,
 //! after commit, in the shared ring.
 //!
-//! A record is a fixed 48-byte header followed by the topic, the event and the payload bytes,
+//! A record is a fixed 56-byte header followed by the topic, the event and the payload bytes,
 //! unpadded. Records are copied into the ring with wrap-around, so nothing here depends on
 //! alignment: headers are always decoded from a copy.
 
@@ -15,7 +15,7 @@ pub const STATE_ABORTED: u8 = 3;
 pub const FLAG_PRIVATE: u8 = 1;
 pub const FLAG_BINARY: u8 = 2;
 
-pub const HEADER_LEN: usize = 48;
+pub const HEADER_LEN: usize = 56;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecordHeader {
@@ -32,6 +32,9 @@ pub struct RecordHeader {
     pub committed_at: i64,
     /// The message id (a v4 uuid), delivered to clients as `meta.id`.
     pub id: [u8; 16],
+    /// Who sent it: 0 for the database, else the sidecar connection that relayed a client's
+    /// broadcast (so that sidecar can leave the sender out when `self` is false).
+    pub origin: u64,
 }
 
 impl RecordHeader {
@@ -46,6 +49,7 @@ impl RecordHeader {
         b[16..24].copy_from_slice(&self.seq.to_le_bytes());
         b[24..32].copy_from_slice(&self.committed_at.to_le_bytes());
         b[32..48].copy_from_slice(&self.id);
+        b[48..56].copy_from_slice(&self.origin.to_le_bytes());
         b
     }
 
@@ -63,6 +67,7 @@ impl RecordHeader {
             seq: u64_at(16),
             committed_at: u64_at(24) as i64,
             id: b[32..48].try_into().unwrap(),
+            origin: u64_at(48),
         }
     }
 }
@@ -81,6 +86,7 @@ pub fn encode_record(
     payload: &[u8],
     flags: u8,
     id: [u8; 16],
+    origin: u64,
 ) {
     let header = RecordHeader {
         len: record_len(topic, event, payload.len()) as u32,
@@ -92,6 +98,7 @@ pub fn encode_record(
         seq: 0,
         committed_at: 0,
         id,
+        origin,
     };
     out.extend_from_slice(&header.encode());
     out.extend_from_slice(topic.as_bytes());
@@ -148,6 +155,7 @@ mod tests {
             seq: u64::MAX - 1,
             committed_at: -42,
             id: [9; 16],
+            origin: 7 << 32 | 9,
         };
         assert_eq!(RecordHeader::decode(&h.encode()), h);
     }
@@ -162,6 +170,7 @@ mod tests {
             b"{\"a\": 1}",
             FLAG_PRIVATE,
             [1; 16],
+            5,
         );
         assert_eq!(buf.len(), record_len("room:1", "INSERT", 8));
         let m = MessageView::parse(&buf);
@@ -172,5 +181,6 @@ mod tests {
         assert!(!m.is_binary());
         assert_eq!(m.header.state, STATE_PENDING);
         assert_eq!(m.header.id, [1; 16]);
+        assert_eq!(m.header.origin, 5);
     }
 }

@@ -369,7 +369,7 @@ mod tests {
     fn records(msgs: &[&str]) -> Vec<u8> {
         let mut out = Vec::new();
         for m in msgs {
-            encode_record(&mut out, "t", "e", m.as_bytes(), 0, [0; 16]);
+            encode_record(&mut out, "t", "e", m.as_bytes(), 0, [0; 16], 0);
         }
         out
     }

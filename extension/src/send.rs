@@ -53,10 +53,10 @@ fn send(fcinfo: pg_sys::FunctionCallInfo) {
         );
         let text = std::ffi::CStr::from_ptr(text).to_string_lossy();
         if has_id {
-            xact::enqueue(topic, event, text.as_bytes(), flags(private), id);
+            xact::enqueue(topic, event, text.as_bytes(), flags(private), id, 0);
         } else {
             let with_id = payload::inject_id(&text, &id);
-            xact::enqueue(topic, event, with_id.as_bytes(), flags(private), id);
+            xact::enqueue(topic, event, with_id.as_bytes(), flags(private), id, 0);
         }
     }
 }
@@ -92,7 +92,50 @@ fn send_binary(fcinfo: pg_sys::FunctionCallInfo) {
             bytes,
             flags(private) | FLAG_BINARY,
             payload::new_id(),
+            0,
         );
+    }
+}
+
+/// A client's broadcast, relayed by a sidecar so that every sidecar sees it in the one order
+/// the queue gives. `origin` names the sending connection (nonzero); the payload is passed
+/// through as the client sent it: JSON text, or bytes from a 2.0.0 binary push.
+#[pg_extern(sql = r#"
+CREATE FUNCTION realtime."relay"(origin bigint, topic text, event text, private boolean, payload json, binary_payload bytea)
+RETURNS void VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#)]
+fn relay(fcinfo: pg_sys::FunctionCallInfo) {
+    unsafe {
+        let origin = match args::datum(fcinfo, 0) {
+            Some(d) if d.value() as i64 != 0 => d.value() as i64 as u64,
+            _ => errors::invalid("origin must be a nonzero sidecar connection id", None),
+        };
+        let topic = args::required_text(fcinfo, 1, "topic");
+        let event = args::required_text(fcinfo, 2, "event");
+        let private = args::bool_or(fcinfo, 3, false);
+        let id = payload::new_id();
+        match (args::datum(fcinfo, 4), args::datum(fcinfo, 5)) {
+            (Some(json), None) => xact::enqueue(
+                topic,
+                event,
+                args::varlena_bytes(json),
+                flags(private),
+                id,
+                origin,
+            ),
+            (None, Some(bin)) => xact::enqueue(
+                topic,
+                event,
+                args::varlena_bytes(bin),
+                flags(private) | FLAG_BINARY,
+                id,
+                origin,
+            ),
+            _ => errors::invalid(
+                "exactly one of payload and binary_payload must be given",
+                None,
+            ),
+        }
     }
 }
 
@@ -134,6 +177,6 @@ fn broadcast_changes(fcinfo: pg_sys::FunctionCallInfo) {
         let old = args::datum(fcinfo, 6).map(|d| payload::row_json(d));
         let id = payload::new_id();
         let body = payload::changes_payload(&id, table, schema, op, new, old);
-        xact::enqueue(topic, event, body.as_bytes(), FLAG_PRIVATE, id);
+        xact::enqueue(topic, event, body.as_bytes(), FLAG_PRIVATE, id, 0);
     }
 }

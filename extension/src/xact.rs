@@ -36,7 +36,7 @@ thread_local! {
 /// Adds one message to the current transaction. Refuses, with an error, anything that could
 /// not be delivered: an empty or over-long topic or event, a message over
 /// `realtime.max_message_size`, or a transaction whose messages would not fit in the queue.
-pub fn enqueue(topic: &str, event: &str, payload: &[u8], flags: u8, id: [u8; 16]) {
+pub fn enqueue(topic: &str, event: &str, payload: &[u8], flags: u8, id: [u8; 16], origin: u64) {
     if topic.is_empty() {
         errors::invalid("topic must not be empty", None);
     }
@@ -92,7 +92,7 @@ pub fn enqueue(topic: &str, event: &str, payload: &[u8], flags: u8, id: [u8; 16]
         }
         let subid = unsafe { pg_sys::GetCurrentSubTransactionId() };
         b.marks.push((subid, b.records.len()));
-        encode_record(&mut b.records, topic, event, payload, flags, id);
+        encode_record(&mut b.records, topic, event, payload, flags, id, origin);
     });
 }
 

@@ -137,6 +137,24 @@ for (const vsn of ['1.0.0', '2.0.0']) {
   });
 }
 
+for (const vsn of ['1.0.0', '2.0.0']) {
+  test(`realtime-js (${vsn}) sends a broadcast with ack and receives it with self`, async () => {
+    const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey }, vsn });
+    try {
+      await client.setAuth(apikey);
+      const channel = client.channel(`chat-${vsn}-${Date.now()}`, { config: { private: false, broadcast: { ack: true, self: true } } });
+      const echoed = new Promise((resolve) => channel.on('broadcast', { event: 'ping' }, resolve));
+      await subscribed(channel);
+      const status = await channel.send({ type: 'broadcast', event: 'ping', payload: { n: 1 } });
+      assert.equal(status, 'ok');
+      const msg = await withTimeout(echoed, 10000, 'own broadcast');
+      assert.deepEqual({ type: msg.type, event: msg.event, payload: msg.payload }, { type: 'broadcast', event: 'ping', payload: { n: 1 } });
+    } finally {
+      await close(client);
+    }
+  });
+}
+
 test('realtime-js gets the Unauthorized reason for a private channel', async () => {
   const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey } });
   await client.setAuth(apikey);

@@ -8,8 +8,9 @@
 
 use crate::channel;
 use crate::frame::{self, Inbound, Vsn};
-use crate::hub::{ConnId, Subscriber, TopicKey};
+use crate::hub::{ConnId, Payload, Subscriber, TopicKey};
 use crate::jwt::{self, Claims};
+use crate::publish::{AckTo, Publish};
 use crate::state::Shared;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
@@ -34,6 +35,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 struct Channel {
     key: TopicKey,
     join_ref: Option<String>,
+    /// Reply to this channel's broadcasts once they are committed.
+    ack: bool,
     claims: Claims,
 }
 
@@ -260,20 +263,20 @@ impl Conn {
     }
 
     fn handle(&mut self, msg: Message) -> Result<(), Close> {
+        let mut binary = None;
         let inbound = match msg {
             Message::Text(t) => frame::decode_text(self.vsn, t.as_str()),
-            Message::Binary(b) if self.vsn == Vsn::V2 => match frame::decode_binary(&b) {
-                Ok(push) => {
-                    return self.client_broadcast(Inbound {
-                        join_ref: push.join_ref,
-                        reference: push.reference,
-                        topic: push.topic,
-                        event: "broadcast".into(),
-                        payload: json!({"type": "broadcast", "event": push.event}),
-                    });
-                }
-                Err(e) => Err(e),
-            },
+            Message::Binary(b) if self.vsn == Vsn::V2 => frame::decode_binary(&b).map(|push| {
+                let m = Inbound {
+                    join_ref: push.join_ref,
+                    reference: push.reference,
+                    topic: push.topic,
+                    event: "broadcast".into(),
+                    payload: Value::Null,
+                };
+                binary = Some((push.event, push.encoding, push.payload));
+                m
+            }),
             Message::Binary(_) => Err(frame::DecodeError::Binary(
                 "binary frames need serializer 2.0.0",
             )),
@@ -321,7 +324,10 @@ impl Conn {
                 self.refresh_token(&m);
                 Ok(())
             }
-            "broadcast" => self.client_broadcast(m),
+            "broadcast" => {
+                self.client_broadcast(&m, binary);
+                Ok(())
+            }
             "presence" => {
                 self.push_text(frame::reply(
                     self.vsn,
@@ -420,6 +426,8 @@ impl Conn {
                 conn: self.id,
                 vsn: self.vsn,
                 join_ref: m.join_ref.clone(),
+                origin: self.shared.origin(self.id),
+                self_broadcast: config.self_broadcast,
                 tx: self.tx.clone(),
                 too_slow: self.too_slow.clone(),
             },
@@ -437,6 +445,7 @@ impl Conn {
             Channel {
                 key,
                 join_ref: m.join_ref.clone(),
+                ack: config.ack,
                 claims,
             },
         );
@@ -471,16 +480,58 @@ impl Conn {
         }
     }
 
-    /// Client-originated broadcasts go through the database so that every sidecar sees them
-    /// in one order; that path is not built yet, so they are refused explicitly.
-    fn client_broadcast(&mut self, m: Inbound) -> Result<(), Close> {
+    /// A client's broadcast: relayed through the database so that every sidecar sees it in
+    /// the queue's one order, then fanned out like any message (minus the sender unless it
+    /// joined with `self: true`). With `ack: true` the reply comes once it has committed.
+    fn client_broadcast(&mut self, m: &Inbound, binary: Option<(String, u8, bytes::Bytes)>) {
+        let (event, payload) = match binary {
+            Some((event, frame::ENCODING_JSON, bytes)) => match String::from_utf8(bytes.to_vec()) {
+                Ok(json) => (event, Payload::Json(json)),
+                Err(_) => return self.broadcast_error(m, "the JSON payload is not UTF-8"),
+            },
+            Some((event, _, bytes)) => (event, Payload::Binary(bytes)),
+            None => {
+                let Some(event) = m.payload.get("event").and_then(Value::as_str) else {
+                    return self.broadcast_error(m, "a broadcast needs an event name");
+                };
+                let payload = m.payload.get("payload").cloned().unwrap_or(Value::Null);
+                (event.to_owned(), Payload::Json(payload.to_string()))
+            }
+        };
+        if event.is_empty() || event.len() > 255 {
+            return self.broadcast_error(m, "the event name must be 1 to 255 bytes long");
+        }
+        let ch = &self.channels[&m.topic];
+        let ack = ch.ack.then(|| AckTo {
+            tx: self.tx.clone(),
+            vsn: self.vsn,
+            join_ref: m.join_ref.clone(),
+            reference: m.reference.clone(),
+            topic: m.topic.clone(),
+        });
+        let publish = Publish {
+            origin: self.shared.origin(self.id),
+            topic: ch.key.topic.clone(),
+            event,
+            private: ch.key.private,
+            payload,
+            ack,
+        };
+        if let Err(mpsc::error::TrySendError::Full(p)) = self.shared.publish.try_send(publish) {
+            if p.ack.is_some() {
+                self.broadcast_error(m, "too many broadcasts are waiting for the database; retry");
+            }
+        }
+    }
+
+    fn broadcast_error(&mut self, m: &Inbound, why: &str) {
+        let reason = format!("UnableToBroadcast: {why}");
         self.push_text(frame::reply(
             self.vsn,
-            &m,
+            m,
             "error",
-            json!({"reason": "ClientBroadcastNotSupported: broadcasts from clients are not supported by this server yet"}),
+            json!({ "reason": reason }),
         ));
-        Ok(())
     }
 }
 

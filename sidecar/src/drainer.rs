@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
 const DRAIN_SQL: &str = "SELECT seq, kind, topic, event, payload::text, binary_payload, private, \
-     (extract(epoch FROM committed_at) * 1000000)::int8, id::text, lost_first, lost_last \
+     (extract(epoch FROM committed_at) * 1000000)::int8, id::text, lost_first, lost_last, origin \
      FROM realtime.drain($1, $2, $3, $4, $5)";
 
 /// Runs until `shutdown` turns true; then confirms the position and returns.
@@ -151,12 +151,15 @@ async fn session(
             };
             let committed_us: i64 = row.get(7);
             metrics.record_latency_us((now_us - committed_us).max(0) as u64);
+            let origin: Option<i64> = row.get(11);
             hub.dispatch(&DbMessage {
                 topic: row.get(2),
                 event: row.get(3),
                 payload,
                 private: row.get(6),
-                id: row.get(8),
+                // Client broadcasts carry no meta.id, as in Supabase.
+                id: if origin.is_some() { None } else { row.get(8) },
+                origin,
             });
             metrics.drain_messages_total.fetch_add(1, Relaxed);
             pos = seq;

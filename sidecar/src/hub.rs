@@ -28,6 +28,10 @@ pub struct Subscriber {
     pub conn: ConnId,
     pub vsn: Vsn,
     pub join_ref: Option<String>,
+    /// This channel's connection, as `realtime.relay` origins name it.
+    pub origin: i64,
+    /// Whether the connection wants its own broadcasts back (`config.broadcast.self`).
+    pub self_broadcast: bool,
     pub tx: mpsc::Sender<Message>,
     /// Notified when the connection fell behind and must close.
     pub too_slow: Arc<Notify>,
@@ -39,7 +43,10 @@ pub struct DbMessage {
     pub event: String,
     pub payload: Payload,
     pub private: bool,
+    /// The message id, sent as `meta.id` (database messages only).
     pub id: Option<String>,
+    /// The connection a client broadcast came from.
+    pub origin: Option<i64>,
 }
 
 pub enum Payload {
@@ -101,6 +108,9 @@ impl Hub {
         let v1: OnceLock<Option<Message>> = OnceLock::new();
         let v2: OnceLock<Option<Message>> = OnceLock::new();
         for sub in subs {
+            if m.origin == Some(sub.origin) && !sub.self_broadcast {
+                continue;
+            }
             let frame = match sub.vsn {
                 Vsn::V1 => v1.get_or_init(|| match &m.payload {
                     Payload::Json(p) => Some(Message::text(frame::user_broadcast_v1(

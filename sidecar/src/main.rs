@@ -1,7 +1,7 @@
 //! realtime-sidecar: drains pg_realtime's queue and serves Supabase Realtime's WebSocket
 //! protocol. The parts: `server` (listener, HTTP, upgrades), `connection` (one socket),
 //! `frame` (wire format), `channel` (join options), `hub` (topics and fan-out), `drainer`
-//! (the Postgres side), `jwt`, `metrics`, `config`, `shutdown`.
+//! (the Postgres side), `publish` (client broadcasts), `jwt`, `metrics`, `config`, `shutdown`.
 
 mod channel;
 mod config;
@@ -11,6 +11,7 @@ mod frame;
 mod hub;
 mod jwt;
 mod metrics;
+mod publish;
 mod server;
 mod shutdown;
 mod state;
@@ -48,17 +49,26 @@ async fn run(cfg: config::Config) -> std::io::Result<()> {
     let (trigger, shutdown) = tokio::sync::watch::channel(false);
     let metrics = Arc::new(metrics::Metrics::default());
     let hub = Arc::new(hub::Hub::new(metrics.clone()));
+    let (publish_tx, publish_rx) = tokio::sync::mpsc::channel(10_000);
     let shared = Arc::new(state::Shared {
         cfg: cfg.clone(),
         hub: hub.clone(),
         verifier: jwt::Verifier::new(&cfg.jwt_secret),
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
+        publish: publish_tx,
+        instance: state::instance_id(),
     });
     tracing::info!(%addr, consumer = %cfg.consumer, "listening");
     let drainer = tokio::spawn(drainer::run(
         cfg.clone(),
         hub,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    let publisher = tokio::spawn(publish::run(
+        cfg.clone(),
+        publish_rx,
         metrics.clone(),
         shutdown.clone(),
     ));
@@ -69,6 +79,7 @@ async fn run(cfg: config::Config) -> std::io::Result<()> {
     let _ = trigger.send(true);
     let _ = accept.await;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drainer).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), publisher).await;
     shutdown::wait_for_connections(&metrics, std::time::Duration::from_secs(5)).await;
     Ok(())
 }

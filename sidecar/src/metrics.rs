@@ -14,6 +14,7 @@ pub struct Metrics {
     pub joins_total: AtomicU64,
     pub join_errors_total: AtomicU64,
     pub deliveries_total: AtomicU64,
+    pub client_broadcasts_total: AtomicU64,
     pub slow_disconnects_total: AtomicU64,
     pub malformed_frames_total: AtomicU64,
     pub drain_batches_total: AtomicU64,
@@ -37,7 +38,12 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut s = String::with_capacity(4096);
-        let counters: [(&str, &str, u64); 12] = [
+        let counters: [(&str, &str, u64); 13] = [
+            (
+                "realtime_client_broadcasts_total",
+                "client broadcasts relayed through the database",
+                self.client_broadcasts_total.load(Relaxed),
+            ),
             (
                 "realtime_connections_total",
                 "WebSocket connections accepted",

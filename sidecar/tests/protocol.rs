@@ -395,3 +395,130 @@ async fn metrics_and_health_are_served() {
     let (status, _) = http(sidecar.port, "GET", "/nope", &[], "").await.unwrap();
     assert_eq!(status, 404);
 }
+
+/// A kind-3 binary push, as realtime-js 2.0.0 sends a broadcast.
+fn binary_push(
+    join_ref: &str,
+    reference: &str,
+    topic: &str,
+    event: &str,
+    payload: &[u8],
+) -> Message {
+    let mut f = vec![
+        3u8,
+        join_ref.len() as u8,
+        reference.len() as u8,
+        topic.len() as u8,
+        event.len() as u8,
+        0,
+        1,
+    ];
+    for part in [
+        join_ref.as_bytes(),
+        reference.as_bytes(),
+        topic.as_bytes(),
+        event.as_bytes(),
+        payload,
+    ] {
+        f.extend_from_slice(part);
+    }
+    Message::binary(f)
+}
+
+#[tokio::test]
+async fn client_broadcasts_go_through_the_database_with_self_and_ack() {
+    let one = Sidecar::start("t_client_bc_1", &[]).await;
+    let two = Sidecar::start("t_client_bc_2", &[]).await;
+    let mut a = Client::connect(one.port, "1.0.0").await;
+    let mut b = Client::connect(one.port, "2.0.0").await;
+    let mut c = Client::connect(two.port, "1.0.0").await;
+    let ok = |r: Value| assert_eq!(r["status"], "ok", "{r}");
+    ok(a.join(
+        "realtime:chat",
+        json!({"broadcast": {"self": false, "ack": true}}),
+    )
+    .await);
+    ok(b.join(
+        "realtime:chat",
+        json!({"broadcast": {"self": true, "ack": false}}),
+    )
+    .await);
+    ok(c.join("realtime:chat", json!({})).await);
+
+    // A (self false, ack true): acknowledged, not echoed; B and C (on the other sidecar) get it.
+    let r = a
+        .push(
+            Some("1"),
+            "realtime:chat",
+            "broadcast",
+            json!({"type": "broadcast", "event": "msg", "payload": {"t": 1}}),
+        )
+        .await;
+    assert_eq!(a.reply(&r).await, json!({"status": "ok", "response": {}}));
+    let Some(Message::Binary(frame)) = b.next(5).await else {
+        panic!("B gets a binary frame")
+    };
+    let (topic, event, meta, encoding, payload) = decode_kind4(&frame);
+    assert_eq!(
+        (topic.as_str(), event.as_str(), meta.as_str(), encoding),
+        ("realtime:chat", "msg", "", 1)
+    );
+    assert_eq!(
+        serde_json::from_slice::<Value>(&payload).unwrap(),
+        json!({"t": 1})
+    );
+    let m = c.next_json(5).await.unwrap();
+    assert_eq!(
+        m["payload"],
+        json!({"event": "msg", "payload": {"t": 1}, "type": "broadcast"})
+    );
+
+    // B (self true) pushes a binary kind-3 frame: everyone, B included, gets it.
+    b.send_raw(binary_push("1", "7", "realtime:chat", "bin", b"{\"x\":2}"))
+        .await;
+    let Some(Message::Binary(frame)) = b.next(5).await else {
+        panic!("B gets its own broadcast")
+    };
+    assert_eq!(decode_kind4(&frame).1, "bin");
+    for client in [&mut a, &mut c] {
+        let m = client.next_json(5).await.unwrap();
+        assert_eq!(
+            m["payload"],
+            json!({"event": "bin", "payload": {"x": 2}, "type": "broadcast"})
+        );
+    }
+
+    // Many from A arrive at C, on the other sidecar, in order.
+    for i in 0..20 {
+        a.push(
+            Some("1"),
+            "realtime:chat",
+            "broadcast",
+            json!({"type": "broadcast", "event": "n", "payload": {"i": i}}),
+        )
+        .await;
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 20 {
+        let m = c.next_json(5).await.expect("20 broadcasts");
+        if m["event"] == "broadcast" {
+            seen.push(m["payload"]["payload"]["i"].as_i64().unwrap());
+        }
+    }
+    assert_eq!(seen, (0..20).collect::<Vec<i64>>());
+    assert!(one.metric("realtime_client_broadcasts_total").await >= 21.0);
+
+    // A broadcast without an event name is refused with a reason.
+    let r = a
+        .push(
+            Some("1"),
+            "realtime:chat",
+            "broadcast",
+            json!({"type": "broadcast"}),
+        )
+        .await;
+    assert_eq!(
+        a.reply(&r).await["response"]["reason"],
+        "UnableToBroadcast: a broadcast needs an event name"
+    );
+}

@@ -1,0 +1,183 @@
+//! Client-originated broadcasts: relayed through the database (`realtime.relay`) in batches,
+//! so every sidecar delivers them in the one order the queue gives, and acknowledged to the
+//! sender once the batch has committed.
+
+use crate::config::Config;
+use crate::frame::{self, Vsn};
+use crate::hub::Payload;
+use crate::metrics::Metrics;
+use serde_json::json;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_postgres::NoTls;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Most broadcasts relayed in one statement.
+const BATCH: usize = 1000;
+
+const RELAY_SQL: &str = "SELECT count(realtime.relay(o, t, e, p, j::json, b)) \
+     FROM unnest($1::int8[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::bytea[]) AS u(o, t, e, p, j, b)";
+
+/// Where to send the reply for a broadcast pushed with `ack: true`.
+pub struct AckTo {
+    pub tx: mpsc::Sender<Message>,
+    pub vsn: Vsn,
+    pub join_ref: Option<String>,
+    pub reference: Option<String>,
+    pub topic: String,
+}
+
+impl AckTo {
+    fn reply(&self, status: &str, response: serde_json::Value) {
+        let text = frame::encode(
+            self.vsn,
+            self.join_ref.as_deref(),
+            self.reference.as_deref(),
+            &self.topic,
+            "phx_reply",
+            &json!({"status": status, "response": response}),
+        );
+        // A full queue means the client is being cut off as too slow anyway.
+        let _ = self.tx.try_send(Message::text(text));
+    }
+}
+
+pub struct Publish {
+    pub origin: i64,
+    pub topic: String,
+    pub event: String,
+    pub private: bool,
+    pub payload: Payload,
+    pub ack: Option<AckTo>,
+}
+
+/// Runs until shutdown, relaying what connections queue on `rx`.
+pub async fn run(
+    cfg: Arc<Config>,
+    mut rx: mpsc::Receiver<Publish>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    let dsn = cfg.dsn();
+    loop {
+        let client = tokio::select! {
+            c = tokio_postgres::connect(&dsn, NoTls) => c,
+            _ = shutdown.changed() => return,
+        };
+        let client = match client {
+            Ok((client, conn)) => {
+                tokio::spawn(conn);
+                backoff = Duration::from_millis(100);
+                client
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "publish connection failed; retrying");
+                fail_pending(&mut rx, "The database is unavailable");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        loop {
+            let first = tokio::select! {
+                m = rx.recv() => match m { Some(m) => m, None => return },
+                _ = shutdown.changed() => return,
+            };
+            let mut batch = vec![first];
+            while batch.len() < BATCH {
+                match rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            if let Err(e) = relay(&client, &batch).await {
+                if client.is_closed() {
+                    for m in &batch {
+                        if let Some(a) = &m.ack {
+                            a.reply("error", json!({"reason": "The database is unavailable"}));
+                        }
+                    }
+                    break;
+                }
+                // One bad message must not sink the others: relay them one at a time.
+                tracing::debug!(error = %e, "relay batch failed; isolating");
+                for m in batch {
+                    let one = std::slice::from_ref(&m);
+                    finish(one, relay(&client, one).await, &metrics);
+                }
+                continue;
+            }
+            finish(&batch, Ok(()), &metrics);
+        }
+    }
+}
+
+fn fail_pending(rx: &mut mpsc::Receiver<Publish>, reason: &str) {
+    while let Ok(m) = rx.try_recv() {
+        if let Some(a) = m.ack {
+            a.reply("error", json!({ "reason": reason }));
+        }
+    }
+}
+
+fn finish(batch: &[Publish], result: Result<(), tokio_postgres::Error>, metrics: &Metrics) {
+    match result {
+        Ok(()) => {
+            metrics
+                .client_broadcasts_total
+                .fetch_add(batch.len() as u64, Relaxed);
+            for m in batch {
+                if let Some(a) = &m.ack {
+                    a.reply("ok", json!({}));
+                }
+            }
+        }
+        Err(e) => {
+            let reason = e
+                .as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_owned());
+            for m in batch {
+                if let Some(a) = &m.ack {
+                    a.reply(
+                        "error",
+                        json!({ "reason": format!("UnableToBroadcast: {reason}") }),
+                    );
+                }
+            }
+        }
+    }
+}
+
+async fn relay(
+    client: &tokio_postgres::Client,
+    batch: &[Publish],
+) -> Result<(), tokio_postgres::Error> {
+    let origins: Vec<i64> = batch.iter().map(|m| m.origin).collect();
+    let topics: Vec<&str> = batch.iter().map(|m| m.topic.as_str()).collect();
+    let events: Vec<&str> = batch.iter().map(|m| m.event.as_str()).collect();
+    let privates: Vec<bool> = batch.iter().map(|m| m.private).collect();
+    let json: Vec<Option<&str>> = batch
+        .iter()
+        .map(|m| match &m.payload {
+            Payload::Json(j) => Some(j.as_str()),
+            Payload::Binary(_) => None,
+        })
+        .collect();
+    let binary: Vec<Option<&[u8]>> = batch
+        .iter()
+        .map(|m| match &m.payload {
+            Payload::Binary(b) => Some(&b[..]),
+            Payload::Json(_) => None,
+        })
+        .collect();
+    client
+        .execute(
+            RELAY_SQL,
+            &[&origins, &topics, &events, &privates, &json, &binary],
+        )
+        .await?;
+    Ok(())
+}
