@@ -1,30 +1,51 @@
 #!/usr/bin/env bash
-# The main job: a throwaway PostgreSQL 15 cluster with pg_realtime preloaded, a chat table
-# whose trigger broadcasts every change, a writer inserting rows, and a live view of the
-# messages as a consumer drains them, with commit-to-receive latency. Runs DEMO_SECONDS
-# (default 60), then stops everything it started.
+# The main job: a throwaway PostgreSQL 15 cluster with pg_realtime preloaded, the sidecar, a
+# chat table whose trigger broadcasts every change, a writer inserting rows, and a web page
+# (served by the sidecar, using the official @supabase/realtime-js) that shows rows arriving
+# live with their commit-to-page latency. The terminal shows the same feed. Runs DEMO_SECONDS
+# (default 120), then stops everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-seconds=${DEMO_SECONDS:-60}
-port=${DEMO_PORT:-54329}
+seconds=${DEMO_SECONDS:-120}
+pg_port=${DEMO_PG_PORT:-54329}
+http_port=${DEMO_HTTP_PORT:-4000}
+secret=demo-secret-$(date +%s)-with-enough-length
+export PATH="$HOME/.cargo/bin:$PATH"
 
 scripts/install-deps.sh
 scripts/install-extension.sh
+cargo build --release -q -p realtime-sidecar
+(cd sidecar/web && npm ci --no-audit --no-fund --loglevel=error && npm run -s build)
 
 dir=$(mktemp -d /tmp/pg_realtime_demo.XXXXXX)
-scripts/cluster.sh start "$dir" "$port"
-writer=""
+chmod 755 "$dir"
+scripts/cluster.sh start "$dir/pg" "$pg_port"
+pids=()
 cleanup() {
-    [ -n "$writer" ] && kill "$writer" 2>/dev/null || true
-    scripts/cluster.sh stop "$dir" || true
-    echo "demo stopped; cluster and logs left in $dir"
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    scripts/cluster.sh stop "$dir/pg" || true
+    echo "demo stopped; logs left in $dir"
 }
 trap cleanup EXIT
 
-as_pg() { runuser -u postgres -- "$@"; }
-psql=(as_pg psql -h "$dir" -p "$port" -U postgres -X -q -v ON_ERROR_STOP=1)
+psql=(runuser -u postgres -- psql -h "$dir/pg" -p "$pg_port" -U postgres -X -q -v ON_ERROR_STOP=1)
 "${psql[@]}" -f "$root/scripts/demo.sql"
+
+apikey=$(node sidecar/web/anon-key.mjs "$secret")
+mkdir -p "$dir/web"
+cp sidecar/web/dist/* "$dir/web/"
+printf '{"apikey": "%s", "rooms": ["lobby", "den", "garden"]}\n' "$apikey" > "$dir/web/config.json"
+
+PORT=$http_port API_JWT_SECRET=$secret CONSUMER_NAME=demo WEB_ROOT="$dir/web" \
+    DATABASE_URL="host=$dir/pg port=$pg_port user=postgres dbname=postgres" \
+    target/release/realtime-sidecar > "$dir/sidecar.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$http_port") 2>/dev/null && break
+    sleep 0.1
+done
 
 # The writer: a row every 200 ms into one of three rooms, and now and then an edit.
 "${psql[@]}" -c "
@@ -34,32 +55,16 @@ BEGIN
         INSERT INTO chat_messages (room_id, author, body)
         VALUES ((ARRAY['lobby', 'den', 'garden'])[1 + i % 3], 'writer', 'message ' || i);
         IF i % 10 = 0 THEN
-            UPDATE chat_messages SET body = body || ' (edited)' WHERE id = i - 5;
+            UPDATE chat_messages SET body = body || ' (edited)', updated_at = clock_timestamp() WHERE id = i - 5;
         END IF;
         COMMIT;
         PERFORM pg_sleep(0.2);
     END LOOP;
 END
 \$\$;" &
-writer=$!
+pids+=($!)
 
-echo "pg_realtime demo: PostgreSQL on 127.0.0.1:$port, draining consumer 'demo' for ${seconds}s"
-echo "  seq | topic | event | commit-to-receive | payload"
-# The live view: one session drains, confirms as it goes, and prints each message.
-"${psql[@]}" -c "
-DO \$\$
-DECLARE
-    r record;
-    pos bigint := realtime.create_consumer('demo');
-    deadline timestamptz := clock_timestamp() + interval '$seconds seconds';
-BEGIN
-    WHILE clock_timestamp() < deadline LOOP
-        FOR r IN SELECT * FROM realtime.drain('demo', pos, 1000, 500) LOOP
-            RAISE NOTICE '% | % | % | % ms | %', r.seq, r.topic, r.event,
-                round(extract(epoch FROM clock_timestamp() - r.committed_at)::numeric * 1000, 2), r.payload;
-            pos := r.seq;
-        END LOOP;
-    END LOOP;
-END
-\$\$;" 2>&1 | sed -u 's/^NOTICE:  /  /'
-"${psql[@]}" -c "SELECT messages_enqueued, transactions, messages_evicted, last_seq FROM realtime.stats();"
+echo
+echo "pg_realtime demo: open http://127.0.0.1:$http_port/ to watch rows arrive (for ${seconds}s)."
+echo "The same feed, received here by realtime-js through the sidecar:"
+node sidecar/web/watch.mjs "ws://127.0.0.1:$http_port" "$apikey" "$seconds" lobby den garden

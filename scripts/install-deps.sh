@@ -5,8 +5,10 @@ set -euo pipefail
 
 PGRX_VERSION=0.18.1
 packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config build-essential sudo)
-# The realtime-js end-to-end tests run on Node (this machine kind ships Node 20 and npm).
+# The realtime-js end-to-end tests and the demo page run on Node (this machine kind ships
+# Node 20 and npm); the demo page is tested in headless Chromium.
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
+packages+=(chromium)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -31,7 +31,8 @@ export PG_REALTIME_TEST_PGDATA="$cluster/data"
 
 echo "== Rust unit and end-to-end tests"
 cargo test --workspace 2>&1 | tee "$log/cargo.log"
-echo "== realtime-js end-to-end tests"
+echo "== realtime-js end-to-end tests and the demo page in headless Chromium"
+(cd sidecar/web && npm ci --no-audit --no-fund --loglevel=error && npm run -s build)
 (cd sidecar/e2e && npm ci --no-audit --no-fund --loglevel=error)
 SIDECAR_BIN="$root/target/debug/realtime-sidecar" npm --prefix sidecar/e2e test 2>&1 | tee "$log/node.log"
 

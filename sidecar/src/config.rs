@@ -61,6 +61,9 @@ pub struct Config {
     /// Messages per second one connection may send before it is disconnected.
     #[arg(long, env = "MAX_EVENTS_PER_SECOND", default_value_t = 1000)]
     pub max_events_per_second: u32,
+    /// Directory of static files served at `/` (the demo page); nothing is served without it.
+    #[arg(long, env = "WEB_ROOT")]
+    pub web_root: Option<std::path::PathBuf>,
     /// A connection that sends nothing (not even a heartbeat) for this long is closed.
     #[arg(long, env = "IDLE_TIMEOUT_SECS", default_value_t = 60)]
     pub idle_timeout_secs: u64,

@@ -1,9 +1,11 @@
 //! The listening socket and HTTP routing: WebSocket upgrades on Supabase's paths, health and
-//! metrics endpoints. Connect-time failures are HTTP errors with a JSON body, as Supabase's.
+//! metrics endpoints, and the static demo page. Connect-time failures are HTTP errors with a
+//! JSON body, as Supabase's.
 
 use crate::connection;
 use crate::frame::Vsn;
 use crate::state::Shared;
+
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -148,8 +150,38 @@ async fn route(
             "text/plain; version=0.0.4",
             shared.metrics.render(),
         ),
+        (&Method::GET, p) => static_file(&shared, p).await,
         _ => json_error(StatusCode::NOT_FOUND, "Not found"),
     })
+}
+
+/// A file from `WEB_ROOT`, by a plain name only (no directories, no dot-dot).
+async fn static_file(shared: &Shared, path: &str) -> Resp {
+    let not_found = || json_error(StatusCode::NOT_FOUND, "Not found");
+    let Some(root) = &shared.cfg.web_root else {
+        return not_found();
+    };
+    let name = match path.trim_start_matches('/') {
+        "" => "index.html",
+        n => n,
+    };
+    let plain = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if !plain || name.starts_with('.') {
+        return not_found();
+    }
+    let content_type = match name.rsplit('.').next() {
+        Some("html") => "text/html; charset=utf-8",
+        Some("js" | "mjs") => "text/javascript; charset=utf-8",
+        Some("json") => "application/json",
+        Some("css") => "text/css",
+        _ => "application/octet-stream",
+    };
+    match tokio::fs::read(root.join(name)).await {
+        Ok(body) => respond(StatusCode::OK, content_type, body),
+        Err(_) => not_found(),
+    }
 }
 
 fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {

@@ -1,0 +1,53 @@
+// The demo page: subscribes to the demo rooms with the official realtime-js client and shows
+// each row as it arrives, with the time from the row's commit to its arrival here.
+import { RealtimeClient } from '@supabase/realtime-js';
+
+const MAX_ROWS = 50;
+const config = await (await fetch('config.json')).json();
+const url = `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/realtime/v1`;
+const client = new RealtimeClient(url, { params: { apikey: config.apikey } });
+await client.setAuth(config.apikey);
+
+const statusEl = document.getElementById('status');
+const rowsEl = document.getElementById('rows');
+const summaryEl = document.getElementById('summary');
+const latencies = [];
+const badges = {};
+
+function setStatus(room, status) {
+  badges[room] ??= statusEl.appendChild(document.createElement('span'));
+  badges[room].className = status;
+  badges[room].textContent = `${room}: ${status}`;
+}
+
+function cell(tr, text, cls) {
+  const td = tr.insertCell();
+  td.textContent = text;
+  if (cls) td.className = cls;
+}
+
+function show(room, msg) {
+  const row = msg.payload.record ?? msg.payload.old_record ?? {};
+  // updated_at is clock_timestamp() at the write: in a one-statement transaction, its commit.
+  const latency = Date.now() - Date.parse(row.updated_at);
+  latencies.push(latency);
+  const tr = rowsEl.insertRow(0);
+  tr.className = 'new';
+  tr.dataset.id = row.id;
+  cell(tr, room);
+  cell(tr, msg.event);
+  cell(tr, row.id);
+  cell(tr, row.author);
+  cell(tr, row.body);
+  cell(tr, `${latency} ms`, 'latency');
+  while (rowsEl.rows.length > MAX_ROWS) rowsEl.deleteRow(-1);
+  const sorted = [...latencies].sort((a, b) => a - b);
+  const q = (p) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
+  summaryEl.textContent = `${latencies.length} row${latencies.length === 1 ? '' : 's'} received; commit → page p50 ${q(0.5)} ms, p99 ${q(0.99)} ms`;
+}
+
+for (const room of config.rooms) {
+  const channel = client.channel(`room:${room}`, { config: { private: false } });
+  channel.on('broadcast', { event: '*' }, (msg) => show(room, msg));
+  channel.subscribe((status) => setStatus(room, status));
+}

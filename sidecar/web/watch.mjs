@@ -1,0 +1,27 @@
+// The demo's terminal twin of the page: subscribes like the page does (realtime-js over the
+// `ws` transport) and prints each row with its commit-to-receive latency, for SECONDS seconds.
+// Usage: node watch.mjs URL APIKEY SECONDS ROOM...
+import WebSocket from 'ws';
+import { RealtimeClient } from '@supabase/realtime-js';
+
+const [url, apikey, seconds, ...rooms] = process.argv.slice(2);
+const client = new RealtimeClient(`${url}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+await client.setAuth(apikey);
+const latencies = [];
+for (const room of rooms) {
+  const channel = client.channel(`room:${room}`, { config: { private: false } });
+  channel.on('broadcast', { event: '*' }, (msg) => {
+    const row = msg.payload.record ?? msg.payload.old_record ?? {};
+    const latency = Date.now() - Date.parse(row.updated_at);
+    latencies.push(latency);
+    console.log(`  room:${room.padEnd(7)} ${msg.event.padEnd(6)} #${String(row.id).padEnd(5)} ${row.body}  (${latency} ms)`);
+  });
+  channel.subscribe((status) => console.log(`  room:${room} ${status}`));
+}
+setTimeout(() => {
+  const s = [...latencies].sort((a, b) => a - b);
+  const q = (p) => s[Math.min(s.length - 1, Math.floor(p * s.length))];
+  console.log(`  ${s.length} rows received; commit-to-receive p50 ${q(0.5)} ms, p99 ${q(0.99)} ms`);
+  client.disconnect();
+  process.exit(0);
+}, Number(seconds) * 1000);
