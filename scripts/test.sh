@@ -39,6 +39,11 @@ SIDECAR_BIN="$root/target/debug/realtime-sidecar" npm --prefix sidecar/e2e test 
 scripts/cluster.sh stop "$cluster"
 trap - EXIT
 
+echo "== benchmark smoke (seconds long, so the runners do not rot; figures not kept)"
+python3 pgbench/trigger_cost.py --seconds 1 --rounds 1 --clients 2 > "$log/trigger_cost.md"
+python3 pgbench/fanout.py --seconds 2 --subscribers 20 --rates 100 > "$log/fanout.md"
+cat "$log/trigger_cost.md" "$log/fanout.md"
+
 echo "== pg_regress and isolation suites"
 regress_status=0
 scripts/regress.sh 2>&1 | tee "$log/regress.log" || regress_status=$?
