@@ -168,7 +168,12 @@ where
     drop(rx);
     // A close frame with the reason, unless the client is not reading at all: then the
     // connection is just dropped after a grace period.
+    let last_words = std::mem::take(&mut conn.out);
     let goodbye = async {
+        // Replies produced by the frame that ended the connection (a rate-limit error, say).
+        for msg in last_words {
+            let _ = sink.feed(msg).await;
+        }
         if let Some(Close(code, reason)) = close {
             let _ = sink
                 .send(Message::Close(Some(CloseFrame {
@@ -502,7 +507,7 @@ impl Conn {
             return self.broadcast_error(m, "the event name must be 1 to 255 bytes long");
         }
         let ch = &self.channels[&m.topic];
-        let ack = ch.ack.then(|| AckTo {
+        let ack = ch.ack.then(|| AckTo::Socket {
             tx: self.tx.clone(),
             vsn: self.vsn,
             join_ref: m.join_ref.clone(),

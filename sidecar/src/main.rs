@@ -12,6 +12,7 @@ mod hub;
 mod jwt;
 mod metrics;
 mod publish;
+mod rest;
 mod server;
 mod shutdown;
 mod state;
@@ -22,13 +23,17 @@ use std::sync::Arc;
 
 fn main() -> std::process::ExitCode {
     let cfg = config::Config::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LOG_LEVEL")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LOG_LEVEL")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    // LOG_FORMAT=json gives one JSON object per line, for log collectors.
+    if std::env::var("LOG_FORMAT").is_ok_and(|f| f == "json") {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

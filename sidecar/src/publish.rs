@@ -10,7 +10,7 @@ use serde_json::json;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_postgres::NoTls;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -20,27 +20,53 @@ const BATCH: usize = 1000;
 const RELAY_SQL: &str = "SELECT count(realtime.relay(o, t, e, p, j::json, b)) \
      FROM unnest($1::int8[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::bytea[]) AS u(o, t, e, p, j, b)";
 
-/// Where to send the reply for a broadcast pushed with `ack: true`.
-pub struct AckTo {
-    pub tx: mpsc::Sender<Message>,
-    pub vsn: Vsn,
-    pub join_ref: Option<String>,
-    pub reference: Option<String>,
-    pub topic: String,
+/// Who waits to hear that a broadcast was committed (or why it was not).
+pub enum AckTo {
+    /// A WebSocket push with `ack: true`: answered with a `phx_reply`.
+    Socket {
+        tx: mpsc::Sender<Message>,
+        vsn: Vsn,
+        join_ref: Option<String>,
+        reference: Option<String>,
+        topic: String,
+    },
+    /// A REST request, answered once all its messages are settled.
+    Http(oneshot::Sender<Result<(), String>>),
 }
 
 impl AckTo {
     fn reply(&self, status: &str, response: serde_json::Value) {
-        let text = frame::encode(
-            self.vsn,
-            self.join_ref.as_deref(),
-            self.reference.as_deref(),
-            &self.topic,
-            "phx_reply",
-            &json!({"status": status, "response": response}),
-        );
-        // A full queue means the client is being cut off as too slow anyway.
-        let _ = self.tx.try_send(Message::text(text));
+        if let AckTo::Socket {
+            tx,
+            vsn,
+            join_ref,
+            reference,
+            topic,
+        } = self
+        {
+            let text = frame::encode(
+                *vsn,
+                join_ref.as_deref(),
+                reference.as_deref(),
+                topic,
+                "phx_reply",
+                &json!({"status": status, "response": response}),
+            );
+            // A full queue means the client is being cut off as too slow anyway.
+            let _ = tx.try_send(Message::text(text));
+        }
+    }
+
+    fn settle(self, result: Result<(), String>) {
+        match self {
+            AckTo::Http(tx) => {
+                let _ = tx.send(result);
+            }
+            socket => match result {
+                Ok(()) => socket.reply("ok", json!({})),
+                Err(reason) => socket.reply("error", json!({ "reason": reason })),
+            },
+        }
     }
 }
 
@@ -95,9 +121,9 @@ pub async fn run(
             }
             if let Err(e) = relay(&client, &batch).await {
                 if client.is_closed() {
-                    for m in &batch {
-                        if let Some(a) = &m.ack {
-                            a.reply("error", json!({"reason": "The database is unavailable"}));
+                    for m in batch {
+                        if let Some(a) = m.ack {
+                            a.settle(Err("The database is unavailable".into()));
                         }
                     }
                     break;
@@ -105,12 +131,12 @@ pub async fn run(
                 // One bad message must not sink the others: relay them one at a time.
                 tracing::debug!(error = %e, "relay batch failed; isolating");
                 for m in batch {
-                    let one = std::slice::from_ref(&m);
-                    finish(one, relay(&client, one).await, &metrics);
+                    let result = relay(&client, std::slice::from_ref(&m)).await;
+                    finish(vec![m], result, &metrics);
                 }
                 continue;
             }
-            finish(&batch, Ok(()), &metrics);
+            finish(batch, Ok(()), &metrics);
         }
     }
 }
@@ -118,35 +144,29 @@ pub async fn run(
 fn fail_pending(rx: &mut mpsc::Receiver<Publish>, reason: &str) {
     while let Ok(m) = rx.try_recv() {
         if let Some(a) = m.ack {
-            a.reply("error", json!({ "reason": reason }));
+            a.settle(Err(reason.to_owned()));
         }
     }
 }
 
-fn finish(batch: &[Publish], result: Result<(), tokio_postgres::Error>, metrics: &Metrics) {
-    match result {
+fn finish(batch: Vec<Publish>, result: Result<(), tokio_postgres::Error>, metrics: &Metrics) {
+    let result = match result {
         Ok(()) => {
             metrics
                 .client_broadcasts_total
                 .fetch_add(batch.len() as u64, Relaxed);
-            for m in batch {
-                if let Some(a) = &m.ack {
-                    a.reply("ok", json!({}));
-                }
-            }
+            Ok(())
         }
         Err(e) => {
             let reason = e
                 .as_db_error()
                 .map_or_else(|| e.to_string(), |d| d.message().to_owned());
-            for m in batch {
-                if let Some(a) = &m.ack {
-                    a.reply(
-                        "error",
-                        json!({ "reason": format!("UnableToBroadcast: {reason}") }),
-                    );
-                }
-            }
+            Err(format!("UnableToBroadcast: {reason}"))
+        }
+    };
+    for m in batch {
+        if let Some(a) = m.ack {
+            a.settle(result.clone());
         }
     }
 }

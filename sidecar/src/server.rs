@@ -4,6 +4,7 @@
 
 use crate::connection;
 use crate::frame::Vsn;
+use crate::rest;
 use crate::state::Shared;
 
 use bytes::Bytes;
@@ -150,6 +151,10 @@ async fn route(
             "text/plain; version=0.0.4",
             shared.metrics.render(),
         ),
+        (&Method::POST, "/api/broadcast") => match rest::broadcast(req, &shared).await {
+            (status, Some(body)) => respond(status, "application/json", body.to_string()),
+            (status, None) => respond(status, "application/json", ""),
+        },
         (&Method::GET, p) => static_file(&shared, p).await,
         _ => json_error(StatusCode::NOT_FOUND, "Not found"),
     })

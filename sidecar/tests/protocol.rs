@@ -520,3 +520,140 @@ async fn client_broadcasts_go_through_the_database_with_self_and_ack() {
         "UnableToBroadcast: a broadcast needs an event name"
     );
 }
+
+#[tokio::test]
+async fn rest_broadcast_is_relayed_and_answers_like_supabase() {
+    let sidecar = Sidecar::start("t_rest", &[]).await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public("realtime:rest").await;
+    let key = anon_key();
+    let auth = format!("Bearer {key}");
+    let body = json!({"messages": [
+        {"topic": "rest", "event": "one", "payload": {"n": 1}},
+        {"topic": "rest", "event": "two", "payload": {"n": 2}, "private": false}
+    ]})
+    .to_string();
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    let (status, _) = http(sidecar.port, "POST", "/api/broadcast", &headers, &body)
+        .await
+        .unwrap();
+    assert_eq!(status, 202);
+    for (event, n) in [("one", 1), ("two", 2)] {
+        let m = c.next_json(5).await.unwrap();
+        assert_eq!(
+            m["payload"],
+            json!({"event": event, "payload": {"n": n}, "type": "broadcast"})
+        );
+    }
+    // The apikey header works too; no token, or a bad one, is 401.
+    let (status, _) = http(
+        sidecar.port,
+        "POST",
+        "/api/broadcast",
+        &[("apikey", key.as_str())],
+        &body,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 202);
+    let (status, body401) = http(sidecar.port, "POST", "/api/broadcast", &[], &body)
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, body401.as_str()),
+        (401, r#"{"message":"Unauthorized"}"#)
+    );
+    let (status, _) = http(
+        sidecar.port,
+        "POST",
+        "/api/broadcast",
+        &[("Authorization", "Bearer nope")],
+        &body,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 401);
+    // Invalid bodies are 422 with the field at fault; private messages are refused for now.
+    for (bad, field) in [
+        (json!({}), "messages"),
+        (
+            json!({"messages": [{"topic": "rest", "event": "e", "payload": "text"}]}),
+            "payload",
+        ),
+        (
+            json!({"messages": [{"topic": "rest", "event": "e", "payload": {}, "private": true}]}),
+            "private",
+        ),
+    ] {
+        let (status, body) = http(
+            sidecar.port,
+            "POST",
+            "/api/broadcast",
+            &headers,
+            &bad.to_string(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, 422, "{bad}");
+        assert!(body.contains(field), "{body} names {field}");
+    }
+}
+
+#[tokio::test]
+async fn joins_and_messages_per_second_are_limited() {
+    let sidecar = Sidecar::start(
+        "t_rates",
+        &[
+            ("MAX_JOINS_PER_SECOND", "3"),
+            ("MAX_EVENTS_PER_SECOND", "5"),
+        ],
+    )
+    .await;
+    // Too many joins in a second: an error reply, then the socket is closed.
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    for i in 0..3 {
+        c.join_public(&format!("realtime:j{i}")).await;
+    }
+    let reply = c.join("realtime:j3", json!({})).await;
+    assert_eq!(
+        reply["response"]["reason"],
+        "ClientJoinRateLimitReached: Too many joins per second"
+    );
+    let close = loop {
+        match c.next(5).await {
+            Some(Message::Close(f)) => break f,
+            Some(_) => continue,
+            None => panic!("expected a close frame"),
+        }
+    };
+    assert_eq!(u16::from(close.unwrap().code), 1008);
+    // Too many messages in a second on a channel: a system error and phx_close for it.
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public("realtime:chatty").await;
+    for _ in 0..6 {
+        c.push(
+            Some("1"),
+            "realtime:chatty",
+            "broadcast",
+            json!({"type": "broadcast", "event": "e", "payload": {}}),
+        )
+        .await;
+    }
+    let system = loop {
+        let m = c.next_json(5).await.expect("system message");
+        if m["event"] == "system" {
+            break m;
+        }
+    };
+    assert_eq!(system["payload"]["message"], "Too many messages per second");
+    assert_eq!(system["payload"]["status"], "error");
+    loop {
+        let m = c.next_json(5).await.expect("phx_close");
+        if m["event"] == "phx_close" {
+            break;
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! `POST /api/broadcast`: Supabase's batch REST broadcast. The messages are relayed through
+//! the database like client broadcasts (so every sidecar delivers them in one order) and the
+//! request is answered 202 once they have committed.
+
+use crate::hub::Payload;
+use crate::publish::{AckTo, Publish};
+use crate::state::Shared;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, StatusCode};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+/// The outcome: a status and a JSON body (empty for 202).
+pub type Outcome = (StatusCode, Option<Value>);
+
+fn unauthorized() -> Outcome {
+    (
+        StatusCode::UNAUTHORIZED,
+        Some(json!({"message": "Unauthorized"})),
+    )
+}
+
+fn invalid(errors: Value) -> Outcome {
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Some(json!({ "errors": errors })),
+    )
+}
+
+/// One message of the request, validated as Supabase validates it.
+struct Message {
+    topic: String,
+    event: String,
+    payload: Value,
+}
+
+fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| invalid(json!({"body": [format!("is not valid JSON: {e}")]})))?;
+    let Some(list) = v.get("messages").and_then(Value::as_array) else {
+        return Err(invalid(json!({"messages": ["can't be blank"]})));
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let mut errors = serde_json::Map::new();
+        let text = |k: &str| {
+            m.get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+        };
+        let topic = text("topic");
+        let event = text("event");
+        let payload = m.get("payload").filter(|p| p.is_object()).cloned();
+        if topic.is_none() {
+            errors.insert("topic".into(), json!(["can't be blank"]));
+        }
+        if event.is_none() {
+            errors.insert("event".into(), json!(["can't be blank"]));
+        }
+        if payload.is_none() {
+            errors.insert("payload".into(), json!(["must be a JSON object"]));
+        }
+        if m.get("private").and_then(Value::as_bool) == Some(true) {
+            errors.insert("private".into(), json!(["private messages need RLS authorization, which this server does not perform yet"]));
+        }
+        if !errors.is_empty() {
+            return Err(invalid(json!({ "messages": { i.to_string(): errors } })));
+        }
+        out.push(Message {
+            topic: topic.unwrap(),
+            event: event.unwrap(),
+            payload: payload.unwrap(),
+        });
+    }
+    Ok(out)
+}
+
+pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
+    let headers = req.headers();
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    let token = bearer.or_else(|| headers.get("apikey").and_then(|v| v.to_str().ok()));
+    let Some(token) = token.map(str::to_owned) else {
+        return unauthorized();
+    };
+    if shared.verifier.verify(&token).is_err() {
+        return unauthorized();
+    }
+    let body: Bytes = match Limited::new(req.into_body(), shared.cfg.max_frame_size)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Some(json!({"message": "Payload too large"})),
+            )
+        }
+    };
+    let messages = match parse(&body) {
+        Ok(m) => m,
+        Err(outcome) => return outcome,
+    };
+    let mut waits = Vec::with_capacity(messages.len());
+    for m in messages {
+        let (tx, rx) = oneshot::channel();
+        let publish = Publish {
+            origin: shared.origin(u64::from(u32::MAX)),
+            topic: m.topic,
+            event: m.event,
+            private: false,
+            payload: Payload::Json(m.payload.to_string()),
+            ack: Some(AckTo::Http(tx)),
+        };
+        if shared.publish.send(publish).await.is_err() {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some(json!({"message": "Server is shutting down"})),
+            );
+        }
+        waits.push(rx);
+    }
+    for rx in waits {
+        match rx.await {
+            Ok(Ok(())) => {}
+            // The database refused the message (too large, say), or could not be reached.
+            Ok(Err(reason)) if reason.starts_with("UnableToBroadcast") => {
+                return invalid(json!({ "messages": [reason] }));
+            }
+            Ok(Err(reason)) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some(json!({ "message": reason })),
+                )
+            }
+            Err(_) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some(json!({"message": "Server is shutting down"})),
+                )
+            }
+        }
+    }
+    (StatusCode::ACCEPTED, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validates_like_supabase() {
+        let ok = br#"{"messages":[{"topic":"room","event":"e","payload":{"a":1}}]}"#;
+        assert_eq!(parse(ok).map(|m| m.len()).ok(), Some(1));
+        let cases: [(&[u8], &str); 4] = [
+            (b"{}", "messages"),
+            (
+                br#"{"messages":[{"topic":"room","event":"e","payload":[1]}]}"#,
+                "payload",
+            ),
+            (br#"{"messages":[{"event":"e","payload":{}}]}"#, "topic"),
+            (
+                br#"{"messages":[{"topic":"t","event":"e","payload":{},"private":true}]}"#,
+                "private",
+            ),
+        ];
+        for (body, field) in cases {
+            let (status, errors) = parse(body).err().unwrap();
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert!(errors.unwrap().to_string().contains(field), "{field}");
+        }
+    }
+}
