@@ -10,15 +10,19 @@ SELECT dblink_send_query('reader', $$
     FROM (SELECT clock_timestamp() AS started) s, realtime.drain('waker', NULL, 10, 20000) d $$);
 
 -- Wait (bounded) until the reader sleeps in the drain, so the wake-up path is what is tested.
-DO $$
+CREATE FUNCTION wait_until_draining(consumer text) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     FOR i IN 1..400 LOOP
-        EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity
-                          WHERE wait_event_type = 'Extension' AND query LIKE '%realtime.drain(''waker''%');
+        IF EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Extension'
+                   AND query LIKE format('%%realtime.drain(%L%%', consumer)) THEN
+            RETURN true;
+        END IF;
         PERFORM pg_sleep(0.025);
     END LOOP;
+    RETURN false;
 END
 $$;
+SELECT wait_until_draining('waker');
 SELECT wait_event_type, wait_event FROM pg_stat_activity
 WHERE pid <> pg_backend_pid() AND query LIKE '%realtime.drain(''waker''%';
 
@@ -52,15 +56,7 @@ SELECT * FROM dblink('reader', $$ SELECT realtime.confirm('waker', last_read_seq
 -- together: the reader gets both messages below in one call.
 SELECT dblink_send_query('reader', $$
     SELECT d.payload::jsonb->>'row' AS row FROM realtime.drain('waker', NULL, 10, 20000, 3000) d $$);
-DO $$
-BEGIN
-    FOR i IN 1..400 LOOP
-        EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity
-                          WHERE wait_event_type = 'Extension' AND query LIKE '%realtime.drain(''waker''%');
-        PERFORM pg_sleep(0.025);
-    END LOOP;
-END
-$$;
+SELECT wait_until_draining('waker');
 SELECT realtime.send('{"row": 8}', 'ev', 'wake', false);
 SELECT realtime.send('{"row": 9}', 'ev', 'wake', false);
 SELECT * FROM dblink_get_result('reader') AS t(row text);

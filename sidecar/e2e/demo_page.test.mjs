@@ -3,21 +3,16 @@
 // Needs SIDECAR_BIN, PG_REALTIME_TEST_DSN and the built page (sidecar/web/dist).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
-import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import pg from 'pg';
 import { chromium } from 'playwright-core';
+import { anonClaims, database, jwt, startSidecar } from './harness.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const SECRET = 'demo-page-test-secret-with-enough-length';
-const b64 = (o) => Buffer.from(JSON.stringify(o)).toString('base64url');
-const body = `${b64({ alg: 'HS256', typ: 'JWT' })}.${b64({ role: 'anon', exp: Math.floor(Date.now() / 1000) + 3600 })}`;
-const apikey = `${body}.${crypto.createHmac('sha256', SECRET).update(body).digest('base64url')}`;
+const apikey = jwt(SECRET, anonClaims());
 
 let sidecar;
 let browser;
@@ -25,37 +20,12 @@ let db;
 let port;
 const webRoot = fs.mkdtempSync(path.join(os.tmpdir(), 'pg_realtime_web.'));
 
-function freePort() {
-  return new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
-
 before(async () => {
-  const dsn = process.env.PG_REALTIME_TEST_DSN;
-  assert.ok(dsn && process.env.SIDECAR_BIN, 'SIDECAR_BIN and PG_REALTIME_TEST_DSN must be set');
   const dist = path.join(here, '../web/dist');
   for (const f of fs.readdirSync(dist)) fs.copyFileSync(path.join(dist, f), path.join(webRoot, f));
   fs.writeFileSync(path.join(webRoot, 'config.json'), JSON.stringify({ apikey, rooms: ['lobby', 'den'] }));
-  port = await freePort();
-  sidecar = spawn(process.env.SIDECAR_BIN, [], {
-    env: { ...process.env, PORT: String(port), API_JWT_SECRET: SECRET, DATABASE_URL: dsn, CONSUMER_NAME: 'demo_page_e2e', WEB_ROOT: webRoot, LOG_LEVEL: 'warn' },
-    stdio: ['ignore', 'inherit', 'inherit'],
-  });
-  const deadline = Date.now() + 15000;
-  for (;;) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/healthz`)).status === 200) break;
-    } catch {}
-    assert.ok(Date.now() < deadline, 'sidecar did not become healthy');
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  const kv = Object.fromEntries(dsn.split(/\s+/).filter(Boolean).map((p) => p.split('=')));
-  db = new pg.Client({ host: kv.host, port: Number(kv.port), user: kv.user, database: kv.dbname });
-  await db.connect();
+  ({ process: sidecar, port } = await startSidecar(SECRET, 'demo_page_e2e', { WEB_ROOT: webRoot }));
+  db = await database();
   await db.query(fs.readFileSync(path.join(here, '../../scripts/demo.sql'), 'utf8'));
   browser = await chromium.launch({
     executablePath: '/usr/bin/chromium',

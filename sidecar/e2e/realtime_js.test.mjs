@@ -3,62 +3,20 @@
 // Needs SIDECAR_BIN and PG_REALTIME_TEST_DSN (scripts/test.sh sets both).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import crypto from 'node:crypto';
-import net from 'node:net';
 import WebSocket from 'ws';
-import pg from 'pg';
 import { RealtimeClient } from '@supabase/realtime-js';
+import { anonClaims, database, jwt, startSidecar, withTimeout } from './harness.mjs';
 
 const SECRET = 'test-secret-with-at-least-32-characters';
-const b64url = (s) => Buffer.from(s).toString('base64url');
-const jwt = (claims) => {
-  const head = b64url(JSON.stringify({ alg: 'HS256', typ: 'JWT' }));
-  const body = b64url(JSON.stringify(claims));
-  const sig = crypto.createHmac('sha256', SECRET).update(`${head}.${body}`).digest('base64url');
-  return `${head}.${body}.${sig}`;
-};
-const apikey = jwt({ role: 'anon', exp: Math.floor(Date.now() / 1000) + 3600 });
-
-function pgConfig(dsn) {
-  const kv = Object.fromEntries(dsn.split(/\s+/).filter(Boolean).map((p) => p.split('=')));
-  return { host: kv.host, port: Number(kv.port ?? 5432), user: kv.user, database: kv.dbname };
-}
-
-const withTimeout = (p, ms, what) =>
-  Promise.race([p, new Promise((_, reject) => setTimeout(() => reject(new Error(`timed out: ${what}`)), ms))]);
-
-function freePort() {
-  return new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
+const apikey = jwt(SECRET, anonClaims());
 
 let sidecar;
 let port;
 let db;
 
 before(async () => {
-  const dsn = process.env.PG_REALTIME_TEST_DSN;
-  assert.ok(dsn && process.env.SIDECAR_BIN, 'SIDECAR_BIN and PG_REALTIME_TEST_DSN must be set');
-  port = await freePort();
-  sidecar = spawn(process.env.SIDECAR_BIN, [], {
-    env: { ...process.env, PORT: String(port), API_JWT_SECRET: SECRET, DATABASE_URL: dsn, CONSUMER_NAME: 'realtime_js_e2e', LOG_LEVEL: 'warn' },
-    stdio: ['ignore', 'inherit', 'inherit'],
-  });
-  const deadline = Date.now() + 15000;
-  for (;;) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/healthz`)).status === 200) break;
-    } catch {}
-    assert.ok(Date.now() < deadline, 'sidecar did not become healthy');
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  db = new pg.Client(pgConfig(dsn));
-  await db.connect();
+  ({ process: sidecar, port } = await startSidecar(SECRET, 'realtime_js_e2e'));
+  db = await database();
   await db.query(`CREATE TABLE IF NOT EXISTS js_rooms (id serial PRIMARY KEY, room text NOT NULL, body text);
                   DROP TRIGGER IF EXISTS js_rooms_bc ON js_rooms;
                   CREATE TRIGGER js_rooms_bc AFTER INSERT OR UPDATE OR DELETE ON js_rooms
