@@ -2,6 +2,7 @@
 //! WebSocket sidecars drain. See `queue.rs` for how messages are ordered and delivered.
 
 mod args;
+mod authorize;
 mod consumer;
 mod errors;
 mod gucs;
