@@ -3,6 +3,7 @@
 // Needs SIDECAR_BIN and PG_REALTIME_TEST_DSN (scripts/test.sh sets both).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import WebSocket from 'ws';
 import { RealtimeClient } from '@supabase/realtime-js';
 import { anonClaims, database, jwt, startSidecar, withTimeout } from './harness.mjs';
@@ -112,6 +113,27 @@ for (const vsn of ['1.0.0', '2.0.0']) {
     }
   });
 }
+
+test('realtime-js joins a private channel its policies allow, and cannot write without the write policy', async () => {
+  const member = '44444444-4444-4444-8444-444444444444';
+  await db.query(fs.readFileSync(new URL('../tests/private_policies.sql', import.meta.url), 'utf8'));
+  await db.query("DELETE FROM private_members WHERE room = 'room:js'");
+  await db.query("INSERT INTO private_members VALUES ($1, 'room:js', false)", [member]);
+  const token = jwt(SECRET, { role: 'authenticated', sub: member, exp: Math.floor(Date.now() / 1000) + 3600 });
+  const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  try {
+    await client.setAuth(token);
+    const channel = client.channel('room:js', { config: { private: true, broadcast: { ack: true } } });
+    const got = new Promise((resolve) => channel.on('broadcast', { event: 'secret' }, resolve));
+    await subscribed(channel);
+    await db.query(`SELECT realtime.send('{"s": 1}', 'secret', 'room:js')`);
+    const msg = await withTimeout(got, 10000, 'private broadcast');
+    assert.equal(msg.payload.s, 1);
+    assert.equal(await channel.send({ type: 'broadcast', event: 'x', payload: {} }), 'error');
+  } finally {
+    await close(client);
+  }
+});
 
 test('realtime-js gets the Unauthorized reason for a private channel', async () => {
   const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey } });

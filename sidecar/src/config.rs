@@ -61,6 +61,10 @@ pub struct Config {
     /// Messages per second one connection may send before it is disconnected.
     #[arg(long, env = "MAX_EVENTS_PER_SECOND", default_value_t = 1000)]
     pub max_events_per_second: u32,
+    /// How long a private channel's read and write verdicts are trusted before they are
+    /// checked again (so revoking access takes effect without a new token).
+    #[arg(long, env = "AUTHORIZATION_TTL_SECS", default_value_t = 60)]
+    pub authorization_ttl_secs: u64,
     /// Directory of static files served at `/` (the demo page); nothing is served without it.
     #[arg(long, env = "WEB_ROOT")]
     pub web_root: Option<std::path::PathBuf>,

@@ -6,7 +6,8 @@
 //! a full queue (the client is too slow), a rate limit, or server shutdown, each with a close
 //! reason, and unsubscribes every channel on the way out.
 
-use crate::channel;
+use crate::authorizer::{self, Identity};
+use crate::channel::{self, JoinConfig};
 use crate::frame::{self, Inbound, Vsn};
 use crate::hub::{ConnId, Payload, Subscriber, TopicKey};
 use crate::jwt::{self, Claims};
@@ -37,7 +38,29 @@ struct Channel {
     join_ref: Option<String>,
     /// Reply to this channel's broadcasts once they are committed.
     ack: bool,
+    /// Write verdict of a private channel (public channels: anyone may send).
+    writable: bool,
+    presence: bool,
     claims: Claims,
+}
+
+/// Verdicts for a private channel, back from the batched authorizer.
+enum AuthDone {
+    /// A private join, whether it may read, and whether it may write.
+    Join(Box<PendingJoin>, bool, bool),
+    Recheck {
+        topic: String,
+        readable: bool,
+        writable: bool,
+    },
+}
+
+/// A private join waiting for its verdicts.
+struct PendingJoin {
+    m: Inbound,
+    config: JoinConfig,
+    claims: Claims,
+    sub_topic: String,
 }
 
 /// Per-second counter for the connection's rate limits.
@@ -80,13 +103,24 @@ struct Conn {
     events: Rate,
     /// Replies and pushes produced while handling one client frame.
     out: Vec<Message>,
+    /// The socket's `x-` request headers as JSON, for `request.headers` in policies.
+    headers: String,
+    auth_done: mpsc::UnboundedSender<AuthDone>,
+    /// Private joins waiting for their verdicts (they count against the channel limit).
+    pending_joins: usize,
 }
 
-pub async fn serve<S>(ws: WebSocketStream<S>, shared: Arc<Shared>, vsn: Vsn, socket_claims: Claims)
-where
+pub async fn serve<S>(
+    ws: WebSocketStream<S>,
+    shared: Arc<Shared>,
+    vsn: Vsn,
+    socket_claims: Claims,
+    headers: String,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (tx, mut rx) = mpsc::channel(shared.cfg.max_outbound_frames);
+    let (auth_done, mut auth_rx) = mpsc::unbounded_channel();
     let mut conn = Conn {
         id: NEXT_ID.fetch_add(1, Relaxed),
         vsn,
@@ -98,7 +132,12 @@ where
         joins: Rate::new(),
         events: Rate::new(),
         out: Vec::new(),
+        headers,
+        auth_done,
+        pending_joins: 0,
     };
+    let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
+    let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);
     let m = &shared.metrics;
     m.connections.fetch_add(1, Relaxed);
     m.connections_total.fetch_add(1, Relaxed);
@@ -138,6 +177,13 @@ where
                 }
             }
             Some(msg) = rx.recv() => conn.out.push(msg),
+            Some(done) = auth_rx.recv() => conn.on_auth(done),
+            _ = recheck.tick() => {
+                let topics: Vec<String> = conn.channels.keys().cloned().collect();
+                for t in topics {
+                    conn.recheck(&t);
+                }
+            }
             _ = &mut idle => break Some(Close(CloseCode::Normal, "idle timeout: no heartbeat received")),
         }
         // Write what handling produced plus whatever the hub has queued, then flush once.
@@ -406,18 +452,42 @@ impl Conn {
             );
             return Ok(());
         }
-        if config.private {
-            self.join_error(
-                &m,
-                format!("Unauthorized: You do not have permissions to read from this Channel topic: {sub_topic} (private channels are not authorized by this server yet)"),
-            );
-            return Ok(());
-        }
         let rejoin = self.channels.contains_key(&m.topic);
-        if !rejoin && self.channels.len() >= self.shared.cfg.max_channels_per_client {
+        let in_use = self.channels.len() + self.pending_joins;
+        if !rejoin && in_use >= self.shared.cfg.max_channels_per_client {
             self.join_error(&m, "ChannelRateLimitReached: Too many channels".into());
             return Ok(());
         }
+        if config.private {
+            // Answered when the batched verdicts arrive (`on_auth`), in this same task.
+            self.pending_joins += 1;
+            let who = self.identity(&claims);
+            let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
+            tokio::spawn(async move {
+                let (readable, writable) =
+                    authorizer::channel_access(&auth, &who, &sub_topic, config.presence).await;
+                let join = PendingJoin {
+                    m,
+                    config,
+                    claims,
+                    sub_topic,
+                };
+                let _ = done.send(AuthDone::Join(Box::new(join), readable, writable));
+            });
+            return Ok(());
+        }
+        self.complete_join(m, config, claims, sub_topic, false);
+        Ok(())
+    }
+
+    fn complete_join(
+        &mut self,
+        m: Inbound,
+        config: JoinConfig,
+        claims: Claims,
+        sub_topic: String,
+        writable: bool,
+    ) {
         let key = TopicKey {
             private: config.private,
             topic: sub_topic,
@@ -445,16 +515,82 @@ impl Conn {
             "ok",
             json!({"postgres_changes": []}),
         ));
-        self.channels.insert(
-            m.topic.clone(),
-            Channel {
-                key,
-                join_ref: m.join_ref.clone(),
-                ack: config.ack,
-                claims,
-            },
-        );
-        Ok(())
+        let channel = Channel {
+            key,
+            join_ref: m.join_ref.clone(),
+            ack: config.ack,
+            writable,
+            presence: config.presence,
+            claims,
+        };
+        self.channels.insert(m.topic, channel);
+    }
+
+    fn identity(&self, claims: &Claims) -> Identity {
+        Identity {
+            role: claims.role.clone(),
+            claims: claims.all.to_string(),
+            headers: self.headers.clone(),
+        }
+    }
+
+    /// Checks a private channel's verdicts again (new token, or the TTL passed).
+    fn recheck(&self, topic: &str) {
+        let Some(ch) = self.channels.get(topic) else {
+            return;
+        };
+        if !ch.key.private {
+            return;
+        }
+        let who = self.identity(&ch.claims);
+        let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
+        let (topic, sub_topic, presence) = (topic.to_owned(), ch.key.topic.clone(), ch.presence);
+        tokio::spawn(async move {
+            let (readable, writable) =
+                authorizer::channel_access(&auth, &who, &sub_topic, presence).await;
+            let _ = done.send(AuthDone::Recheck {
+                topic,
+                readable,
+                writable,
+            });
+        });
+    }
+
+    fn on_auth(&mut self, done: AuthDone) {
+        match done {
+            AuthDone::Join(join, readable, writable) => {
+                let PendingJoin {
+                    m,
+                    config,
+                    claims,
+                    sub_topic,
+                } = *join;
+                self.pending_joins -= 1;
+                if readable {
+                    self.complete_join(m, config, claims, sub_topic, writable);
+                } else {
+                    let reason = format!("Unauthorized: You do not have permissions to read from this Channel topic: {sub_topic}");
+                    self.join_error(&m, reason);
+                }
+            }
+            AuthDone::Recheck {
+                topic,
+                readable,
+                writable,
+            } => {
+                let Some(ch) = self.channels.get_mut(&topic) else {
+                    return;
+                };
+                ch.writable = writable;
+                if !readable {
+                    let msg = format!(
+                        "You no longer have permission to read from this Channel topic: {}",
+                        ch.key.topic
+                    );
+                    self.leave(&topic, Some(&msg));
+                }
+            }
+        }
     }
 
     /// Leaves a channel; with a reason, tells the client first (system error).
@@ -478,7 +614,10 @@ impl Conn {
         match self.shared.verifier.verify(token) {
             Ok(c) => {
                 if let Some(ch) = self.channels.get_mut(&m.topic) {
-                    ch.claims = c;
+                    if ch.claims != c {
+                        ch.claims = c;
+                        self.recheck(&m.topic);
+                    }
                 }
             }
             Err(e) => self.leave(&m.topic, Some(&e.reason())),
@@ -507,6 +646,20 @@ impl Conn {
             return self.broadcast_error(m, "the event name must be 1 to 255 bytes long");
         }
         let ch = &self.channels[&m.topic];
+        if ch.key.private && !ch.writable {
+            // Supabase drops these silently; an error reply says why instead.
+            let reason = format!(
+                "Unauthorized: You do not have permissions to write to this Channel topic: {}",
+                ch.key.topic
+            );
+            self.push_text(frame::reply(
+                self.vsn,
+                m,
+                "error",
+                json!({ "reason": reason }),
+            ));
+            return;
+        }
         let ack = ch.ack.then(|| AckTo::Socket {
             tx: self.tx.clone(),
             vsn: self.vsn,

@@ -3,6 +3,7 @@
 //! `frame` (wire format), `channel` (join options), `hub` (topics and fan-out), `drainer`
 //! (the Postgres side), `publish` (client broadcasts), `jwt`, `metrics`, `config`, `shutdown`.
 
+mod authorizer;
 mod channel;
 mod config;
 mod connection;
@@ -55,6 +56,8 @@ async fn run(cfg: config::Config) -> std::io::Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     let hub = Arc::new(hub::Hub::new(metrics.clone()));
     let (publish_tx, publish_rx) = tokio::sync::mpsc::channel(10_000);
+    // Bounded: a flood of joins waits here (backpressure) rather than timing out.
+    let (authorize_tx, authorize_rx) = tokio::sync::mpsc::channel(20_000);
     let shared = Arc::new(state::Shared {
         cfg: cfg.clone(),
         hub: hub.clone(),
@@ -62,6 +65,7 @@ async fn run(cfg: config::Config) -> std::io::Result<()> {
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
         publish: publish_tx,
+        authorize: authorize_tx,
         instance: state::instance_id(),
     });
     tracing::info!(%addr, consumer = %cfg.consumer, "listening");
@@ -77,6 +81,12 @@ async fn run(cfg: config::Config) -> std::io::Result<()> {
         metrics.clone(),
         shutdown.clone(),
     ));
+    let authorizer = tokio::spawn(authorizer::run(
+        cfg.clone(),
+        authorize_rx,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
     let accept = tokio::spawn(server::serve(listener, shared));
 
     shutdown::wait_for_signal().await;
@@ -85,6 +95,7 @@ async fn run(cfg: config::Config) -> std::io::Result<()> {
     let _ = accept.await;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drainer).await;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), publisher).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), authorizer).await;
     shutdown::wait_for_connections(&metrics, std::time::Duration::from_secs(5)).await;
     Ok(())
 }

@@ -15,6 +15,8 @@ pub struct Metrics {
     pub join_errors_total: AtomicU64,
     pub deliveries_total: AtomicU64,
     pub client_broadcasts_total: AtomicU64,
+    pub auth_batches_total: AtomicU64,
+    pub auth_requests_total: AtomicU64,
     pub slow_disconnects_total: AtomicU64,
     pub malformed_frames_total: AtomicU64,
     pub drain_batches_total: AtomicU64,
@@ -38,7 +40,17 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut s = String::with_capacity(4096);
-        let counters: [(&str, &str, u64); 13] = [
+        let counters: [(&str, &str, u64); 15] = [
+            (
+                "realtime_auth_batches_total",
+                "realtime.authorize calls",
+                self.auth_batches_total.load(Relaxed),
+            ),
+            (
+                "realtime_auth_requests_total",
+                "authorization verdicts asked for",
+                self.auth_requests_total.load(Relaxed),
+            ),
             (
                 "realtime_client_broadcasts_total",
                 "client broadcasts relayed through the database",

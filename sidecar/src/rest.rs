@@ -2,6 +2,7 @@
 //! the database like client broadcasts (so every sidecar delivers them in one order) and the
 //! request is answered 202 once they have committed.
 
+use crate::authorizer::{self, Identity};
 use crate::hub::Payload;
 use crate::publish::{AckTo, Publish};
 use crate::state::Shared;
@@ -34,6 +35,7 @@ struct Message {
     topic: String,
     event: String,
     payload: Value,
+    private: bool,
 }
 
 fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
@@ -63,9 +65,6 @@ fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
         if payload.is_none() {
             errors.insert("payload".into(), json!(["must be a JSON object"]));
         }
-        if m.get("private").and_then(Value::as_bool) == Some(true) {
-            errors.insert("private".into(), json!(["private messages need RLS authorization, which this server does not perform yet"]));
-        }
         if !errors.is_empty() {
             return Err(invalid(json!({ "messages": { i.to_string(): errors } })));
         }
@@ -73,6 +72,7 @@ fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
             topic: topic.unwrap(),
             event: event.unwrap(),
             payload: payload.unwrap(),
+            private: m.get("private").and_then(Value::as_bool).unwrap_or(false),
         });
     }
     Ok(out)
@@ -91,9 +91,24 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
     let Some(token) = token.map(str::to_owned) else {
         return unauthorized();
     };
-    if shared.verifier.verify(&token).is_err() {
+    let Ok(claims) = shared.verifier.verify(&token) else {
         return unauthorized();
-    }
+    };
+    // Supabase passes every request header of a REST call to policies.
+    let all_headers: serde_json::Map<String, Value> = headers
+        .iter()
+        .filter_map(|(k, v)| {
+            Some((
+                k.as_str().to_owned(),
+                Value::String(v.to_str().ok()?.to_owned()),
+            ))
+        })
+        .collect();
+    let who = Identity {
+        role: claims.role.clone(),
+        claims: claims.all.to_string(),
+        headers: Value::Object(all_headers).to_string(),
+    };
     let body: Bytes = match Limited::new(req.into_body(), shared.cfg.max_frame_size)
         .collect()
         .await
@@ -110,6 +125,22 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
         Ok(m) => m,
         Err(outcome) => return outcome,
     };
+    // Private messages need the write verdict, checked once per topic; Supabase skips the
+    // refused ones silently, here the request is refused whole and says which topic.
+    let mut checked = std::collections::HashSet::new();
+    for m in messages.iter().filter(|m| m.private) {
+        if checked.insert(m.topic.clone())
+            && !authorizer::ask(&shared.authorize, &who, &m.topic, "broadcast", true)
+                .await
+                .allowed
+        {
+            let message = format!(
+                "Unauthorized: You do not have permissions to write to this Channel topic: {}",
+                m.topic
+            );
+            return (StatusCode::FORBIDDEN, Some(json!({ "message": message })));
+        }
+    }
     let mut waits = Vec::with_capacity(messages.len());
     for m in messages {
         let (tx, rx) = oneshot::channel();
@@ -117,7 +148,7 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
             origin: shared.origin(u64::from(u32::MAX)),
             topic: m.topic,
             event: m.event,
-            private: false,
+            private: m.private,
             payload: Payload::Json(m.payload.to_string()),
             ack: Some(AckTo::Http(tx)),
         };
@@ -161,17 +192,13 @@ mod tests {
     fn validates_like_supabase() {
         let ok = br#"{"messages":[{"topic":"room","event":"e","payload":{"a":1}}]}"#;
         assert_eq!(parse(ok).map(|m| m.len()).ok(), Some(1));
-        let cases: [(&[u8], &str); 4] = [
+        let cases: [(&[u8], &str); 3] = [
             (b"{}", "messages"),
             (
                 br#"{"messages":[{"topic":"room","event":"e","payload":[1]}]}"#,
                 "payload",
             ),
             (br#"{"messages":[{"event":"e","payload":{}}]}"#, "topic"),
-            (
-                br#"{"messages":[{"topic":"t","event":"e","payload":{},"private":true}]}"#,
-                "private",
-            ),
         ];
         for (body, field) in cases {
             let (status, errors) = parse(body).err().unwrap();

@@ -231,6 +231,19 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
         Err(e) => return refuse(StatusCode::UNAUTHORIZED, &e.reason()),
     };
 
+    // Phoenix passes only the `x-` request headers to channels; policies read them.
+    let x_headers: serde_json::Map<String, serde_json::Value> = req
+        .headers()
+        .iter()
+        .filter(|(k, _)| k.as_str().starts_with("x-"))
+        .filter_map(|(k, v)| {
+            Some((
+                k.as_str().to_owned(),
+                serde_json::Value::String(v.to_str().ok()?.to_owned()),
+            ))
+        })
+        .collect();
+    let headers = serde_json::Value::Object(x_headers).to_string();
     let accept = derive_accept_key(key.as_bytes());
     let cfg = &shared.cfg;
     let ws_config = WebSocketConfig::default()
@@ -249,7 +262,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
                     Some(ws_config),
                 )
                 .await;
-                connection::serve(ws, shared2, vsn, claims).await;
+                connection::serve(ws, shared2, vsn, claims, headers).await;
             }
             Err(e) => tracing::debug!(error = %e, "upgrade failed"),
         }

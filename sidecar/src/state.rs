@@ -15,6 +15,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Turns true once when the server starts shutting down.
     pub shutdown: watch::Receiver<bool>,
+    /// Private-channel authorization requests, batched into `realtime.authorize`.
+    pub authorize: mpsc::Sender<crate::authorizer::AuthRequest>,
     /// Client broadcasts waiting to be relayed through the database.
     pub publish: mpsc::Sender<Publish>,
     /// Random per process: the high half of this sidecar's relay origins.

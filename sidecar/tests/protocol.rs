@@ -308,7 +308,9 @@ async fn too_many_channels_and_bad_topics_are_refused() {
         reply["response"]["reason"],
         "TopicNameRequired: You must provide a topic name"
     );
-    let reply = c.join("realtime:p", json!({"private": true})).await;
+    // A private channel that no policy opens (the anon key here) is refused.
+    let mut other = Client::connect(sidecar.port, "1.0.0").await;
+    let reply = other.join("realtime:p", json!({"private": true})).await;
     assert!(reply["response"]["reason"].as_str().unwrap().starts_with(
         "Unauthorized: You do not have permissions to read from this Channel topic: p"
     ));
@@ -584,8 +586,8 @@ async fn rest_broadcast_is_relayed_and_answers_like_supabase() {
             "payload",
         ),
         (
-            json!({"messages": [{"topic": "rest", "event": "e", "payload": {}, "private": true}]}),
-            "private",
+            json!({"messages": [{"event": "e", "payload": {}}]}),
+            "topic",
         ),
     ] {
         let (status, body) = http(
@@ -600,6 +602,20 @@ async fn rest_broadcast_is_relayed_and_answers_like_supabase() {
         assert_eq!(status, 422, "{bad}");
         assert!(body.contains(field), "{body} names {field}");
     }
+    // A private message needs the write policy; the anon key has none here: 403, nothing sent.
+    let private =
+        json!({"messages": [{"topic": "rest", "event": "e", "payload": {}, "private": true}]})
+            .to_string();
+    let (status, body) = http(sidecar.port, "POST", "/api/broadcast", &headers, &private)
+        .await
+        .unwrap();
+    assert_eq!(status, 403);
+    assert!(
+        body.contains(
+            "Unauthorized: You do not have permissions to write to this Channel topic: rest"
+        ),
+        "{body}"
+    );
 }
 
 #[tokio::test]

@@ -271,12 +271,20 @@ impl Client {
         }
     }
 
-    /// Waits for the reply to `reference`.
+    /// Waits for the reply to `reference`, passing over anything else (broadcasts included).
     pub async fn reply(&mut self, reference: &str) -> Value {
         loop {
-            let v = self.next_json(10).await.expect("reply within 10 s");
-            if v["event"] == "phx_reply" && v["ref"] == reference {
-                return v["payload"].clone();
+            let Message::Text(t) = self.next(10).await.expect("reply within 10 s") else {
+                continue;
+            };
+            let v: Value = serde_json::from_str(t.as_str()).unwrap();
+            let (r, event, payload) = if self.v2 {
+                (&v[1], &v[3], &v[4])
+            } else {
+                (&v["ref"], &v["event"], &v["payload"])
+            };
+            if event == "phx_reply" && r == reference {
+                return payload.clone();
             }
         }
     }
