@@ -148,14 +148,28 @@ pub async fn serve<S>(
     tokio::pin!(idle);
     let too_slow = conn.too_slow.clone();
 
+    // The soonest token expiry among the channels; the timer is moved only when it changes,
+    // not on every pass of the loop (a pass per batch of frames written).
+    let expiry = tokio::time::sleep(Duration::from_secs(86_400));
+    tokio::pin!(expiry);
+    let mut expiry_exp = i64::MAX;
+
     let close = loop {
-        let expiry = conn.next_expiry();
+        let soonest = conn.soonest_expiry();
+        if soonest != expiry_exp {
+            expiry_exp = soonest;
+            let secs = (soonest.saturating_sub(jwt::now())).clamp(0, 86_400) as u64;
+            expiry
+                .as_mut()
+                .reset((Instant::now() + Duration::from_secs(secs)).into());
+        }
         tokio::select! {
             biased;
             _ = shutdown.changed() => break Some(Close(CloseCode::Away, "server shutting down")),
             _ = too_slow.notified() => break Some(too_slow_close(&shared)),
-            _ = tokio::time::sleep_until(expiry.into()), if conn.has_channels() => {
+            _ = &mut expiry, if conn.has_channels() => {
                 conn.expire_tokens();
+                expiry_exp = i64::MIN;
             }
             frame = stream.next() => {
                 idle.as_mut().reset((Instant::now() + idle_timeout).into());
@@ -247,16 +261,13 @@ impl Conn {
         !self.channels.is_empty()
     }
 
-    fn next_expiry(&self) -> Instant {
-        let now_s = jwt::now();
-        let soonest = self
-            .channels
+    /// The soonest `exp` (unix seconds) among the channels' tokens.
+    fn soonest_expiry(&self) -> i64 {
+        self.channels
             .values()
             .map(|c| c.claims.exp)
             .min()
-            .unwrap_or(i64::MAX);
-        let secs = (soonest - now_s).clamp(0, 86_400) as u64;
-        Instant::now() + Duration::from_secs(secs)
+            .unwrap_or(i64::MAX)
     }
 
     fn push_text(&mut self, text: String) {
