@@ -69,14 +69,13 @@ INSERT INTO asks (role, claims, topic, extension, action) VALUES
     ('service_role', '{"role": "service_role"}', 'room:2', 'broadcast', 'read'),
     ('outsider', '{"role": "outsider"}', 'lobby', 'broadcast', 'read'),
     ('nobody', '{"role": "nobody"}', 'lobby', 'broadcast', 'read');
+CREATE TEMP VIEW ask_arrays AS
+SELECT array_agg(role ORDER BY i) AS roles, array_agg(claims ORDER BY i) AS claims,
+       array_agg('{}'::text ORDER BY i) AS headers, array_agg(topic ORDER BY i) AS topics,
+       array_agg(extension ORDER BY i) AS extensions, array_agg(action ORDER BY i) AS actions
+FROM asks;
 SELECT a.i, a.role, a.claims::jsonb ->> 'sub' AS sub, a.topic, a.extension, a.action, v.allowed, v.error
-FROM realtime.authorize(
-        (SELECT array_agg(role ORDER BY i) FROM asks),
-        (SELECT array_agg(claims ORDER BY i) FROM asks),
-        (SELECT array_agg('{}'::text ORDER BY i) FROM asks),
-        (SELECT array_agg(topic ORDER BY i) FROM asks),
-        (SELECT array_agg(extension ORDER BY i) FROM asks),
-        (SELECT array_agg(action ORDER BY i) FROM asks)) v
+FROM ask_arrays x, realtime.authorize(x.roles, x.claims, x.headers, x.topics, x.extensions, x.actions) v
 JOIN asks a ON a.i = v.ordinality ORDER BY a.i;
 
 -- The same verdicts as Supabase's probe, run request by request as plain SQL (a rolled-back
@@ -109,13 +108,7 @@ END
 $$;
 SELECT count(*) AS requests,
        count(*) FILTER (WHERE supabase_probe(a.role, a.claims, a.topic, a.extension, a.action) IS DISTINCT FROM v.allowed) AS mismatches
-FROM realtime.authorize(
-        (SELECT array_agg(role ORDER BY i) FROM asks),
-        (SELECT array_agg(claims ORDER BY i) FROM asks),
-        (SELECT array_agg('{}'::text ORDER BY i) FROM asks),
-        (SELECT array_agg(topic ORDER BY i) FROM asks),
-        (SELECT array_agg(extension ORDER BY i) FROM asks),
-        (SELECT array_agg(action ORDER BY i) FROM asks)) v
+FROM ask_arrays x, realtime.authorize(x.roles, x.claims, x.headers, x.topics, x.extensions, x.actions) v
 JOIN asks a ON a.i = v.ordinality;
 
 -- Nothing survives the call: no row, no role, no setting.

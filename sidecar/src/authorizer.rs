@@ -2,13 +2,12 @@
 //! `realtime.authorize` call (whatever arrived while the previous call ran goes into the
 //! next), on the sidecar's own connection, so joins cost a fraction of a database round trip.
 
+use crate::batch;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_postgres::NoTls;
 
 /// Most requests in one call.
 const BATCH: usize = 10_000;
@@ -104,42 +103,15 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let dsn = cfg.dsn();
-    let mut backoff = Duration::from_millis(100);
+    let unavailable = || Verdict::denied("Realtime was unable to connect to the project database");
     loop {
-        let client = tokio::select! {
-            c = tokio_postgres::connect(&dsn, NoTls) => c,
-            _ = shutdown.changed() => return,
+        let fail = |r: AuthRequest| drop(r.reply.send(unavailable()));
+        let Some(client) =
+            batch::connect(&dsn, "authorization", &mut rx, &mut shutdown, fail).await
+        else {
+            return;
         };
-        let client = match client {
-            Ok((client, conn)) => {
-                tokio::spawn(conn);
-                backoff = Duration::from_millis(100);
-                client
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "authorization connection failed; retrying");
-                while let Ok(r) = rx.try_recv() {
-                    let _ = r.reply.send(Verdict::denied(
-                        "Realtime was unable to connect to the project database",
-                    ));
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        loop {
-            let first = tokio::select! {
-                r = rx.recv() => match r { Some(r) => r, None => return },
-                _ = shutdown.changed() => return,
-            };
-            let mut batch = vec![first];
-            while batch.len() < BATCH {
-                match rx.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
-                }
-            }
+        while let Some(batch) = batch::next(&mut rx, BATCH, &mut shutdown).await {
             metrics.auth_batches_total.fetch_add(1, Relaxed);
             metrics
                 .auth_requests_total
@@ -183,17 +155,21 @@ pub async fn run(
                     tracing::warn!(error = %e, "authorization call failed");
                     let closed = client.is_closed();
                     for r in batch {
-                        let _ = r.reply.send(Verdict::denied(if closed {
-                            "Realtime was unable to connect to the project database".to_owned()
+                        let v = if closed {
+                            unavailable()
                         } else {
-                            format!("UnableToSetPolicies: {e}")
-                        }));
+                            Verdict::denied(format!("UnableToSetPolicies: {e}"))
+                        };
+                        let _ = r.reply.send(v);
                     }
                     if closed {
                         break;
                     }
                 }
             }
+        }
+        if *shutdown.borrow() || rx.is_closed() {
+            return;
         }
     }
 }

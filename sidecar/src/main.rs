@@ -4,6 +4,7 @@
 //! (the Postgres side), `publish` (client broadcasts), `jwt`, `metrics`, `config`, `shutdown`.
 
 mod authorizer;
+mod batch;
 mod channel;
 mod config;
 mod connection;

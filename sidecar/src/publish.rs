@@ -2,6 +2,7 @@
 //! so every sidecar delivers them in the one order the queue gives, and acknowledged to the
 //! sender once the batch has committed.
 
+use crate::batch;
 use crate::config::Config;
 use crate::frame::{self, Vsn};
 use crate::hub::Payload;
@@ -9,9 +10,7 @@ use crate::metrics::Metrics;
 use serde_json::json;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_postgres::NoTls;
 use tokio_tungstenite::tungstenite::Message;
 
 /// Most broadcasts relayed in one statement.
@@ -86,46 +85,20 @@ pub async fn run(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut backoff = Duration::from_millis(100);
     let dsn = cfg.dsn();
+    let unavailable = || Err("The database is unavailable".to_owned());
     loop {
-        let client = tokio::select! {
-            c = tokio_postgres::connect(&dsn, NoTls) => c,
-            _ = shutdown.changed() => return,
+        let fail = |m: Publish| m.ack.into_iter().for_each(|a| a.settle(unavailable()));
+        let Some(client) = batch::connect(&dsn, "publish", &mut rx, &mut shutdown, fail).await
+        else {
+            return;
         };
-        let client = match client {
-            Ok((client, conn)) => {
-                tokio::spawn(conn);
-                backoff = Duration::from_millis(100);
-                client
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "publish connection failed; retrying");
-                fail_pending(&mut rx, "The database is unavailable");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        loop {
-            let first = tokio::select! {
-                m = rx.recv() => match m { Some(m) => m, None => return },
-                _ = shutdown.changed() => return,
-            };
-            let mut batch = vec![first];
-            while batch.len() < BATCH {
-                match rx.try_recv() {
-                    Ok(m) => batch.push(m),
-                    Err(_) => break,
-                }
-            }
+        while let Some(batch) = batch::next(&mut rx, BATCH, &mut shutdown).await {
             if let Err(e) = relay(&client, &batch).await {
                 if client.is_closed() {
-                    for m in batch {
-                        if let Some(a) = m.ack {
-                            a.settle(Err("The database is unavailable".into()));
-                        }
-                    }
+                    batch
+                        .into_iter()
+                        .for_each(|m| m.ack.into_iter().for_each(|a| a.settle(unavailable())));
                     break;
                 }
                 // One bad message must not sink the others: relay them one at a time.
@@ -138,13 +111,8 @@ pub async fn run(
             }
             finish(batch, Ok(()), &metrics);
         }
-    }
-}
-
-fn fail_pending(rx: &mut mpsc::Receiver<Publish>, reason: &str) {
-    while let Ok(m) = rx.try_recv() {
-        if let Some(a) = m.ack {
-            a.settle(Err(reason.to_owned()));
+        if *shutdown.borrow() || rx.is_closed() {
+            return;
         }
     }
 }

@@ -1,0 +1,64 @@
+//! What the publisher and the authorizer share: a Postgres connection kept up with backoff,
+//! and batches made of whatever requests are waiting (no timer: a batch holds what arrived
+//! while the previous one was in the database).
+
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_postgres::{Client, NoTls};
+
+/// Connects to `dsn`, retrying with backoff (100 ms doubling to 5 s). Requests that wait
+/// meanwhile are handed to `fail` after each failed attempt, so they are answered, not left
+/// hanging. None on shutdown.
+pub async fn connect<T>(
+    dsn: &str,
+    what: &str,
+    rx: &mut mpsc::Receiver<T>,
+    shutdown: &mut watch::Receiver<bool>,
+    mut fail: impl FnMut(T),
+) -> Option<Client> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let attempt = tokio::select! {
+            c = tokio_postgres::connect(dsn, NoTls) => c,
+            _ = shutdown.changed() => return None,
+        };
+        match attempt {
+            Ok((client, conn)) => {
+                tokio::spawn(conn);
+                return Some(client);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "{what} connection failed; retrying");
+                while let Ok(r) = rx.try_recv() {
+                    fail(r);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.changed() => return None,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Waits for a request, then takes what else is waiting, up to `max`. None on shutdown or
+/// when every sender is gone.
+pub async fn next<T>(
+    rx: &mut mpsc::Receiver<T>,
+    max: usize,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Vec<T>> {
+    let first = tokio::select! {
+        r = rx.recv() => r?,
+        _ = shutdown.changed() => return None,
+    };
+    let mut batch = vec![first];
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(r) => batch.push(r),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
