@@ -43,7 +43,8 @@ echo "== benchmark smoke (seconds long, so the runners do not rot; figures not k
 python3 pgbench/trigger_cost.py --seconds 1 --rounds 1 --clients 2 > "$log/trigger_cost.md"
 python3 pgbench/fanout.py --seconds 2 --subscribers 20 --rates 100 > "$log/fanout.md"
 python3 pgbench/authorize.py --seconds 1 --batches 1,100 > "$log/authorize.md"
-cat "$log/trigger_cost.md" "$log/fanout.md" "$log/authorize.md"
+python3 pgbench/joins.py --clients 50 > "$log/joins.md"
+cat "$log/trigger_cost.md" "$log/fanout.md" "$log/authorize.md" "$log/joins.md"
 
 echo "== pg_regress and isolation suites"
 regress_status=0

@@ -41,6 +41,15 @@ struct Args {
     /// A label for the result line.
     #[arg(long, default_value = "")]
     label: String,
+    /// Join private channels instead: subscriber i acts as member user (i % N) + 1 (role
+    /// authenticated, sub = member_uuid(u)) on topic room:(u % 1000).
+    #[arg(long)]
+    private_members: Option<u64>,
+}
+
+/// The uuid of benchmark member `u` (pgbench/joins_setup.sql makes the same ones).
+fn member_uuid(u: u64) -> String {
+    format!("{u:08x}-0000-4000-8000-{u:012x}")
 }
 
 #[derive(Deserialize)]
@@ -75,15 +84,19 @@ fn stamp(msg: &Message) -> Option<i64> {
 
 struct Totals {
     received: AtomicU64,
+    connected: AtomicU64,
     joined: AtomicU64,
+    join_errors: AtomicU64,
     failed: AtomicU64,
     latency: Mutex<Histogram<u64>>,
 }
 
 async fn subscriber(
     args: Arc<Args>,
+    index: u64,
     apikey: String,
     totals: Arc<Totals>,
+    mut go: tokio::sync::watch::Receiver<bool>,
     mut stop: tokio::sync::watch::Receiver<bool>,
     deadline: Instant,
 ) {
@@ -95,8 +108,30 @@ async fn subscriber(
         totals.failed.fetch_add(1, Relaxed);
         return;
     };
-    let topic = format!("realtime:{}", args.topic);
-    let join = json!({"config": {"broadcast": {"self": false, "ack": false}, "private": false}});
+    // Everyone connects first; the joins all go out together, so joins/s measures joining.
+    totals.connected.fetch_add(1, Relaxed);
+    if go.wait_for(|&g| g).await.is_err() {
+        return;
+    }
+    let (topic, join) = match args.private_members {
+        None => (
+            format!("realtime:{}", args.topic),
+            json!({"config": {"broadcast": {"self": false, "ack": false}, "private": false}}),
+        ),
+        Some(n) => {
+            let u = index % n + 1;
+            let token = jsonwebtoken::encode(
+                &jsonwebtoken::Header::default(),
+                &json!({"role": "authenticated", "sub": member_uuid(u), "exp": now_us() / 1_000_000 + 3600}),
+                &jsonwebtoken::EncodingKey::from_secret(args.jwt_secret.as_bytes()),
+            )
+            .unwrap();
+            (
+                format!("realtime:room:{}", u % 1000),
+                json!({"config": {"broadcast": {"self": false, "ack": false}, "private": true}, "access_token": token}),
+            )
+        }
+    };
     let frame = if args.vsn == "2.0.0" {
         json!(["1", "1", topic, "phx_join", join]).to_string()
     } else {
@@ -117,9 +152,11 @@ async fn subscriber(
                     if let Some(t) = stamp(&msg) {
                         hist.saturating_record((now_us() - t).max(1) as u64);
                         totals.received.fetch_add(1, Relaxed);
-                    } else if !joined && matches!(&msg, Message::Text(t) if t.as_str().contains("\"ok\"")) {
+                    } else if !joined && matches!(&msg, Message::Text(t) if t.as_str().contains("phx_reply")) {
                         joined = true;
-                        totals.joined.fetch_add(1, Relaxed);
+                        let ok = matches!(&msg, Message::Text(t) if t.as_str().contains("\"ok\""));
+                        let counter = if ok { &totals.joined } else { &totals.join_errors };
+                        counter.fetch_add(1, Relaxed);
                     }
                 }
                 _ => {
@@ -152,20 +189,25 @@ async fn main() {
     .unwrap();
     let totals = Arc::new(Totals {
         received: AtomicU64::new(0),
+        connected: AtomicU64::new(0),
         joined: AtomicU64::new(0),
+        join_errors: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         latency: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()),
     });
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     // Every run is bounded: connecting, the sending window and draining.
     let hard_deadline = Instant::now() + Duration::from_secs(args.seconds + 90);
+    let (go, go_rx) = tokio::sync::watch::channel(false);
     let connect_start = Instant::now();
     let mut tasks = Vec::with_capacity(args.subscribers);
     for i in 0..args.subscribers {
         tasks.push(tokio::spawn(subscriber(
             args.clone(),
+            i as u64,
             apikey.clone(),
             totals.clone(),
+            go_rx.clone(),
             stop.clone(),
             hard_deadline,
         )));
@@ -173,14 +215,29 @@ async fn main() {
             tokio::task::yield_now().await;
         }
     }
-    while totals.joined.load(Relaxed) + totals.failed.load(Relaxed) < args.subscribers as u64 {
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
         assert!(
-            connect_start.elapsed() < Duration::from_secs(60),
-            "subscribers did not join within 60 s"
+            connect_start.elapsed() < Duration::from_secs(120),
+            "subscribers did not {what} within 120 s"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        !done()
+    };
+    let connected =
+        || totals.connected.load(Relaxed) + totals.failed.load(Relaxed) >= args.subscribers as u64;
+    while wait("connect", &connected) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let connect_secs = connect_start.elapsed().as_secs_f64();
+    let join_start = Instant::now();
+    let _ = go.send(true);
+    let settled = || {
+        totals.joined.load(Relaxed) + totals.join_errors.load(Relaxed) + totals.failed.load(Relaxed)
+            >= args.subscribers as u64
+    };
+    while wait("join", &settled) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let join_secs = join_start.elapsed().as_secs_f64();
 
     let (db, conn) = tokio_postgres::connect(&args.dsn, tokio_postgres::NoTls)
         .await
@@ -241,7 +298,11 @@ async fn main() {
             "label": args.label, "vsn": args.vsn, "subscribers": args.subscribers, "rate": args.rate,
             "seconds": args.seconds, "sent": sent, "expected": expected, "received": received,
             "lost": expected.saturating_sub(received), "failed_connections": totals.failed.load(Relaxed),
-            "connect_seconds": connect_secs, "deliveries_per_second": received as f64 / send_secs,
+            "connect_seconds": connect_secs, "joined": totals.joined.load(Relaxed),
+            "join_errors": totals.join_errors.load(Relaxed),
+            "join_seconds": join_secs,
+            "joins_per_second": totals.joined.load(Relaxed) as f64 / join_secs,
+            "deliveries_per_second": if send_secs > 0.0 { received as f64 / send_secs } else { 0.0 },
             "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0,
         })
     );

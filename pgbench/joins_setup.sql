@@ -1,0 +1,25 @@
+-- Private joins benchmark: member u (uuid as pgbench/loadgen's member_uuid) belongs to
+-- room:(u % 1000); the policy is Supabase's docs' membership check.
+CREATE EXTENSION IF NOT EXISTS pg_realtime;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'authenticated') THEN
+        CREATE ROLE authenticated NOLOGIN;
+    END IF;
+END
+$$;
+GRANT USAGE ON SCHEMA realtime TO authenticated;
+GRANT SELECT, INSERT ON realtime.messages TO authenticated;
+CREATE SCHEMA IF NOT EXISTS auth;
+GRANT USAGE ON SCHEMA auth TO authenticated;
+CREATE OR REPLACE FUNCTION auth.uid() RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT nullif(coalesce(current_setting('request.jwt.claim.sub', true),
+                           current_setting('request.jwt.claims', true)::jsonb ->> 'sub'), '')::uuid $$;
+CREATE TABLE join_members (user_id uuid, room text, PRIMARY KEY (user_id, room));
+INSERT INTO join_members
+SELECT format('%s-0000-4000-8000-%s', lpad(to_hex(u), 8, '0'), lpad(to_hex(u), 12, '0'))::uuid, 'room:' || (u % 1000)
+FROM generate_series(1, 100000) u;
+ANALYZE join_members;
+GRANT SELECT ON join_members TO authenticated;
+CREATE POLICY join_read ON realtime.messages FOR SELECT TO authenticated
+    USING (EXISTS (SELECT 1 FROM join_members m WHERE m.user_id = auth.uid() AND m.room = (SELECT realtime.topic())));
