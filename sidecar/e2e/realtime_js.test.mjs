@@ -135,6 +135,34 @@ test('realtime-js joins a private channel its policies allow, and cannot write w
   }
 });
 
+test('realtime-js: a token refresh that loses permission closes the private channel', async () => {
+  const member = '55555555-5555-4555-8555-555555555555';
+  const stranger = '66666666-6666-4666-8666-666666666666';
+  await db.query(fs.readFileSync(new URL('../tests/private_policies.sql', import.meta.url), 'utf8'));
+  await db.query("DELETE FROM private_members WHERE room = 'room:js-refresh'");
+  await db.query("INSERT INTO private_members VALUES ($1, 'room:js-refresh', false)", [member]);
+  const token = (sub) => jwt(SECRET, { role: 'authenticated', sub, exp: Math.floor(Date.now() / 1000) + 3600 });
+  const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  try {
+    await client.setAuth(token(member));
+    const channel = client.channel('room:js-refresh', { config: { private: true } });
+    const lost = new Promise((resolve) => channel.on('system', {}, (m) => m.status === 'error' && resolve(m)));
+    await subscribed(channel);
+    await client.setAuth(token(stranger));
+    const system = await withTimeout(lost, 10000, 'system message');
+    assert.equal(system.message, 'You no longer have permission to read from this Channel topic: room:js-refresh');
+    await withTimeout(
+      (async () => {
+        while (channel.state !== 'closed') await new Promise((r) => setTimeout(r, 20));
+      })(),
+      10000,
+      'channel closed',
+    );
+  } finally {
+    await close(client);
+  }
+});
+
 test('realtime-js gets the Unauthorized reason for a private channel', async () => {
   const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey } });
   await client.setAuth(apikey);
