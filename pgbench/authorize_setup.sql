@@ -1,20 +1,7 @@
 -- The authorization benchmark's policy set: a user reads (and writes) a room's topic if a
 -- membership table of 100,000 rows (10,000 users x 10 rooms of 1,000) says it belongs.
 CREATE EXTENSION IF NOT EXISTS pg_realtime;
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'authenticated') THEN
-        CREATE ROLE authenticated NOLOGIN;
-    END IF;
-END
-$$;
-GRANT USAGE ON SCHEMA realtime TO authenticated;
-GRANT SELECT, INSERT ON realtime.messages TO authenticated;
-CREATE SCHEMA IF NOT EXISTS auth;
-GRANT USAGE ON SCHEMA auth TO authenticated;
-CREATE OR REPLACE FUNCTION auth.uid() RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT nullif(coalesce(current_setting('request.jwt.claim.sub', true),
-                           current_setting('request.jwt.claims', true)::jsonb ->> 'sub'), '')::uuid $$;
+\ir supabase_auth.sql
 CREATE TABLE IF NOT EXISTS bench_members (user_id uuid, room text, PRIMARY KEY (user_id, room));
 TRUNCATE bench_members;
 -- User u is md5(u)::uuid and belongs to rooms u % 1000 + k * 100 (k = 0..9), mod 1000.

@@ -1,20 +1,7 @@
 -- Private joins benchmark: member u (uuid as pgbench/loadgen's member_uuid) belongs to
 -- room:(u % 1000); the policy is Supabase's docs' membership check.
 CREATE EXTENSION IF NOT EXISTS pg_realtime;
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'authenticated') THEN
-        CREATE ROLE authenticated NOLOGIN;
-    END IF;
-END
-$$;
-GRANT USAGE ON SCHEMA realtime TO authenticated;
-GRANT SELECT, INSERT ON realtime.messages TO authenticated;
-CREATE SCHEMA IF NOT EXISTS auth;
-GRANT USAGE ON SCHEMA auth TO authenticated;
-CREATE OR REPLACE FUNCTION auth.uid() RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT nullif(coalesce(current_setting('request.jwt.claim.sub', true),
-                           current_setting('request.jwt.claims', true)::jsonb ->> 'sub'), '')::uuid $$;
+\ir supabase_auth.sql
 CREATE TABLE join_members (user_id uuid, room text, PRIMARY KEY (user_id, room));
 INSERT INTO join_members
 SELECT format('%s-0000-4000-8000-%s', lpad(to_hex(u), 8, '0'), lpad(to_hex(u), 12, '0'))::uuid, 'room:' || (u % 1000)

@@ -80,7 +80,8 @@ JOIN asks a ON a.i = v.ordinality ORDER BY a.i;
 
 -- The same verdicts as Supabase's probe, run request by request as plain SQL (a rolled-back
 -- block per request: probe row as admin, set_config of role and claims, select or insert).
-CREATE FUNCTION supabase_probe(p_role text, p_claims text, p_topic text, p_ext text, p_action text)
+-- authorize_property.sql uses this function too.
+CREATE FUNCTION supabase_probe(p_role text, p_claims text, p_headers text, p_topic text, p_ext text, p_action text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     probe uuid := gen_random_uuid();
@@ -91,7 +92,7 @@ BEGIN
         PERFORM set_config('role', p_role, true), set_config('realtime.topic', p_topic, true),
                 set_config('request.jwt.claims', p_claims, true),
                 set_config('request.jwt.claim.sub', coalesce(p_claims::jsonb ->> 'sub', ''), true),
-                set_config('request.jwt.claim.role', p_role, true), set_config('request.headers', '{}', true);
+                set_config('request.jwt.claim.role', p_role, true), set_config('request.headers', p_headers, true);
         IF p_action = 'read' THEN
             verdict := EXISTS (SELECT 1 FROM realtime.messages WHERE id = probe);
         ELSE
@@ -107,7 +108,7 @@ BEGIN
 END
 $$;
 SELECT count(*) AS requests,
-       count(*) FILTER (WHERE supabase_probe(a.role, a.claims, a.topic, a.extension, a.action) IS DISTINCT FROM v.allowed) AS mismatches
+       count(*) FILTER (WHERE supabase_probe(a.role, a.claims, '{}', a.topic, a.extension, a.action) IS DISTINCT FROM v.allowed) AS mismatches
 FROM ask_arrays x, realtime.authorize(x.roles, x.claims, x.headers, x.topics, x.extensions, x.actions) v
 JOIN asks a ON a.i = v.ordinality;
 

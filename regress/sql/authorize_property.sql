@@ -1,6 +1,7 @@
 -- Property test: random policy sets, identities, headers and topics; every verdict of the
 -- batched realtime.authorize must equal the one Supabase's per-request probe gives, run as
--- plain SQL. 50 rounds of 200 requests: 10,000 draws. Seeded, so a failure reproduces.
+-- plain SQL (supabase_probe, from authorize.sql). 50 rounds of 200 requests: 10,000 draws.
+-- Seeded, so a failure reproduces.
 CREATE ROLE prop_outsider NOLOGIN;
 CREATE TABLE prop_members (user_id uuid, room text, can_write boolean);
 GRANT SELECT ON prop_members TO authenticated, anon;
@@ -10,33 +11,6 @@ BEGIN
         RAISE EXCEPTION 'policy exploded on %', topic;
     END IF;
     RETURN true;
-END
-$$;
-
--- Supabase's probe for one request, as plain SQL in a rolled-back block.
-CREATE FUNCTION prop_probe(p_role text, p_claims text, p_headers text, p_topic text, p_ext text, p_action text)
-RETURNS boolean LANGUAGE plpgsql AS $$
-DECLARE
-    probe uuid := gen_random_uuid();
-    verdict boolean;
-BEGIN
-    BEGIN
-        INSERT INTO realtime.messages (topic, extension, id) VALUES (p_topic, p_ext, probe);
-        PERFORM set_config('role', p_role, true), set_config('realtime.topic', p_topic, true),
-                set_config('request.jwt.claims', p_claims, true),
-                set_config('request.jwt.claim.sub', coalesce(p_claims::jsonb ->> 'sub', ''), true),
-                set_config('request.jwt.claim.role', p_role, true), set_config('request.headers', p_headers, true);
-        IF p_action = 'read' THEN
-            verdict := EXISTS (SELECT 1 FROM realtime.messages WHERE id = probe);
-        ELSE
-            INSERT INTO realtime.messages (topic, extension) VALUES (p_topic, p_ext);
-            verdict := true;
-        END IF;
-        RAISE EXCEPTION USING ERRCODE = 'P0004', MESSAGE = verdict::text;
-    EXCEPTION
-        WHEN SQLSTATE 'P0004' THEN RETURN SQLERRM::boolean;
-        WHEN OTHERS THEN RETURN false;
-    END;
 END
 $$;
 
@@ -102,7 +76,7 @@ BEGIN
                       WHERE i > 0) r;
         INSERT INTO prop_results
         SELECT round, policies, count(*), count(*) FILTER (WHERE v.allowed),
-               count(*) FILTER (WHERE prop_probe(a.role, a.claims, a.headers, a.topic, a.extension, a.action) IS DISTINCT FROM v.allowed)
+               count(*) FILTER (WHERE supabase_probe(a.role, a.claims, a.headers, a.topic, a.extension, a.action) IS DISTINCT FROM v.allowed)
         FROM (SELECT array_agg(role ORDER BY i) AS roles, array_agg(claims ORDER BY i) AS claims,
                      array_agg(headers ORDER BY i) AS headers, array_agg(topic ORDER BY i) AS topics,
                      array_agg(extension ORDER BY i) AS extensions, array_agg(action ORDER BY i) AS actions

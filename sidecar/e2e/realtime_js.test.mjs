@@ -36,6 +36,13 @@ async function subscribe(vsn, topic) {
   return { client, channel };
 }
 
+/// Supabase's auth helpers and the private-channel policies the Rust tests use too.
+async function loadPolicies() {
+  for (const f of ['../../pgbench/supabase_auth.sql', '../tests/private_policies.sql']) {
+    await db.query(fs.readFileSync(new URL(f, import.meta.url), 'utf8'));
+  }
+}
+
 async function close(client) {
   await client.removeAllChannels();
   client.disconnect();
@@ -116,7 +123,7 @@ for (const vsn of ['1.0.0', '2.0.0']) {
 
 test('realtime-js joins a private channel its policies allow, and cannot write without the write policy', async () => {
   const member = '44444444-4444-4444-8444-444444444444';
-  await db.query(fs.readFileSync(new URL('../tests/private_policies.sql', import.meta.url), 'utf8'));
+  await loadPolicies();
   await db.query("DELETE FROM private_members WHERE room = 'room:js'");
   await db.query("INSERT INTO private_members VALUES ($1, 'room:js', false)", [member]);
   const token = jwt(SECRET, { role: 'authenticated', sub: member, exp: Math.floor(Date.now() / 1000) + 3600 });
@@ -138,7 +145,7 @@ test('realtime-js joins a private channel its policies allow, and cannot write w
 test('realtime-js: a token refresh that loses permission closes the private channel', async () => {
   const member = '55555555-5555-4555-8555-555555555555';
   const stranger = '66666666-6666-4666-8666-666666666666';
-  await db.query(fs.readFileSync(new URL('../tests/private_policies.sql', import.meta.url), 'utf8'));
+  await loadPolicies();
   await db.query("DELETE FROM private_members WHERE room = 'room:js-refresh'");
   await db.query("INSERT INTO private_members VALUES ($1, 'room:js-refresh', false)", [member]);
   const token = (sub) => jwt(SECRET, { role: 'authenticated', sub, exp: Math.floor(Date.now() / 1000) + 3600 });

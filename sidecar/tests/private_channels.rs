@@ -11,7 +11,7 @@ const MEMBER: &str = "11111111-1111-4111-8111-111111111111";
 const READER: &str = "22222222-2222-4222-8222-222222222222";
 const STRANGER: &str = "33333333-3333-4333-8333-333333333333";
 
-/// The policies of `private_policies.sql`, with members who read and write room:1, a reader
+/// Supabase's auth helpers and the policies of `private_policies.sql`, with members who read and write room:1, a reader
 /// of room:1, and a member of room:ttl. Made once per run (the tests of this file run in
 /// parallel and change memberships).
 async fn setup() -> tokio_postgres::Client {
@@ -30,6 +30,9 @@ async fn setup() -> tokio_postgres::Client {
 
 async fn create_schema() {
     let db = db().await;
+    db.batch_execute(include_str!("../../pgbench/supabase_auth.sql"))
+        .await
+        .unwrap();
     db.batch_execute(include_str!("private_policies.sql"))
         .await
         .unwrap();
