@@ -7,17 +7,10 @@ markdown table. Run as root after scripts/install-extension.sh."""
 
 import argparse
 import datetime
-import os
 import re
-import subprocess
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
-
-def as_pg(args):
-    return subprocess.run(["runuser", "-u", "postgres", "--"] + args, check=True, capture_output=True, text=True).stdout
+import harness
+from harness import HERE, as_pg
 
 
 def main():
@@ -26,29 +19,22 @@ def main():
     ap.add_argument("--batches", default="1,100,1000,10000")
     ap.add_argument("--port", type=int, default=54370)
     a = ap.parse_args()
-    d = tempfile.mkdtemp(prefix="pg_realtime_auth.")
-    os.chmod(d, 0o755)
-    subprocess.run([f"{ROOT}/scripts/cluster.sh", "start", f"{d}/pg", str(a.port), "max_connections = 50"], check=True)
-    conn = ["-h", f"{d}/pg", "-p", str(a.port), "-U", "postgres"]
     rows = []
-    try:
-        as_pg(["psql", *conn, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", f"{HERE}/authorize_setup.sql"])
+    with harness.Cluster(a.port, "max_connections = 50") as pg:
+        pg.psql("-f", f"{HERE}/authorize_setup.sql")
         for n in [int(x) for x in a.batches.split(",")]:
-            out = as_pg(["pgbench", *conn, "-n", "-c", "1", "-T", str(a.seconds), "-D", f"n={n}",
+            out = as_pg(["pgbench", *pg.conn, "-n", "-c", "1", "-T", str(a.seconds), "-D", f"n={n}",
                          "-f", f"{HERE}/authorize_batched.sql", "postgres"])
             tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
             lat = float(re.search(r"latency average = ([\d.]+) ms", out).group(1))
             rows.append((f"batched realtime.authorize, batch {n:,}", 1, tps * n, lat))
-        out = as_pg(["pgbench", *conn, "-n", "-c", "8", "-j", "2", "-T", str(a.seconds),
+        out = as_pg(["pgbench", *pg.conn, "-n", "-c", "8", "-j", "2", "-T", str(a.seconds),
                      "-f", f"{HERE}/authorize_probe.sql", "postgres"])
         tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
         lat = float(re.search(r"latency average = ([\d.]+) ms", out).group(1))
         rows.append(("Supabase's probe, one transaction per verdict", 8, tps, lat))
-    finally:
-        subprocess.run([f"{ROOT}/scripts/cluster.sh", "stop", f"{d}/pg"])
     base = rows[-1][2]
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    print(f"Machine: {os.cpu_count()} cores, {mem:.0f} GiB; {datetime.date.today()}; PostgreSQL 15; "
+    print(f"Machine: {harness.machine()}; {datetime.date.today()}; PostgreSQL 15; "
           f"{a.seconds} s per row; read verdicts, about half allowed.\n")
     print("| method | clients | verdicts/s | vs probe | latency per call (ms) |")
     print("|---|---:|---:|---:|---:|")

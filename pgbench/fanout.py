@@ -10,11 +10,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+import harness
+from harness import ROOT
 SECRET = "fanout-benchmark-secret-with-enough-length"
 
 
@@ -38,42 +36,28 @@ def main():
     ap.add_argument("--http-port", type=int, default=54361)
     a = ap.parse_args()
 
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "realtime-sidecar", "-p", "realtime-loadgen"], cwd=ROOT, check=True)
-    d = tempfile.mkdtemp(prefix="pg_realtime_fanout.")
-    os.chmod(d, 0o755)
-    subprocess.run([f"{ROOT}/scripts/cluster.sh", "start", f"{d}/pg", str(a.pg_port)], check=True)
-    dsn = f"host={d}/pg port={a.pg_port} user=postgres dbname=postgres"
-    sidecar = None
+    harness.build()
     rows = []
-    try:
-        subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-h", f"{d}/pg", "-p", str(a.pg_port), "-U", "postgres",
-                        "-X", "-q", "-c", "CREATE EXTENSION pg_realtime"], check=True)
-        env = dict(os.environ, PORT=str(a.http_port), API_JWT_SECRET=SECRET, DATABASE_URL=dsn, CONSUMER_NAME="fanout",
-                   LOG_LEVEL="warn")
-        sidecar = subprocess.Popen([f"{ROOT}/target/release/realtime-sidecar"], env=env)
-        time.sleep(0.5)
-        scenarios = [("latency, 1 subscriber", 1, 1000)] + [
-            (f"fan-out, {a.subscribers} subscribers", a.subscribers, int(r)) for r in a.rates.split(",")]
-        for label, subs, rate in scenarios:
-            cpu0, _ = proc_stats(sidecar.pid)
-            out = subprocess.run([f"{ROOT}/target/release/realtime-loadgen", "--url", f"ws://127.0.0.1:{a.http_port}",
-                                  "--jwt-secret", SECRET, "--dsn", dsn, "--vsn", a.vsn, "--subscribers", str(subs),
-                                  "--rate", str(rate), "--seconds", str(a.seconds), "--topic", f"t{subs}x{rate}",
-                                  "--label", label], check=True, capture_output=True, text=True, timeout=a.seconds + 180)
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            cpu1, hwm = proc_stats(sidecar.pid)
-            r["sidecar_cpu_pct"] = 100 * (cpu1 - cpu0) / (a.seconds + r["connect_seconds"])
-            r["sidecar_peak_rss_mb"] = hwm / 1024
-            print(json.dumps(r), file=sys.stderr)
-            rows.append(r)
-    finally:
-        if sidecar:
-            sidecar.terminate()
-            sidecar.wait(timeout=30)
-        subprocess.run([f"{ROOT}/scripts/cluster.sh", "stop", f"{d}/pg"])
+    with harness.Cluster(a.pg_port) as pg:
+        pg.psql("-c", "CREATE EXTENSION pg_realtime")
+        with harness.Sidecar(a.http_port, pg.dsn, "fanout", SECRET) as sidecar:
+            scenarios = [("latency, 1 subscriber", 1, 1000)] + [
+                (f"fan-out, {a.subscribers} subscribers", a.subscribers, int(r)) for r in a.rates.split(",")]
+            for label, subs, rate in scenarios:
+                pid = sidecar.process.pid
+                cpu0, _ = proc_stats(pid)
+                out = subprocess.run([f"{ROOT}/target/release/realtime-loadgen", "--url", f"ws://127.0.0.1:{a.http_port}",
+                                      "--jwt-secret", SECRET, "--dsn", pg.dsn, "--vsn", a.vsn, "--subscribers", str(subs),
+                                      "--rate", str(rate), "--seconds", str(a.seconds), "--topic", f"t{subs}x{rate}",
+                                      "--label", label], check=True, capture_output=True, text=True, timeout=a.seconds + 180)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                cpu1, hwm = proc_stats(pid)
+                r["sidecar_cpu_pct"] = 100 * (cpu1 - cpu0) / (a.seconds + r["connect_seconds"])
+                r["sidecar_peak_rss_mb"] = hwm / 1024
+                print(json.dumps(r), file=sys.stderr)
+                rows.append(r)
 
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    print(f"Machine: {os.cpu_count()} cores, {mem:.0f} GiB; {datetime.date.today()}; serializer {a.vsn}; "
+    print(f"Machine: {harness.machine()}; {datetime.date.today()}; serializer {a.vsn}; "
           f"{a.seconds} s per row; sidecar, Postgres and the load generator on the same 2 cores.\n")
     print("| scenario | msg/s sent | subscribers | deliveries/s | lost | failed conns | p50 ms | p95 ms | p99 ms | max ms | sidecar CPU | sidecar peak RSS |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

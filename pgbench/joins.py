@@ -8,21 +8,11 @@ Run as root after scripts/install-extension.sh."""
 import argparse
 import datetime
 import json
-import os
-import re
 import subprocess
-import tempfile
-import time
-import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+import harness
+from harness import HERE, ROOT
 SECRET = "joins-benchmark-secret-with-enough-length"
-
-
-def metric(port, name):
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-    return float(re.search(rf"^{name} (\S+)$", body, re.M).group(1))
 
 
 def main():
@@ -31,45 +21,27 @@ def main():
     ap.add_argument("--pg-port", type=int, default=54380)
     ap.add_argument("--http-port", type=int, default=54381)
     a = ap.parse_args()
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "realtime-sidecar", "-p", "realtime-loadgen"], cwd=ROOT, check=True)
-    d = tempfile.mkdtemp(prefix="pg_realtime_joins.")
-    os.chmod(d, 0o755)
-    subprocess.run([f"{ROOT}/scripts/cluster.sh", "start", f"{d}/pg", str(a.pg_port)], check=True)
-    dsn = f"host={d}/pg port={a.pg_port} user=postgres dbname=postgres"
-    sidecar = None
+    harness.build()
     rows = []
-    try:
-        subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-h", f"{d}/pg", "-p", str(a.pg_port), "-U", "postgres",
-                        "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", f"{HERE}/joins_setup.sql"], check=True)
-        env = dict(os.environ, PORT=str(a.http_port), API_JWT_SECRET=SECRET, DATABASE_URL=dsn, CONSUMER_NAME="joins",
-                   LOG_LEVEL="warn", MAX_JOINS_PER_SECOND="100000")
-        sidecar = subprocess.Popen([f"{ROOT}/target/release/realtime-sidecar"], env=env)
-        for _ in range(100):
-            try:
-                metric(a.http_port, "realtime_db_up")
-                break
-            except OSError:
-                time.sleep(0.1)
-        # The first round warms the sidecar up (its first thousands of tasks and buffers) and
-        # is not reported.
-        for label, extra in [("warm-up", []), ("public", []), ("private (RLS)", ["--private-members", str(a.clients)])]:
-            b0, r0 = metric(a.http_port, "realtime_auth_batches_total"), metric(a.http_port, "realtime_auth_requests_total")
-            out = subprocess.run([f"{ROOT}/target/release/realtime-loadgen", "--url", f"ws://127.0.0.1:{a.http_port}",
-                                  "--jwt-secret", SECRET, "--dsn", dsn, "--subscribers", str(a.clients), "--rate", "0",
-                                  "--seconds", "0", "--topic", "joins", "--label", label] + extra,
-                                 check=True, capture_output=True, text=True, timeout=300)
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            r["auth_calls"] = metric(a.http_port, "realtime_auth_batches_total") - b0
-            r["auth_verdicts"] = metric(a.http_port, "realtime_auth_requests_total") - r0
-            if label != "warm-up":
-                rows.append(r)
-    finally:
-        if sidecar:
-            sidecar.terminate()
-            sidecar.wait(timeout=30)
-        subprocess.run([f"{ROOT}/scripts/cluster.sh", "stop", f"{d}/pg"])
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    print(f"Machine: {os.cpu_count()} cores, {mem:.0f} GiB; {datetime.date.today()}; {a.clients:,} clients connecting and "
+    with harness.Cluster(a.pg_port) as pg:
+        pg.psql("-f", f"{HERE}/joins_setup.sql")
+        with harness.Sidecar(a.http_port, pg.dsn, "joins", SECRET, MAX_JOINS_PER_SECOND="100000") as sidecar:
+            # The first round warms the sidecar up (its first thousands of tasks and buffers)
+            # and is not reported.
+            for label, extra in [("warm-up", []), ("public", []),
+                                 ("private (RLS)", ["--private-members", str(a.clients)])]:
+                b0 = sidecar.metric("realtime_auth_batches_total")
+                r0 = sidecar.metric("realtime_auth_requests_total")
+                out = subprocess.run([f"{ROOT}/target/release/realtime-loadgen", "--url", f"ws://127.0.0.1:{a.http_port}",
+                                      "--jwt-secret", SECRET, "--dsn", pg.dsn, "--subscribers", str(a.clients), "--rate",
+                                      "0", "--seconds", "0", "--topic", "joins", "--label", label] + extra,
+                                     check=True, capture_output=True, text=True, timeout=300)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                r["auth_calls"] = sidecar.metric("realtime_auth_batches_total") - b0
+                r["auth_verdicts"] = sidecar.metric("realtime_auth_requests_total") - r0
+                if label != "warm-up":
+                    rows.append(r)
+    print(f"Machine: {harness.machine()}; {datetime.date.today()}; {a.clients:,} clients connecting and "
           f"joining at once; 100,000 memberships; sidecar, Postgres and the load generator on the same 2 cores.\n")
     print("| channels | joined | refused | failed conns | connecting (s) | joining (s) | joins/s | authorize calls | verdicts |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -6,27 +6,19 @@ markdown table of medians over the rounds. Run as root after scripts/install-ext
 
 import argparse
 import datetime
-import os
 import re
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+import harness
+from harness import HERE, as_pg
 VARIANTS = [
     ("t_plain", "(a) plain INSERT"),
     ("t_changes", "(b) broadcast_changes, plpgsql trigger"),
     ("t_native", "(b') broadcast_trigger, native"),
     ("t_notify", "(c) pg_notify trigger"),
 ]
-
-
-def as_pg(args, **kw):
-    return subprocess.run(["runuser", "-u", "postgres", "--"] + args, check=True,
-                          capture_output=True, text=True, **kw)
 
 
 def start_consumers(psql, seconds):
@@ -58,43 +50,37 @@ def main():
     a = ap.parse_args()
     clients = [int(c) for c in a.clients.split(",")]
 
-    d = tempfile.mkdtemp(prefix="pg_realtime_bench.")
-    subprocess.run([f"{ROOT}/scripts/cluster.sh", "start", d, str(a.port),
-                    f"synchronous_commit = {a.synchronous_commit}", "max_connections = 50",
-                    "shared_buffers = 256MB", "max_wal_size = 4GB"], check=True)
-    conn = ["-h", d, "-p", str(a.port), "-U", "postgres"]
-    psql = ["psql", *conn, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"]
     background = []
-    try:
-        as_pg(psql + ["-f", f"{HERE}/trigger_cost_setup.sql"])
-        total = len(clients) * len(VARIANTS) * a.rounds * (a.seconds + 5) + 120
-        if not a.no_consumers:
-            background = start_consumers(psql, total)
+    with harness.Cluster(a.port, f"synchronous_commit = {a.synchronous_commit}", "max_connections = 50",
+                         "shared_buffers = 256MB", "max_wal_size = 4GB") as pg:
+        psql = ["psql", *pg.conn, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"]
+        try:
+            pg.psql("-f", f"{HERE}/trigger_cost_setup.sql")
+            total = len(clients) * len(VARIANTS) * a.rounds * (a.seconds + 5) + 120
+            if not a.no_consumers:
+                background = start_consumers(psql, total)
+            results = {}
+            for r in range(a.rounds):
+                for c in clients:
+                    for table, _ in VARIANTS:
+                        pg.psql("-c", "CHECKPOINT")
+                        wal0 = int(pg.psql("-c", "SELECT wal_bytes FROM pg_stat_wal"))
+                        out = as_pg(["pgbench", *pg.conn, "-n", "-c", str(c), "-j", str(min(c, 2)),
+                                     "-T", str(a.seconds), "-D", f"table={table}",
+                                     "-f", f"{HERE}/insert_row.sql", "postgres"])
+                        wal1 = int(pg.psql("-c", "SELECT wal_bytes FROM pg_stat_wal"))
+                        tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
+                        lat = float(re.search(r"latency average = ([\d.]+) ms", out).group(1))
+                        txns = int(re.search(r"actually processed: (\d+)", out).group(1))
+                        results.setdefault((c, table), []).append((tps, lat, (wal1 - wal0) / max(txns, 1)))
+                        print(f"round {r + 1} clients {c} {table}: {tps:.0f} tps", file=sys.stderr)
+            stats = pg.psql("-c", "SELECT messages_enqueued, messages_evicted FROM realtime.stats()").strip()
+            lag = pg.psql("-c", "SELECT lost_messages FROM realtime.consumers() WHERE name = 'bench'").strip()
+        finally:
+            for p in background:
+                p.kill()
 
-        results = {}
-        for r in range(a.rounds):
-            for c in clients:
-                for table, _ in VARIANTS:
-                    as_pg(psql + ["-c", "CHECKPOINT"])
-                    wal0 = int(as_pg(psql + ["-c", "SELECT wal_bytes FROM pg_stat_wal"]).stdout)
-                    out = as_pg(["pgbench", *conn, "-n", "-c", str(c), "-j", str(min(c, 2)),
-                                 "-T", str(a.seconds), "-D", f"table={table}",
-                                 "-f", f"{HERE}/insert_row.sql", "postgres"]).stdout
-                    wal1 = int(as_pg(psql + ["-c", "SELECT wal_bytes FROM pg_stat_wal"]).stdout)
-                    tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
-                    lat = float(re.search(r"latency average = ([\d.]+) ms", out).group(1))
-                    txns = int(re.search(r"actually processed: (\d+)", out).group(1))
-                    results.setdefault((c, table), []).append((tps, lat, (wal1 - wal0) / max(txns, 1)))
-                    print(f"round {r + 1} clients {c} {table}: {tps:.0f} tps", file=sys.stderr)
-        stats = as_pg(psql + ["-c", "SELECT messages_enqueued, messages_evicted FROM realtime.stats()"]).stdout.strip()
-        lag = as_pg(psql + ["-c", "SELECT lost_messages FROM realtime.consumers() WHERE name = 'bench'"]).stdout.strip()
-    finally:
-        for p in background:
-            p.kill()
-        subprocess.run([f"{ROOT}/scripts/cluster.sh", "stop", d])
-
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    print(f"Machine: {os.cpu_count()} cores, {mem:.0f} GiB; {datetime.date.today()}; PostgreSQL 15, "
+    print(f"Machine: {harness.machine()}; {datetime.date.today()}; PostgreSQL 15, "
           f"synchronous_commit = {a.synchronous_commit}; {a.rounds} rounds x {a.seconds} s, interleaved; "
           f"medians over rounds.\n")
     print("| clients | variant | TPS | vs (a) | latency avg (ms) | WAL bytes / txn |")

@@ -1,18 +1,10 @@
 -- Property test: random policy sets, identities, headers and topics; every verdict of the
 -- batched realtime.authorize must equal the one Supabase's per-request probe gives, run as
--- plain SQL (supabase_probe, from authorize.sql). 50 rounds of 200 requests: 10,000 draws.
--- Seeded, so a failure reproduces.
+-- plain SQL (supabase_probe and the raising explode() come from authorize.sql). 50 rounds of
+-- 200 requests: 10,000 draws. Seeded, so a failure reproduces.
 CREATE ROLE prop_outsider NOLOGIN;
 CREATE TABLE prop_members (user_id uuid, room text, can_write boolean);
 GRANT SELECT ON prop_members TO authenticated, anon;
-CREATE FUNCTION prop_explode(topic text) RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-    IF topic = 'room:boom' THEN
-        RAISE EXCEPTION 'policy exploded on %', topic;
-    END IF;
-    RETURN true;
-END
-$$;
 
 CREATE FUNCTION pick(options text[]) RETURNS text LANGUAGE sql VOLATILE AS $$
     SELECT options[1 + floor(random() * array_length(options, 1))::int] $$;
@@ -31,7 +23,7 @@ DECLARE
         'AS RESTRICTIVE FOR SELECT TO authenticated, anon USING (realtime.messages.extension = %L)',
         'FOR INSERT TO authenticated WITH CHECK (EXISTS (SELECT 1 FROM prop_members m WHERE m.user_id = auth.uid() AND m.room = (SELECT realtime.topic()) AND m.can_write))',
         'FOR INSERT TO anon WITH CHECK ((SELECT realtime.topic()) LIKE %L AND realtime.messages.extension = ''broadcast'')',
-        'AS RESTRICTIVE FOR ALL TO authenticated USING (prop_explode((SELECT realtime.topic()))) WITH CHECK (prop_explode((SELECT realtime.topic())))',
+        'AS RESTRICTIVE FOR ALL TO authenticated USING (explode((SELECT realtime.topic()))) WITH CHECK (explode((SELECT realtime.topic())))',
         'FOR SELECT TO authenticated USING (current_setting(''request.headers'', true)::jsonb ->> ''x-team'' = %L)',
         'FOR INSERT TO authenticated WITH CHECK (auth.jwt() ->> ''tier'' = %L AND (SELECT realtime.topic()) <> %L)'];
     params text[] := ARRAY['room:1', 'room:2', 'pub:%', 'gold', 'broadcast', 'presence', 'red', 'blue', 'room:boom'];
