@@ -78,7 +78,7 @@ pub fn record_len(topic: &str, event: &str, payload_len: usize) -> usize {
 }
 
 /// Appends one pending record to `out`. Lengths must already have been checked by the caller
-/// against the limits in `limits.rs`.
+/// against the limits in `xact::enqueue`.
 pub fn encode_record(
     out: &mut Vec<u8>,
     topic: &str,

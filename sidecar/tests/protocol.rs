@@ -446,14 +446,7 @@ async fn client_broadcasts_go_through_the_database_with_self_and_ack() {
     ok(c.join("realtime:chat", json!({})).await);
 
     // A (self false, ack true): acknowledged, not echoed; B and C (on the other sidecar) get it.
-    let r = a
-        .push(
-            Some("1"),
-            "realtime:chat",
-            "broadcast",
-            json!({"type": "broadcast", "event": "msg", "payload": {"t": 1}}),
-        )
-        .await;
+    let r = a.broadcast("realtime:chat", "msg", json!({"t": 1})).await;
     assert_eq!(a.reply(&r).await, json!({"status": "ok", "response": {}}));
     let Some(Message::Binary(frame)) = b.next(5).await else {
         panic!("B gets a binary frame")
@@ -490,13 +483,7 @@ async fn client_broadcasts_go_through_the_database_with_self_and_ack() {
 
     // Many from A arrive at C, on the other sidecar, in order.
     for i in 0..20 {
-        a.push(
-            Some("1"),
-            "realtime:chat",
-            "broadcast",
-            json!({"type": "broadcast", "event": "n", "payload": {"i": i}}),
-        )
-        .await;
+        a.broadcast("realtime:chat", "n", json!({"i": i})).await;
     }
     let mut seen = Vec::new();
     while seen.len() < 20 {
@@ -658,13 +645,7 @@ async fn joins_and_messages_per_second_are_limited() {
     let mut c = Client::connect(sidecar.port, "1.0.0").await;
     c.join_public("realtime:chatty").await;
     for _ in 0..6 {
-        c.push(
-            Some("1"),
-            "realtime:chatty",
-            "broadcast",
-            json!({"type": "broadcast", "event": "e", "payload": {}}),
-        )
-        .await;
+        c.broadcast("realtime:chatty", "e", json!({})).await;
     }
     let system = loop {
         let m = c.next_json(5).await.expect("system message");

@@ -245,6 +245,12 @@ impl Client {
         r
     }
 
+    /// Pushes a client broadcast (a text frame) on a joined channel; returns its ref.
+    pub async fn broadcast(&mut self, topic: &str, event: &str, payload: Value) -> String {
+        let body = json!({"type": "broadcast", "event": event, "payload": payload});
+        self.push(Some("1"), topic, "broadcast", body).await
+    }
+
     /// Next frame as JSON (text frames) or the raw binary, within `secs`.
     pub async fn next(&mut self, secs: u64) -> Option<Message> {
         match tokio::time::timeout(Duration::from_secs(secs), self.ws.next()).await {
