@@ -7,23 +7,10 @@ scripts/install-extension.sh; builds the sidecar and the load generator (release
 import argparse
 import datetime
 import json
-import os
-import subprocess
 import sys
 
 import harness
-from harness import ROOT
 SECRET = "fanout-benchmark-secret-with-enough-length"
-
-
-def proc_stats(pid):
-    """CPU seconds used and peak RSS (kB) of a process."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    with open(f"/proc/{pid}/status") as f:
-        hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM"))
-    return cpu, hwm
 
 
 def main():
@@ -45,13 +32,11 @@ def main():
                 (f"fan-out, {a.subscribers} subscribers", a.subscribers, int(r)) for r in a.rates.split(",")]
             for label, subs, rate in scenarios:
                 pid = sidecar.process.pid
-                cpu0, _ = proc_stats(pid)
-                out = subprocess.run([f"{ROOT}/target/release/realtime-loadgen", "--url", f"ws://127.0.0.1:{a.http_port}",
-                                      "--jwt-secret", SECRET, "--dsn", pg.dsn, "--vsn", a.vsn, "--subscribers", str(subs),
-                                      "--rate", str(rate), "--seconds", str(a.seconds), "--topic", f"t{subs}x{rate}",
-                                      "--label", label], check=True, capture_output=True, text=True, timeout=a.seconds + 180)
-                r = json.loads(out.stdout.strip().splitlines()[-1])
-                cpu1, hwm = proc_stats(pid)
+                cpu0, _ = harness.proc_stats(pid)
+                r = harness.loadgen(f"ws://127.0.0.1:{a.http_port}", pg.dsn, SECRET, "--vsn", a.vsn, "--clients", subs,
+                                    "--rate", rate, "--seconds", a.seconds, "--topic-prefix", f"t{subs}x{rate}-",
+                                    "--label", label, timeout=a.seconds + 400)
+                cpu1, hwm = harness.proc_stats(pid)
                 r["sidecar_cpu_pct"] = 100 * (cpu1 - cpu0) / (a.seconds + r["connect_seconds"])
                 r["sidecar_peak_rss_mb"] = hwm / 1024
                 print(json.dumps(r), file=sys.stderr)

@@ -1,6 +1,7 @@
 """What the benchmark runners share: a throwaway cluster with pg_realtime, the release
 builds of the sidecar and load generator, a running sidecar and its metrics."""
 
+import json
 import os
 import re
 import subprocess
@@ -50,6 +51,48 @@ class Cluster:
         return as_pg(["psql", *self.conn, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", *args])
 
 
+PEERS = f"{ROOT}/target/peers"
+
+
+def proc_stats(pid):
+    """CPU seconds used and peak RSS (kB) of a process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{pid}/status") as f:
+        hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM"))
+    return cpu, hwm
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS"))
+
+
+def postgres_usage(pg_dir):
+    """CPU seconds of the cluster's processes, living and (through the postmaster's
+    children counters) exited, and the sum of their private memory (kB: RssAnon, so
+    shared buffers are not counted once per backend)."""
+    with open(f"{pg_dir}/postmaster.pid") as f:
+        postmaster = int(f.readline())
+    cpu, anon = 0.0, 0
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(pid) != postmaster and int(fields[1]) != postmaster:
+                continue
+            tick = os.sysconf("SC_CLK_TCK")
+            cpu += (int(fields[11]) + int(fields[12])) / tick
+            if int(pid) == postmaster:
+                cpu += (int(fields[13]) + int(fields[14])) / tick
+            with open(f"/proc/{pid}/status") as f:
+                anon += next((int(l.split()[1]) for l in f if l.startswith("RssAnon")), 0)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return cpu, anon
+
+
 def metric(port, name):
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     return float(re.search(rf"^{name} (\S+)$", body, re.M).group(1))
@@ -66,17 +109,8 @@ class Sidecar:
 
     def __enter__(self):
         self.process = subprocess.Popen([f"{ROOT}/target/release/realtime-sidecar"], env=self.env)
-        deadline = time.time() + 15
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz").status == 200:
-                    return self
-            except OSError:
-                pass
-            if time.time() > deadline:
-                self.process.kill()
-                raise RuntimeError("the sidecar did not become healthy within 15 s")
-            time.sleep(0.05)
+        wait_healthy(f"http://127.0.0.1:{self.port}/healthz", self.process, "the sidecar", 15)
+        return self
 
     def __exit__(self, *exc):
         self.process.terminate()
@@ -84,3 +118,191 @@ class Sidecar:
 
     def metric(self, name):
         return metric(self.port, name)
+
+
+def wait_healthy(url, process, what, seconds=30):
+    deadline = time.time() + seconds
+    while True:
+        try:
+            if urllib.request.urlopen(url).status == 200:
+                return
+        except OSError:
+            pass
+        if process.poll() is not None or time.time() > deadline:
+            process.kill()
+            raise RuntimeError(f"{what} did not become healthy within {seconds} s")
+        time.sleep(0.05)
+
+
+class Centrifugo:
+    """`with Centrifugo(port, dsn, secret) as c:` Centrifugo v5.4.9 (scripts/install-peers.sh)
+    on 127.0.0.1 with namespace `bench` and its PostgreSQL outbox consumer on `dsn`
+    (the outbox of pgbench/centrifugo_outbox.sql), healthy on entry, stopped on exit."""
+
+    def __init__(self, port, dsn, secret):
+        self.port = port
+        self.dir = tempfile.mkdtemp(prefix="pg_realtime_centrifugo.")
+        self.config = {
+            "address": "127.0.0.1", "port": port, "token_hmac_secret_key": secret,
+            "usage_stats_disable": True, "health": True, "log_level": "error",
+            "namespaces": [{"name": "bench", "allow_subscribe_for_client": True}],
+            # One partition keeps commit order, as our queue does; rows are read up to 1,000
+            # at a time (default 100) and the NOTIFY trigger wakes the consumer at once.
+            "consumers": [{"name": "outbox", "type": "postgresql", "postgresql": {
+                "dsn": dsn, "outbox_table_name": "centrifugo_outbox", "num_partitions": 1,
+                "partition_select_limit": 1000, "partition_poll_interval": "300ms",
+                "partition_notification_channel": "centrifugo_partition_change"}}],
+        }
+
+    def __enter__(self):
+        with open(f"{self.dir}/config.json", "w") as f:
+            json.dump(self.config, f)
+        self.process = subprocess.Popen([f"{PEERS}/centrifugo", "--config", f"{self.dir}/config.json"],
+                                        stdout=subprocess.DEVNULL, stderr=open(f"{self.dir}/log", "w"))
+        wait_healthy(f"http://127.0.0.1:{self.port}/health", self.process, "Centrifugo")
+        return self
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def jwt_hs256(claims, secret):
+    """A signed token for clients that are not the load generator (k6)."""
+    import base64
+    import hashlib
+    import hmac
+
+    def b64(data):
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode()) + "." + b64(json.dumps(claims).encode())
+    return head + "." + b64(hmac.new(secret.encode(), head.encode(), hashlib.sha256).digest())
+
+
+LOADGEN = f"{ROOT}/target/release/realtime-loadgen"
+
+
+def loadgen_cmd(url, dsn, secret, *flags):
+    return [LOADGEN, "--url", url, "--dsn", dsn, "--jwt-secret", secret, *map(str, flags)]
+
+
+def loadgen(url, dsn, secret, *flags, timeout=900):
+    """Runs the load generator once; returns its result line, parsed. Its progress lines go
+    to this process's stderr."""
+    out = subprocess.run(loadgen_cmd(url, dsn, secret, *flags), check=True, stdout=subprocess.PIPE, text=True,
+                         timeout=timeout).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def loadgens(commands, timeout=900):
+    """Runs several load generator processes at once (each holds at most ~17,000
+    connections: 20,000 open files per process); returns their result lines."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in commands]
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, c in zip(procs, commands):
+        if p.returncode != 0:
+            raise RuntimeError(f"load generator failed ({p.returncode}): {' '.join(c)}")
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
+def split(total, parts, p):
+    """Part p of `total` split as evenly as whole numbers allow."""
+    return total // parts + (1 if p < total % parts else 0)
+
+
+def merge(results):
+    """One result from several processes' (counts add up; latency quantiles are the worst
+    process's, the conservative choice when histograms are not merged)."""
+    m = dict(results[0])
+    for key in ("clients", "connected", "failed_connections", "closed_early", "held_to_end", "joined", "join_errors",
+                "sent", "expected", "received", "lost", "gaps", "reordered", "push_refused", "deliveries_per_second",
+                "connects_per_second", "joins_per_second"):
+        m[key] = sum(r[key] for r in results)
+    for key in ("connect_seconds", "join_seconds", "send_seconds", "p50_ms", "p95_ms", "p99_ms", "max_ms"):
+        m[key] = max(r[key] for r in results)
+    m["processes"] = len(results)
+    return m
+
+
+def listeners(port):
+    """How many sockets listen on 127.0.0.1:port (SO_REUSEPORT lets several)."""
+    needle = f"0100007F:{port:04X}"
+    with open("/proc/net/tcp") as f:
+        return sum(1 for line in f if line.split()[1] == needle and line.split()[3] == "0A")
+
+
+def open_files(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class Sidecars:
+    """`with Sidecars(n, port, dsn, secret, **env) as s:` n release sidecars sharing one port
+    (SO_REUSEPORT), each with its own queue consumer; each is listening on entry."""
+
+    def __init__(self, n, port, dsn, secret, **env):
+        self.n, self.port = n, port
+        self.env = dict(os.environ, PORT=str(port), API_JWT_SECRET=secret, DATABASE_URL=dsn, LOG_LEVEL="warn", **env)
+        self.processes = []
+
+    def __enter__(self):
+        for i in range(self.n):
+            p = subprocess.Popen([f"{ROOT}/target/release/realtime-sidecar"],
+                                 env=dict(self.env, CONSUMER_NAME=f"sidecar{i}"))
+            self.processes.append(p)
+            deadline = time.time() + 15
+            while listeners(self.port) < i + 1:
+                if p.poll() is not None or time.time() > deadline:
+                    self.__exit__()
+                    raise RuntimeError(f"sidecar {i} did not listen on {self.port} within 15 s")
+                time.sleep(0.05)
+        wait_healthy(f"http://127.0.0.1:{self.port}/healthz", self.processes[0], "the sidecars", 15)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.processes:
+            p.terminate()
+        for p in self.processes:
+            p.wait(timeout=60)
+
+    def pids(self):
+        return [p.pid for p in self.processes]
+
+
+class Usage:
+    """`with Usage(pids, pg_data_dir) as u:` CPU used (percent of one core) and peak RSS,
+    sampled every 0.5 s, of the server processes `pids` and of the Postgres cluster (its
+    processes' private memory) while the block runs; `u.result` after it."""
+
+    def __init__(self, pids, pg_data_dir):
+        import threading
+        self.pids, self.pg = list(pids), pg_data_dir
+        self.peak, self.pg_peak = 0, 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        while not self.done.wait(0.5):
+            self.peak = max(self.peak, sum(rss_kb(p) for p in self.pids))
+            self.pg_peak = max(self.pg_peak, postgres_usage(self.pg)[1])
+
+    def __enter__(self):
+        self.start = time.time()
+        self.cpu0 = sum(proc_stats(p)[0] for p in self.pids)
+        self.pg_cpu0 = postgres_usage(self.pg)[0]
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        secs = time.time() - self.start
+        self.result = {
+            "server_cpu_pct": 100 * (sum(proc_stats(p)[0] for p in self.pids) - self.cpu0) / secs,
+            "server_peak_rss_mb": self.peak / 1024,
+            "pg_cpu_pct": 100 * (postgres_usage(self.pg)[0] - self.pg_cpu0) / secs,
+            "pg_peak_private_mb": self.pg_peak / 1024,
+        }

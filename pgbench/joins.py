@@ -7,11 +7,9 @@ Run as root after scripts/install-extension.sh."""
 
 import argparse
 import datetime
-import json
-import subprocess
 
 import harness
-from harness import HERE, ROOT
+from harness import HERE
 SECRET = "joins-benchmark-secret-with-enough-length"
 
 
@@ -29,14 +27,12 @@ def main():
             # The first round warms the sidecar up (its first thousands of tasks and buffers)
             # and is not reported.
             for label, extra in [("warm-up", []), ("public", []),
-                                 ("private (RLS)", ["--private-members", str(a.clients)])]:
+                                 ("private (RLS)", ["--private", "--topics", 1000, "--topic-prefix", "room:"])]:
                 b0 = sidecar.metric("realtime_auth_batches_total")
                 r0 = sidecar.metric("realtime_auth_requests_total")
-                out = subprocess.run([f"{ROOT}/target/release/realtime-loadgen", "--url", f"ws://127.0.0.1:{a.http_port}",
-                                      "--jwt-secret", SECRET, "--dsn", pg.dsn, "--subscribers", str(a.clients), "--rate",
-                                      "0", "--seconds", "0", "--topic", "joins", "--label", label] + extra,
-                                     check=True, capture_output=True, text=True, timeout=300)
-                r = json.loads(out.stdout.strip().splitlines()[-1])
+                r = harness.loadgen(f"ws://127.0.0.1:{a.http_port}", pg.dsn, SECRET, "--clients", a.clients,
+                                    "--rate", 0, "--seconds", 0, "--topic-prefix", "joins", "--label", label, *extra,
+                                    timeout=300)
                 r["auth_calls"] = sidecar.metric("realtime_auth_batches_total") - b0
                 r["auth_verdicts"] = sidecar.metric("realtime_auth_requests_total") - r0
                 if label != "warm-up":

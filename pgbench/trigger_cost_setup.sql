@@ -31,4 +31,33 @@ $$;
 CREATE TRIGGER t_notify_broadcast AFTER INSERT OR UPDATE OR DELETE ON t_notify
     FOR EACH ROW EXECUTE FUNCTION t_notify_broadcast();
 
+-- (d) Supabase's path: the docs' trigger calling a plpgsql broadcast_changes that inserts
+-- into the partitioned messages table, streamed by a logical-replication consumer.
+\ir supabase_messages.sql
+CREATE TABLE t_supabase (LIKE t_plain INCLUDING ALL);
+CREATE FUNCTION t_supabase_broadcast() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM supa.broadcast_changes('room:' || NEW.room, TG_OP, TG_OP, TG_TABLE_NAME, TG_TABLE_SCHEMA, NEW, OLD);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER t_supabase_broadcast AFTER INSERT OR UPDATE OR DELETE ON t_supabase
+    FOR EACH ROW EXECUTE FUNCTION t_supabase_broadcast();
+
+-- (e) Centrifugo's outbox: the trigger writes the publication into the outbox table that
+-- Centrifugo's consumer drains.
+\ir centrifugo_outbox.sql
+CREATE TABLE t_outbox (LIKE t_plain INCLUDING ALL);
+CREATE FUNCTION t_outbox_broadcast() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO centrifugo_outbox (method, payload)
+    VALUES ('publish', jsonb_build_object('channel', 'bench:room' || NEW.room, 'data',
+            jsonb_build_object('old_record', OLD, 'record', NEW, 'operation', TG_OP,
+                               'table', TG_TABLE_NAME, 'schema', TG_TABLE_SCHEMA)));
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER t_outbox_broadcast AFTER INSERT OR UPDATE OR DELETE ON t_outbox
+    FOR EACH ROW EXECUTE FUNCTION t_outbox_broadcast();
+
 SELECT realtime.create_consumer('bench');

@@ -12,6 +12,8 @@ log=$(mktemp -d /tmp/pg_realtime_test.XXXXXX)
 chmod 755 "$log"
 
 scripts/install-deps.sh
+# The benchmark smokes below run Centrifugo and k6 (built from the Go module proxy).
+scripts/install-peers.sh
 
 echo "== cargo fmt"
 cargo fmt --all -- --check
@@ -44,7 +46,10 @@ python3 pgbench/trigger_cost.py --seconds 1 --rounds 1 --clients 2 > "$log/trigg
 python3 pgbench/fanout.py --seconds 2 --subscribers 20 --rates 100 > "$log/fanout.md"
 python3 pgbench/authorize.py --seconds 1 --batches 1,100 > "$log/authorize.md"
 python3 pgbench/joins.py --clients 50 > "$log/joins.md"
-cat "$log/trigger_cost.md" "$log/fanout.md" "$log/authorize.md" "$log/joins.md"
+python3 pgbench/scenarios.py --scale smoke --seconds 2 > "$log/scenarios.md"
+python3 pgbench/peers.py --seconds 2 --subscribers 20 --rates 100 --k6-vus 5 --k6-rate 20 > "$log/peers.md"
+python3 pgbench/connections.py --clients 300 --centrifugo-clients 100 --seconds 3 > "$log/connections.md"
+cat "$log"/{trigger_cost,fanout,authorize,joins,scenarios,peers,connections}.md
 
 echo "== pg_regress and isolation suites"
 regress_status=0

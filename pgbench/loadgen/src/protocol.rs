@@ -1,0 +1,329 @@
+//! The two wire protocols the load generator speaks: Supabase Realtime's Phoenix frames
+//! (serializers 1.0.0 and 2.0.0), as our sidecar serves them, and Centrifugo v5's JSON
+//! protocol, for the side-by-side comparison. Parsing is typed (serde) rather than through
+//! serde_json::Value: the generator parses every delivery on the same 2 cores as the
+//! server it measures, so its own cost is kept low.
+
+use crate::args::Protocol;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
+
+/// What every benchmark payload carries: the send time in microseconds since the epoch
+/// (taken by the database, or by the sending client), the stream it belongs to (topic
+/// index, or the sending client) and its number in that stream, from 1.
+#[derive(Deserialize, Default)]
+pub struct Body {
+    t: Option<i64>,
+    k: Option<u64>,
+    n: Option<u64>,
+    /// broadcast_changes wraps the row: the fields are in payload.record.
+    record: Option<Box<Body>>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Sample {
+    pub t: i64,
+    pub k: u64,
+    pub n: u64,
+}
+
+impl Body {
+    fn sample(&self) -> Option<Sample> {
+        match (self.t, self.k, self.n, &self.record) {
+            (Some(t), Some(k), Some(n), _) => Some(Sample { t, k, n }),
+            (_, _, _, Some(r)) => r.sample(),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    Delivery(Sample),
+    /// A reply to a join (Supabase) or a connect/subscribe (Centrifugo): ok or not.
+    Joined(bool),
+    /// Centrifugo's ping, to be answered with a pong.
+    Ping,
+    /// The server refused a client broadcast (rate limit, size, permission).
+    PushRefused,
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    status: Option<String>,
+    payload: Option<Body>,
+}
+
+#[derive(Deserialize)]
+struct V1 {
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    event: String,
+    payload: Envelope,
+}
+
+#[derive(Deserialize)]
+struct CentrifugoLine {
+    id: Option<u64>,
+    error: Option<IgnoredAny>,
+    push: Option<CentrifugoPush>,
+}
+
+#[derive(Deserialize)]
+struct CentrifugoPush {
+    #[serde(rename = "pub")]
+    publication: Option<CentrifugoPub>,
+}
+
+#[derive(Deserialize)]
+struct CentrifugoPub {
+    data: Body,
+}
+
+pub struct Wire {
+    pub protocol: Protocol,
+    pub v2: bool,
+}
+
+/// Replies are told apart by their refs: joins', pushes' and heartbeats' ("hb").
+const JOIN_REF: &str = "j";
+const PUSH_REF: &str = "p";
+
+impl Wire {
+    pub fn parse(&self, msg: &Message, out: &mut Vec<Event>) {
+        match (self.protocol, msg) {
+            (Protocol::Supabase, Message::Binary(b)) if b.first() == Some(&4) && b.len() > 5 => {
+                let start = 5 + b[1] as usize + b[2] as usize + b[3] as usize;
+                if let Some(s) = b
+                    .get(start..)
+                    .and_then(|p| serde_json::from_slice::<Body>(p).ok())
+                    .and_then(|b| b.sample())
+                {
+                    out.push(Event::Delivery(s));
+                }
+            }
+            (Protocol::Supabase, Message::Text(t)) => {
+                let parsed = if self.v2 {
+                    serde_json::from_str::<(IgnoredAny, Option<String>, IgnoredAny, String, Envelope)>(t)
+                        .ok()
+                        .map(|(_, r, _, e, p)| (r, e, p))
+                } else {
+                    serde_json::from_str::<V1>(t)
+                        .ok()
+                        .map(|v| (v.reference, v.event, v.payload))
+                };
+                let Some((reference, event, envelope)) = parsed else {
+                    return;
+                };
+                if event == "phx_reply" {
+                    let ok = envelope.status.as_deref() == Some("ok");
+                    match reference.as_deref() {
+                        Some(r) if r.starts_with(JOIN_REF) => out.push(Event::Joined(ok)),
+                        Some(r) if r.starts_with(PUSH_REF) && !ok => out.push(Event::PushRefused),
+                        _ => {}
+                    }
+                } else if let Some(s) = envelope.payload.and_then(|b| b.sample()) {
+                    out.push(Event::Delivery(s));
+                }
+            }
+            (Protocol::Centrifugo, Message::Text(t)) => {
+                for line in t.as_str().split('\n').filter(|l| !l.is_empty()) {
+                    if line == "{}" {
+                        out.push(Event::Ping);
+                        continue;
+                    }
+                    let Ok(l) = serde_json::from_str::<CentrifugoLine>(line) else {
+                        continue;
+                    };
+                    if let Some(s) = l
+                        .push
+                        .and_then(|p| p.publication)
+                        .and_then(|p| p.data.sample())
+                    {
+                        out.push(Event::Delivery(s));
+                    } else if l.id.is_some_and(|id| id >= 2) || l.error.is_some() {
+                        // id 1 is the connect reply; subscribes are 2.. (one per channel).
+                        out.push(Event::Joined(l.error.is_none()));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The frames that join `topics` (after connecting, for Centrifugo).
+    pub fn joins(&self, topics: &[String], private: bool, echo: bool, token: &str) -> Vec<String> {
+        match self.protocol {
+            Protocol::Supabase => topics
+                .iter()
+                .enumerate()
+                .map(|(j, topic)| {
+                    let mut payload = json!({"config": {"broadcast": {"self": echo, "ack": false}, "private": private}});
+                    if private {
+                        payload["access_token"] = json!(token);
+                    }
+                    let (reference, topic) = (format!("{JOIN_REF}{j}"), format!("realtime:{topic}"));
+                    if self.v2 {
+                        json!([reference, reference, topic, "phx_join", payload]).to_string()
+                    } else {
+                        json!({"join_ref": reference, "ref": reference, "topic": topic, "event": "phx_join", "payload": payload})
+                            .to_string()
+                    }
+                })
+                .collect(),
+            Protocol::Centrifugo => {
+                let mut frames = vec![json!({"id": 1, "connect": {"token": token, "name": "loadgen"}}).to_string()];
+                frames.extend(topics.iter().enumerate().map(|(j, topic)| {
+                    json!({"id": j + 2, "subscribe": {"channel": topic}}).to_string()
+                }));
+                frames
+            }
+        }
+    }
+
+    /// What keeps the connection alive: Supabase's heartbeat (Centrifugo pings the client).
+    pub fn heartbeat(&self) -> Option<&'static str> {
+        match (self.protocol, self.v2) {
+            (Protocol::Supabase, true) => Some(r#"[null,"hb","phoenix","heartbeat",{}]"#),
+            (Protocol::Supabase, false) => {
+                Some(r#"{"topic":"phoenix","event":"heartbeat","payload":{},"ref":"hb"}"#)
+            }
+            (Protocol::Centrifugo, _) => None,
+        }
+    }
+
+    /// A client broadcast of `body` on `topic` (Supabase only: Centrifugo's client
+    /// publications are not part of the comparison).
+    pub fn push(&self, topic: &str, reference: u64, body: serde_json::Value) -> String {
+        let payload = json!({"type": "broadcast", "event": "ev", "payload": body});
+        let topic = format!("realtime:{topic}");
+        if self.v2 {
+            json!([
+                format!("{JOIN_REF}0"),
+                format!("{PUSH_REF}{reference}"),
+                topic,
+                "broadcast",
+                payload
+            ])
+            .to_string()
+        } else {
+            json!({"join_ref": format!("{JOIN_REF}0"), "ref": format!("{PUSH_REF}{reference}"), "topic": topic, "event": "broadcast", "payload": payload})
+                .to_string()
+        }
+    }
+
+    pub fn path(&self, apikey: &str, vsn: &str) -> String {
+        match self.protocol {
+            Protocol::Supabase => format!("/realtime/v1/websocket?apikey={apikey}&vsn={vsn}"),
+            Protocol::Centrifugo => "/connection/websocket".to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(w: &Wire, m: Message) -> Vec<Event> {
+        let mut out = vec![];
+        w.parse(&m, &mut out);
+        out
+    }
+
+    #[test]
+    fn supabase_frames() {
+        let v2 = Wire {
+            protocol: Protocol::Supabase,
+            v2: true,
+        };
+        let d = Event::Delivery(Sample { t: 5, k: 1, n: 2 });
+        assert_eq!(
+            parse(
+                &v2,
+                Message::text(
+                    r#"[null,null,"realtime:a","broadcast",{"type":"broadcast","event":"e","payload":{"t":5,"k":1,"n":2,"pad":"x"}}]"#
+                )
+            ),
+            vec![d]
+        );
+        assert_eq!(
+            parse(
+                &v2,
+                Message::text(
+                    r#"[null,null,"realtime:a","broadcast",{"type":"broadcast","event":"INSERT","payload":{"record":{"t":5,"k":1,"n":2},"old_record":null}}]"#
+                )
+            ),
+            vec![Event::Delivery(Sample { t: 5, k: 1, n: 2 })]
+        );
+        assert_eq!(
+            parse(
+                &v2,
+                Message::text(
+                    r#"["j0","j0","realtime:a","phx_reply",{"status":"error","response":{}}]"#
+                )
+            ),
+            vec![Event::Joined(false)]
+        );
+        assert_eq!(
+            parse(
+                &v2,
+                Message::text(r#"[null,"hb","phoenix","phx_reply",{"status":"ok","response":{}}]"#)
+            ),
+            vec![]
+        );
+        assert_eq!(
+            parse(
+                &v2,
+                Message::text(
+                    r#"["j0","p7","realtime:a","phx_reply",{"status":"error","response":{"reason":"rate"}}]"#
+                )
+            ),
+            vec![Event::PushRefused]
+        );
+        let mut bin = vec![4u8, 1, 1, 1, 0, b'a', b'b', b'c'];
+        bin.extend_from_slice(br#"{"t":7,"k":0,"n":1}"#);
+        assert_eq!(
+            parse(&v2, Message::binary(bin)),
+            vec![Event::Delivery(Sample { t: 7, k: 0, n: 1 })]
+        );
+        let v1 = Wire {
+            protocol: Protocol::Supabase,
+            v2: false,
+        };
+        assert_eq!(
+            parse(
+                &v1,
+                Message::text(
+                    r#"{"ref":"j1","topic":"realtime:a","event":"phx_reply","payload":{"status":"ok","response":{}}}"#
+                )
+            ),
+            vec![Event::Joined(true)]
+        );
+    }
+
+    #[test]
+    fn centrifugo_frames() {
+        let w = Wire {
+            protocol: Protocol::Centrifugo,
+            v2: false,
+        };
+        let frame = "{\"id\":1,\"connect\":{}}\n{\"id\":2,\"subscribe\":{}}\n{\"push\":{\"channel\":\"b:x\",\"pub\":{\"data\":{\"t\":1,\"k\":0,\"n\":3},\"offset\":9}}}\n{}";
+        assert_eq!(
+            parse(&w, Message::text(frame)),
+            vec![
+                Event::Joined(true),
+                Event::Delivery(Sample { t: 1, k: 0, n: 3 }),
+                Event::Ping
+            ]
+        );
+        assert_eq!(
+            parse(
+                &w,
+                Message::text(r#"{"id":3,"error":{"code":103,"message":"permission denied"}}"#)
+            ),
+            vec![Event::Joined(false)]
+        );
+    }
+}

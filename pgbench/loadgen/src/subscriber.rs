@@ -1,0 +1,184 @@
+//! One WebSocket connection: connect (bounded concurrency, optional source address), wait
+//! for the go signal, join its channels, then record every delivery's latency and check
+//! each stream's numbering for gaps; sends too when the clients are the publishers.
+
+use crate::args::{Args, Publisher};
+use crate::plan;
+use crate::protocol::{Event, Wire};
+use crate::report::{now_us, Totals};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::json;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+pub struct Ctx {
+    pub args: Args,
+    pub wire: Wire,
+    pub totals: Arc<Totals>,
+    pub server: SocketAddr,
+    /// The anon apikey (Supabase) or the connection token (Centrifugo).
+    pub token: String,
+    pub connect_slots: Semaphore,
+    /// Joins go out when every client has connected, so joins/s measures joining.
+    pub go: watch::Receiver<bool>,
+    /// Clients that publish start when every join has been answered.
+    pub send: watch::Receiver<bool>,
+    pub stop: watch::Receiver<bool>,
+    pub deadline: Instant,
+}
+
+async fn connect(ctx: &Ctx) -> Result<WebSocketStream<TcpStream>, Box<dyn std::error::Error>> {
+    let socket = if ctx.server.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(ip) = ctx.args.source_ip {
+        socket.bind(SocketAddr::new(ip, 0))?;
+    }
+    let stream = socket.connect(ctx.server).await?;
+    stream.set_nodelay(true)?;
+    let url = format!(
+        "{}{}",
+        ctx.args.url,
+        ctx.wire.path(&ctx.token, &ctx.args.vsn)
+    );
+    // Small buffers: a load generator holding 17,000 connections must not be the limit.
+    let config = WebSocketConfig::default()
+        .read_buffer_size(8192)
+        .write_buffer_size(0);
+    let (ws, _) = tokio_tungstenite::client_async_with_config(url, stream, Some(config)).await?;
+    Ok(ws)
+}
+
+fn member_token(args: &Args, client: usize) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &json!({"role": "authenticated", "sub": plan::member_uuid(client as u64 + 1),
+                "exp": now_us() / 1_000_000 + 3600}),
+        &jsonwebtoken::EncodingKey::from_secret(args.jwt_secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+pub async fn run(ctx: Arc<Ctx>, client: usize) {
+    let (args, totals) = (&ctx.args, &ctx.totals);
+    let topics = plan::topics_of(args, client);
+    let names: Vec<String> = topics
+        .iter()
+        .map(|k| format!("{}{k}", args.topic_prefix))
+        .collect();
+    let permit = ctx.connect_slots.acquire().await.unwrap();
+    let mut ws = match tokio::time::timeout(Duration::from_secs(30), connect(&ctx)).await {
+        Ok(Ok(ws)) => ws,
+        _ => {
+            totals.failed.fetch_add(1, Relaxed);
+            return;
+        }
+    };
+    drop(permit);
+    totals.connected.fetch_add(1, Relaxed);
+    let (mut go, mut send, mut stop) = (ctx.go.clone(), ctx.send.clone(), ctx.stop.clone());
+    if go.wait_for(|&g| g).await.is_err() {
+        return;
+    }
+    let token = if args.private {
+        member_token(args, client)
+    } else {
+        ctx.token.clone()
+    };
+    let echo = args.publisher == Publisher::Clients;
+    for frame in ctx.wire.joins(&names, args.private, echo, &token) {
+        if ws.send(Message::text(frame)).await.is_err() {
+            totals.closed_early.fetch_add(1, Relaxed);
+            return;
+        }
+    }
+
+    // Heartbeats spread over their period instead of all firing in the same instant.
+    let period = Duration::from_secs(20);
+    let phase = period.mul_f64(plan::phase(client));
+    let mut heartbeat = tokio::time::interval_at((Instant::now() + phase).into(), period);
+    let send_period = Duration::from_secs_f64(1.0 / args.rate.max(0.001));
+    let mut sending = false;
+    let mut next_send = tokio::time::Instant::now() + Duration::from_secs(86_400);
+    let mut seq = 0u64;
+    let mut replies = 0usize;
+    let mut last_seen: HashMap<u64, u64> = HashMap::new();
+    let mut events = Vec::new();
+    loop {
+        tokio::select! {
+            m = ws.next() => match m {
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                    totals.closed_early.fetch_add(1, Relaxed);
+                    break;
+                }
+                Some(Ok(msg)) => {
+                    ctx.wire.parse(&msg, &mut events);
+                    for e in events.drain(..) {
+                        match e {
+                            Event::Delivery(s) => {
+                                totals.record(client, s.t);
+                                let last = last_seen.entry(s.k).or_insert(0);
+                                if s.n > *last + 1 {
+                                    totals.gaps.fetch_add(s.n - *last - 1, Relaxed);
+                                } else if s.n <= *last {
+                                    totals.reordered.fetch_add(1, Relaxed);
+                                }
+                                *last = (*last).max(s.n);
+                            }
+                            Event::Joined(ok) => {
+                                if ok {
+                                    totals.joined.fetch_add(1, Relaxed);
+                                    if let Some(&k) = topics.get(replies) {
+                                        totals.subscribers[k].fetch_add(1, Relaxed);
+                                    }
+                                } else {
+                                    totals.join_errors.fetch_add(1, Relaxed);
+                                }
+                                replies += 1;
+                            }
+                            Event::PushRefused => {
+                                totals.push_refused.fetch_add(1, Relaxed);
+                            }
+                            Event::Ping => {
+                                let _ = ws.send(Message::text("{}")).await;
+                            }
+                        }
+                    }
+                }
+            },
+            _ = heartbeat.tick() => {
+                if let Some(hb) = ctx.wire.heartbeat() {
+                    let _ = ws.send(Message::text(hb)).await;
+                }
+            }
+            Ok(()) = send.changed(), if echo => {
+                // On at the start of the sending window (at a per-client phase), off at its end.
+                sending = *send.borrow();
+                next_send = tokio::time::Instant::now() + send_period.mul_f64(plan::phase(client));
+            }
+            _ = tokio::time::sleep_until(next_send), if sending => {
+                next_send += send_period;
+                seq += 1;
+                let body = json!({"t": now_us(), "k": client, "n": seq});
+                if ws.send(Message::text(ctx.wire.push(&names[0], seq, body))).await.is_err() {
+                    totals.closed_early.fetch_add(1, Relaxed);
+                    break;
+                }
+                totals.sent_to(topics[0]);
+            }
+            _ = stop.changed() => break,
+            _ = tokio::time::sleep_until(ctx.deadline.into()) => break,
+        }
+    }
+    let _ = ws.close(None).await;
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Every benchmark of pgbench/RESULTS.md at full size, one after the other (never two at
+# once: they share 2 cores), from a fresh Debian 12 machine as root. Each table goes to
+# target/bench/<time>/<runner>.md (with the runner's JSON lines beside it) and to stdout.
+# About 75 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+scripts/install-deps.sh
+scripts/install-peers.sh
+scripts/install-extension.sh
+out="target/bench/$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$out"
+run() {
+    local name=$1
+    shift
+    echo "== $name: python3 pgbench/$name.py $*"
+    python3 "pgbench/$name.py" "$@" 2> "$out/$name.log" | tee "$out/$name.md"
+}
+run trigger_cost --seconds 10 --rounds 3
+run fanout
+run authorize
+run joins
+run peers --json "$out/peers.json"
+run scenarios --json "$out/scenarios.json"
+run connections --json "$out/connections.json"
+echo "tables in $out"
