@@ -17,7 +17,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=int, default=15)
     ap.add_argument("--subscribers", type=int, default=1000)
-    ap.add_argument("--rates", default="100,300,1000", help="fan-out message rates to try")
+    ap.add_argument("--rates", default="100,300,500,1000", help="fan-out message rates to try")
     ap.add_argument("--vsn", default="2.0.0")
     ap.add_argument("--pg-port", type=int, default=54360)
     ap.add_argument("--http-port", type=int, default=54361)
@@ -47,7 +47,7 @@ def main():
     print("| scenario | msg/s sent | subscribers | deliveries/s | lost | failed conns | p50 ms | p95 ms | p99 ms | max ms | sidecar CPU | sidecar peak RSS |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['label']} | {r['sent'] / r['seconds']:,.0f} | {r['subscribers']:,} | {r['deliveries_per_second']:,.0f} | "
+        print(f"| {r['label']} | {r['sent'] / r['seconds']:,.0f} | {r['clients']:,} | {r['deliveries_per_second']:,.0f} | "
               f"{r['lost']:,} | {r['failed_connections']} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | "
               f"{r['max_ms']:.1f} | {r['sidecar_cpu_pct']:.0f}% | {r['sidecar_peak_rss_mb']:.0f} MB |")
 

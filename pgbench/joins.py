@@ -15,7 +15,7 @@ SECRET = "joins-benchmark-secret-with-enough-length"
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--clients", type=int, default=5000)
+    ap.add_argument("--clients", type=int, default=15000)
     ap.add_argument("--pg-port", type=int, default=54380)
     ap.add_argument("--http-port", type=int, default=54381)
     a = ap.parse_args()
@@ -26,12 +26,13 @@ def main():
         with harness.Sidecar(a.http_port, pg.dsn, "joins", SECRET, MAX_JOINS_PER_SECOND="100000") as sidecar:
             # The first round warms the sidecar up (its first thousands of tasks and buffers)
             # and is not reported.
-            for label, extra in [("warm-up", []), ("public", []),
+            public = ["--topic-prefix", "joins"]
+            for label, extra in [("warm-up", public), ("public", public),
                                  ("private (RLS)", ["--private", "--topics", 1000, "--topic-prefix", "room:"])]:
                 b0 = sidecar.metric("realtime_auth_batches_total")
                 r0 = sidecar.metric("realtime_auth_requests_total")
                 r = harness.loadgen(f"ws://127.0.0.1:{a.http_port}", pg.dsn, SECRET, "--clients", a.clients,
-                                    "--rate", 0, "--seconds", 0, "--topic-prefix", "joins", "--label", label, *extra,
+                                    "--rate", 0, "--seconds", 0, "--label", label, *extra,
                                     timeout=300)
                 r["auth_calls"] = sidecar.metric("realtime_auth_batches_total") - b0
                 r["auth_verdicts"] = sidecar.metric("realtime_auth_requests_total") - r0

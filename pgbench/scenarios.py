@@ -77,7 +77,7 @@ def db_broadcast(run, scale):
           f"({topics} channels); rows inserted into a table whose plpgsql trigger calls realtime.broadcast_changes\n")
     print(HEADER)
     best = None
-    for rate in ([100, 300, 1000, 2000, 4000] if scale == "full" else [50]):
+    for rate in ([100, 300, 1000, 2000, 4000, 6000, 8000, 12000] if scale == "full" else [50]):
         r = run.go(f"{rate:,} rows/s", clients, ["--publisher", "table", "--private", "--topics", topics,
                                                  "--topic-prefix", "room:", "--channels-per-client", 2, "--rate", rate])
         print(fmt_row(r["label"], r), flush=True)
@@ -91,7 +91,7 @@ def db_broadcast(run, scale):
 
 def kafkorama(run, scale):
     topics = 10_000 if scale == "full" else 100
-    ladder = [10_000, 30_000, 60_000] if scale == "full" else [200]
+    ladder = [10_000, 20_000, 30_000, 45_000, 60_000] if scale == "full" else [200]
     print(f"\n### kafkorama: {topics:,} topics each updated once a second, 512-byte payloads, "
           "each client on one random topic\n")
     print(HEADER)
@@ -110,6 +110,8 @@ def kafkorama(run, scale):
                    ["--publisher", "send", "--assign", "random", "--pad", 480, "--progress"],
                    sidecars=sidecars, per_process_flags=share)
         print(fmt_row(r["label"], r), flush=True)
+        if not meets(r):
+            break
 
 
 def client_broadcast(run, scale):

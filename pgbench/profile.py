@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Where the CPU goes in the workloads whose goals are missed: `perf record -e cpu-clock -a`
+(this VM has no hardware counters) over the whole machine while one workload runs, then
+the top symbols by process and library. Benchmarks measure; this explains.
+  trigger  pgbench inserting through one trigger-cost variant (and plain INSERT, for the
+           difference), with the queue's consumer draining as in trigger_cost.py
+  fanout   1,000 subscribers of one topic at a given message rate through the sidecar
+  joins    private joins through the sidecar (RLS authorization)
+Run as root after scripts/install-extension.sh (and scripts/install-peers.sh for trigger)."""
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+import time
+
+import harness
+from harness import HERE
+
+SECRET = "profile-benchmark-secret-with-enough-length"
+
+
+def samples(data):
+    """Samples per (process, library, symbol) in a perf.data file."""
+    out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--stdio", "-n", "--sort", "comm,dso,sym",
+                          "--percent-limit", "0"], capture_output=True, text=True).stdout
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 5 and parts[0].endswith("%") and parts[1].isdigit():
+            counts[" ".join(parts[2:])] = int(parts[1])
+    return counts
+
+
+def perf(seconds, label, during, keep=False):
+    """Samples the whole machine for `seconds` while `during()` runs; prints the top.
+    Returns the samples per symbol when `keep`."""
+    data = tempfile.mktemp(suffix=".perf")
+    rec = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", "-a", "-o", data, "--",
+                            "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    during()
+    rec.wait(timeout=seconds + 60)
+    def report(*args):
+        out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--stdio", *args],
+                             capture_output=True, text=True).stdout
+        return "\n".join(l for l in out.splitlines() if l.strip() and not l.startswith("#"))
+    print(f"\n### {label}\n\nBy process and library:\n```")
+    print(report("--sort", "comm,dso", "--percent-limit", "1"))
+    print("```\nTop symbols:\n```")
+    print(report("--sort", "comm,dso,sym", "--percent-limit", "0.7"))
+    print("```\nOur code (pg_realtime.so and the sidecar), symbols over 0.1%:\n```")
+    print(report("--sort", "comm,dso,sym", "--percent-limit", "0.1", "--dsos", "pg_realtime.so,realtime-sidecar"))
+    print("```")
+    counts = samples(data) if keep else None
+    os.unlink(data)
+    return counts
+
+
+def trigger(a):
+    import trigger_cost
+    with harness.Cluster(a.pg_port, "max_connections = 50", "shared_buffers = 256MB", "max_wal_size = 4GB",
+                         "wal_level = logical") as pg:
+        pg.psql("-f", f"{HERE}/trigger_cost_setup.sql")
+        psql = ["psql", *pg.conn, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"]
+        background = trigger_cost.start_consumers(psql, 4 * a.seconds + 60)
+        try:
+            per_txn = {}
+            for table in ("t_plain", a.variant):
+                txns = {}
+
+                def run():
+                    out = harness.as_pg(["pgbench", *pg.conn, "-n", "-c", str(a.clients), "-j", str(min(a.clients, 2)),
+                                         "-T", str(a.seconds), "-D", f"table={table}", "-f", f"{HERE}/insert_row.sql",
+                                         "postgres"])
+                    print(next(l for l in out.splitlines() if l.startswith("tps")))
+                    txns["n"] = int(re.search(r"actually processed: (\d+)", out).group(1))
+                counts = perf(a.seconds, f"{table}, {a.clients} pgbench clients", run, keep=True)
+                per_txn[table] = {k: v / txns["n"] for k, v in counts.items()}
+            # What the trigger adds: CPU samples per 1,000 transactions, variant minus plain.
+            base, var = per_txn["t_plain"], per_txn[a.variant]
+            grew = sorted(((var.get(k, 0) - base.get(k, 0), k) for k in set(base) | set(var)), reverse=True)
+            print(f"\n### Samples per 1,000 transactions (1 sample = 1 ms of CPU), {a.variant} minus t_plain\n")
+            print(f"Total: {1000 * sum(var.values()):.1f} vs {1000 * sum(base.values()):.1f}; "
+                  f"idle (swapper) excluded below.\n\n```")
+            for d, k in [g for g in grew if not g[1].startswith("swapper")][:30]:
+                print(f"{1000 * d:+8.2f}  {k}")
+            print("```")
+        finally:
+            for p in background:
+                p.kill()
+
+
+def fanout(a):
+    with harness.Cluster(a.pg_port) as pg:
+        pg.psql("-c", "CREATE EXTENSION pg_realtime")
+        with harness.Sidecar(a.http_port, pg.dsn, "profile", SECRET) as sidecar:
+            url = f"ws://127.0.0.1:{a.http_port}"
+            lg = subprocess.Popen(harness.loadgen_cmd(url, pg.dsn, SECRET, "--clients", a.subscribers, "--rate",
+                                                      a.rate, "--seconds", a.seconds + 5), stdout=subprocess.PIPE,
+                                  text=True)
+            # Sample the sending window only: once every subscriber has joined.
+            deadline = time.time() + 60
+            while sidecar.metric("realtime_channels") < a.subscribers and time.time() < deadline:
+                time.sleep(0.05)
+            perf(a.seconds, f"fan-out, {a.subscribers} subscribers, {a.rate} msg/s", lambda: None)
+            print(lg.communicate(timeout=a.seconds + 120)[0])
+
+
+def joins(a):
+    with harness.Cluster(a.pg_port) as pg:
+        pg.psql("-f", f"{HERE}/joins_setup.sql")
+        with harness.Sidecar(a.http_port, pg.dsn, "profile", SECRET, MAX_JOINS_PER_SECOND="100000"):
+            url = f"ws://127.0.0.1:{a.http_port}"
+            res = {}
+
+            def run():
+                res["r"] = harness.loadgen(url, pg.dsn, SECRET, "--clients", a.clients, "--rate", 0, "--seconds", 0,
+                                           "--private", "--topics", 1000, "--topic-prefix", "room:")
+            perf(a.seconds, f"{a.clients} private joins", run)
+            print({k: res["r"][k] for k in ("joined", "join_errors", "joins_per_second", "connect_seconds")})
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["trigger", "fanout", "joins"])
+    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--variant", default="t_native", help="trigger: the trigger-cost table to profile")
+    ap.add_argument("--clients", type=int, default=8, help="trigger: pgbench clients; joins: joining clients")
+    ap.add_argument("--subscribers", type=int, default=1000)
+    ap.add_argument("--rate", type=int, default=500)
+    ap.add_argument("--pg-port", type=int, default=54420)
+    ap.add_argument("--http-port", type=int, default=54421)
+    a = ap.parse_args()
+    if a.what != "trigger":
+        harness.build()
+    {"trigger": trigger, "fanout": fanout, "joins": joins}[a.what](a)
+
+
+if __name__ == "__main__":
+    main()
