@@ -9,6 +9,8 @@ packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config b
 # Node 20 and npm); the demo page is tested in headless Chromium.
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)
 packages+=(chromium)
+# pgbench/profile.py samples with perf (cpu-clock: this VM has no hardware counters).
+packages+=(linux-perf)
 
 missing=()
 for p in "${packages[@]}"; do

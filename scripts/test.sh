@@ -49,7 +49,10 @@ python3 pgbench/joins.py --clients 50 > "$log/joins.md"
 python3 pgbench/scenarios.py --scale smoke --seconds 2 > "$log/scenarios.md"
 python3 pgbench/peers.py --seconds 2 --subscribers 20 --rates 100 --k6-vus 5 --k6-rate 20 > "$log/peers.md"
 python3 pgbench/connections.py --clients 300 --centrifugo-clients 100 --seconds 3 > "$log/connections.md"
-cat "$log"/{trigger_cost,fanout,authorize,joins,scenarios,peers,connections}.md
+python3 pgbench/profile.py trigger --seconds 1 --clients 2 > "$log/profile.md"
+python3 pgbench/profile.py fanout --seconds 1 --subscribers 20 --rate 100 >> "$log/profile.md"
+python3 pgbench/profile.py joins --seconds 1 --clients 50 >> "$log/profile.md"
+cat "$log"/{trigger_cost,fanout,authorize,joins,scenarios,peers,connections,profile}.md
 
 echo "== pg_regress and isolation suites"
 regress_status=0
