@@ -2,10 +2,10 @@
 """What a writer pays for broadcasting: INSERT TPS on the same 6-column table with no trigger
 and with each way of broadcasting the row, at 1, 2 and 8 clients, interleaved round by round
 on one throwaway cluster (wal_level = logical for all, as the Supabase path needs it), while
-each path's consumer runs: a drainer of our queue, a LISTENing session, Centrifugo's outbox
-consumer, and during (d) pg_recvlogical streaming Supabase's publication. Prints a markdown table
-of medians over the rounds. Run as root after scripts/install-extension.sh and
-scripts/install-peers.sh."""
+each path's consumer runs: the sidecar draining our queue (no subscribers), a LISTENing
+session, Centrifugo's outbox consumer, and during (d) pg_recvlogical streaming Supabase's
+publication. Prints a markdown table of medians over the rounds. Run as root after
+scripts/install-extension.sh and scripts/install-peers.sh."""
 
 import argparse
 import contextlib
@@ -19,6 +19,7 @@ import harness
 from harness import HERE, as_pg
 VARIANTS = [
     ("t_plain", "(a) plain INSERT"),
+    ("t_noop", "(a') AFTER ROW trigger doing nothing (plpgsql)"),
     ("t_changes", "(b) broadcast_changes, plpgsql trigger"),
     ("t_native", "(b') broadcast_trigger, native"),
     ("t_notify", "(c) pg_notify trigger"),
@@ -28,21 +29,23 @@ VARIANTS = [
 SECRET = "trigger-cost-centrifugo-secret"
 
 
-def start_consumers(psql, seconds):
-    """A consumer that drains our queue, as a sidecar would, and a session that LISTENs for
-    the NOTIFY variant; both run until killed or `seconds` pass."""
+def start_consumers(psql, seconds, sql_drainer=True):
+    """A session that LISTENs for the NOTIFY variant and, unless the sidecar drains, a SQL
+    loop that drains our queue as a sidecar would; both run until killed or `seconds` pass."""
     run = ["runuser", "-u", "postgres", "--"] + psql
+    listener = subprocess.Popen(run, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, text=True)
+    listener.stdin.write("LISTEN bench;\nSELECT 1 \\watch 0.05\n")
+    listener.stdin.flush()
+    if not sql_drainer:
+        return [listener]
     drainer = subprocess.Popen(run + ["-c", f"""
         DO $$ DECLARE pos bigint := realtime.create_consumer('bench'); r record;
         deadline timestamptz := clock_timestamp() + interval '{seconds} s';
         BEGIN WHILE clock_timestamp() < deadline LOOP
           FOR r IN SELECT seq FROM realtime.drain('bench', pos, 10000, 200, 2) LOOP pos := r.seq; END LOOP;
         END LOOP; END $$;"""], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    listener = subprocess.Popen(run, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, text=True)
-    listener.stdin.write("LISTEN bench;\nSELECT 1 \\watch 0.05\n")
-    listener.stdin.flush()
-    return [drainer, listener]
+    return [listener, drainer]
 
 
 @contextlib.contextmanager
@@ -83,9 +86,14 @@ def main():
     ap.add_argument("--synchronous-commit", default="on", choices=["on", "off"])
     ap.add_argument("--port", type=int, default=54330)
     ap.add_argument("--no-consumers", action="store_true",
-                    help="run without the draining consumer and the LISTEN session")
+                    help="run without any consumer (ours, LISTEN, Centrifugo, replication)")
+    ap.add_argument("--drainer", choices=["sidecar", "sql"], default="sidecar",
+                    help="what drains our queue: the release sidecar (no subscribers), or a SQL loop "
+                         "calling realtime.drain")
     a = ap.parse_args()
     clients = [int(c) for c in a.clients.split(",")]
+    if a.drainer == "sidecar" and not a.no_consumers:
+        harness.build()
 
     background = []
     with harness.Cluster(a.port, f"synchronous_commit = {a.synchronous_commit}", "max_connections = 50",
@@ -96,8 +104,10 @@ def main():
             pg.psql("-f", f"{HERE}/trigger_cost_setup.sql")
             total = len(clients) * len(VARIANTS) * a.rounds * (a.seconds + 5) + 120
             if not a.no_consumers:
-                background = start_consumers(psql, total)
+                background = start_consumers(psql, total, sql_drainer=a.drainer == "sql")
                 stack.enter_context(harness.Centrifugo(a.port + 1, pg.dsn, SECRET))
+                if a.drainer == "sidecar":
+                    stack.enter_context(harness.Sidecar(a.port + 2, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS="2"))
             results, slot_lag = {}, 0
             for r in range(a.rounds):
                 for c in clients:

@@ -2,9 +2,19 @@
 CREATE EXTENSION pg_realtime;
 
 CREATE TABLE t_plain (id bigserial PRIMARY KEY, room int, author text, body text, score numeric, created_at timestamptz);
+CREATE TABLE t_noop (LIKE t_plain INCLUDING ALL);
 CREATE TABLE t_changes (LIKE t_plain INCLUDING ALL);
 CREATE TABLE t_native (LIKE t_plain INCLUDING ALL);
 CREATE TABLE t_notify (LIKE t_plain INCLUDING ALL);
+
+-- (a') the floor any row trigger pays: an AFTER ROW plpgsql trigger that does nothing.
+CREATE FUNCTION t_noop_nothing() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER t_noop_nothing AFTER INSERT OR UPDATE OR DELETE ON t_noop
+    FOR EACH ROW EXECUTE FUNCTION t_noop_nothing();
 
 -- (b) broadcast_changes called from a plpgsql trigger, as Supabase's docs write it.
 CREATE FUNCTION t_changes_broadcast() RETURNS trigger LANGUAGE plpgsql AS $$
