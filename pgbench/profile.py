@@ -6,9 +6,12 @@ the top symbols by process and library. Benchmarks measure; this explains.
            difference), with the queue's consumer draining as in trigger_cost.py
   fanout   1,000 subscribers of one topic at a given message rate through the sidecar
   joins    private joins through the sidecar (RLS authorization)
+  drain    no perf: the time realtime.drain takes per message, in SQL (100,000 messages of
+           broadcast_changes' size queued, drained 10,000 at a time)
 Run as root after scripts/install-extension.sh (and scripts/install-peers.sh for trigger)."""
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -121,9 +124,34 @@ def joins(a):
             print({k: res["r"][k] for k in ("joined", "join_errors", "joins_per_second", "connect_seconds")})
 
 
+def drain(a):
+    with harness.Cluster(a.pg_port) as pg:
+        pg.psql("-c", "CREATE EXTENSION pg_realtime", "-c", "SELECT realtime.create_consumer('profile')")
+        row = {"id": 1, "room": 5, "author": "author-5", "body": "a message body of a typical chat line, about sixty bytes",
+               "score": 4.5, "created_at": "2026-11-22T04:00:00.123456+00:00"}
+        body = json.dumps({"table": "t_native", "record": row, "schema": "public", "operation": "INSERT",
+                           "old_record": None})
+        total = a.messages
+        for _ in range(total // 10_000):
+            pg.psql("-c", f"SELECT count(realtime.send('{body}'::jsonb, 'INSERT', 'room:5')) "
+                          "FROM generate_series(1, 10000)")
+        # One session, timed by psql (\\timing), so connection start-up is not counted. Each
+        # call confirms the previous batch (after_seq) and takes every column, as the sidecar's
+        # query does; OFFSET 0 keeps the rows computed.
+        calls = ["-c", "\\timing on"]
+        for k in range(total // 10_000):
+            calls += ["-c", f"SELECT count(*) FROM (SELECT * FROM realtime.drain('profile', {k * 10_000}, 10000, 0) "
+                            "OFFSET 0) s"]
+        out = pg.psql(*calls)
+        times = sorted(float(t) for t in re.findall(r"Time: ([\d.]+) ms", out))
+        per = times[len(times) // 2] / 10_000 * 1000
+        print(f"realtime.drain: {total:,} messages, 10,000 per call; median {per:.2f} µs per message")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["trigger", "fanout", "joins"])
+    ap.add_argument("what", choices=["trigger", "fanout", "joins", "drain"])
+    ap.add_argument("--messages", type=int, default=100_000, help="drain: messages queued")
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--variant", default="t_native", help="trigger: the trigger-cost table to profile")
     ap.add_argument("--clients", type=int, default=8, help="trigger: pgbench clients; joins: joining clients")
@@ -132,9 +160,9 @@ def main():
     ap.add_argument("--pg-port", type=int, default=54420)
     ap.add_argument("--http-port", type=int, default=54421)
     a = ap.parse_args()
-    if a.what != "trigger":
+    if a.what in ("fanout", "joins"):
         harness.build()
-    {"trigger": trigger, "fanout": fanout, "joins": joins}[a.what](a)
+    {"trigger": trigger, "fanout": fanout, "joins": joins, "drain": drain}[a.what](a)
 
 
 if __name__ == "__main__":
