@@ -11,6 +11,7 @@ the top symbols by process and library. Benchmarks measure; this explains.
 Run as root after scripts/install-extension.sh (and scripts/install-peers.sh for trigger)."""
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -66,8 +67,15 @@ def trigger(a):
                          "wal_level = logical") as pg:
         pg.psql("-f", f"{HERE}/trigger_cost_setup.sql")
         psql = ["psql", *pg.conn, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"]
-        background = trigger_cost.start_consumers(psql, 4 * a.seconds + 60)
+        background = trigger_cost.start_consumers(psql, 4 * a.seconds + 60, sql_drainer=a.drainer == "sql")
+        stack = contextlib.ExitStack()
         try:
+            consumers = {}
+            if a.drainer == "sidecar":
+                sidecar = stack.enter_context(harness.Sidecar(a.http_port, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS="2"))
+                consumers["sidecar process"] = sidecar.process.pid
+            query = "SELECT pid FROM pg_stat_activity WHERE query LIKE '%realtime.drain%' AND pid <> pg_backend_pid()"
+            consumers["drain backend"] = int(pg.psql("-c", query).split()[0])
             per_txn = {}
             for table in ("t_plain", a.variant):
                 txns = {}
@@ -78,8 +86,12 @@ def trigger(a):
                                          "postgres"])
                     print(next(l for l in out.splitlines() if l.startswith("tps")))
                     txns["n"] = int(re.search(r"actually processed: (\d+)", out).group(1))
+                cpu0 = {name: harness.proc_stats(pid)[0] for name, pid in consumers.items()}
                 counts = perf(a.seconds, f"{table}, {a.clients} pgbench clients", run, keep=True)
                 per_txn[table] = {k: v / txns["n"] for k, v in counts.items()}
+                print("Consumers' CPU per transaction: " + ", ".join(
+                    f"{name} {1e6 * (harness.proc_stats(pid)[0] - cpu0[name]) / txns['n']:.1f} µs"
+                    for name, pid in consumers.items()))
             # What the trigger adds: CPU samples per 1,000 transactions, variant minus plain.
             base, var = per_txn["t_plain"], per_txn[a.variant]
             grew = sorted(((var.get(k, 0) - base.get(k, 0), k) for k in set(base) | set(var)), reverse=True)
@@ -90,6 +102,7 @@ def trigger(a):
                 print(f"{1000 * d:+8.2f}  {k}")
             print("```")
         finally:
+            stack.close()
             for p in background:
                 p.kill()
 
@@ -154,13 +167,15 @@ def main():
     ap.add_argument("--messages", type=int, default=100_000, help="drain: messages queued")
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--variant", default="t_native", help="trigger: the trigger-cost table to profile")
+    ap.add_argument("--drainer", choices=["sql", "sidecar"], default="sql",
+                    help="trigger: what drains the queue (the sidecar's CPU is reported per transaction)")
     ap.add_argument("--clients", type=int, default=8, help="trigger: pgbench clients; joins: joining clients")
     ap.add_argument("--subscribers", type=int, default=1000)
     ap.add_argument("--rate", type=int, default=500)
     ap.add_argument("--pg-port", type=int, default=54420)
     ap.add_argument("--http-port", type=int, default=54421)
     a = ap.parse_args()
-    if a.what in ("fanout", "joins"):
+    if a.what in ("fanout", "joins") or a.drainer == "sidecar":
         harness.build()
     {"trigger": trigger, "fanout": fanout, "joins": joins, "drain": drain}[a.what](a)
 
