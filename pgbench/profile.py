@@ -6,6 +6,7 @@ the top symbols by process and library. Benchmarks measure; this explains.
            difference), with the queue's consumer draining as in trigger_cost.py
   fanout   1,000 subscribers of one topic at a given message rate through the sidecar
   joins    private joins through the sidecar (RLS authorization)
+  authorize  one client calling realtime.authorize with batches of 10,000 random requests
   drain    no perf: the time realtime.drain takes per message, in SQL (100,000 messages of
            broadcast_changes' size queued, drained 10,000 at a time)
 Run as root after scripts/install-extension.sh (and scripts/install-peers.sh for trigger)."""
@@ -137,6 +138,18 @@ def joins(a):
             print({k: res["r"][k] for k in ("joined", "join_errors", "joins_per_second", "connect_seconds")})
 
 
+def authorize(a):
+    with harness.Cluster(a.pg_port) as pg:
+        pg.psql("-f", f"{HERE}/authorize_setup.sql")
+
+        def run():
+            out = harness.as_pg(["pgbench", *pg.conn, "-n", "-c", "1", "-T", str(a.seconds), "-D", f"n={a.batch}",
+                                 "-f", f"{HERE}/authorize_batched.sql", "postgres"])
+            tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
+            print(f"{tps * a.batch:,.0f} verdicts/s")
+        perf(a.seconds, f"realtime.authorize, batches of {a.batch:,}", run)
+
+
 def drain(a):
     with harness.Cluster(a.pg_port) as pg:
         pg.psql("-c", "CREATE EXTENSION pg_realtime", "-c", "SELECT realtime.create_consumer('profile')")
@@ -163,7 +176,8 @@ def drain(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["trigger", "fanout", "joins", "drain"])
+    ap.add_argument("what", choices=["trigger", "fanout", "joins", "authorize", "drain"])
+    ap.add_argument("--batch", type=int, default=10_000, help="authorize: requests per call")
     ap.add_argument("--messages", type=int, default=100_000, help="drain: messages queued")
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--variant", default="t_native", help="trigger: the trigger-cost table to profile")
@@ -177,7 +191,7 @@ def main():
     a = ap.parse_args()
     if a.what in ("fanout", "joins") or a.drainer == "sidecar":
         harness.build()
-    {"trigger": trigger, "fanout": fanout, "joins": joins, "drain": drain}[a.what](a)
+    {"trigger": trigger, "fanout": fanout, "joins": joins, "authorize": authorize, "drain": drain}[a.what](a)
 
 
 if __name__ == "__main__":

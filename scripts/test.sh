@@ -52,6 +52,7 @@ python3 pgbench/connections.py --clients 300 --centrifugo-clients 100 --seconds 
 python3 pgbench/profile.py trigger --seconds 1 --clients 2 --drainer sidecar > "$log/profile.md"
 python3 pgbench/profile.py fanout --seconds 1 --subscribers 20 --rate 100 >> "$log/profile.md"
 python3 pgbench/profile.py joins --seconds 1 --clients 50 >> "$log/profile.md"
+python3 pgbench/profile.py authorize --seconds 1 --batch 100 >> "$log/profile.md"
 python3 pgbench/profile.py drain --messages 20000 >> "$log/profile.md"
 cat "$log"/{trigger_cost,fanout,authorize,joins,scenarios,peers,connections,profile}.md
 
