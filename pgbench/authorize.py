@@ -17,7 +17,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--batches", default="1,100,1000,10000")
-    ap.add_argument("--port", type=int, default=54370)
+    ap.add_argument("--port", type=int, default=24370)
     a = ap.parse_args()
     rows = []
     with harness.Cluster(a.port, "max_connections = 50") as pg:

@@ -11,23 +11,19 @@ run for comparison. Run as root after scripts/install-extension.sh and install-p
 import argparse
 import datetime
 import json
-import math
 import sys
 
 import harness
 from harness import HERE
 
 SECRET = "connections-benchmark-secret-with-enough-length"
-PER_PROCESS = 12_000
 TOPICS = 100
 
 
 def hold(url, pg, clients, seconds, protocol_flags, label):
-    procs = max(1, math.ceil(clients / PER_PROCESS))
-    cmds = [harness.loadgen_cmd(url, pg.dsn, SECRET, "--clients", harness.split(clients, procs, p), "--seconds", seconds,
-                                "--topics", TOPICS, "--rate", TOPICS / 10, "--source-ip", f"127.0.0.{p + 2}",
-                                "--label", label, *protocol_flags(p)) for p in range(procs)]
-    return harness.merge(harness.loadgens(cmds, timeout=seconds + 600))
+    return harness.spread_loadgen(url, pg.dsn, SECRET, clients,
+                                  ["--seconds", seconds, "--topics", TOPICS, "--rate", TOPICS / 10, "--label", label],
+                                  lambda p, n: protocol_flags(p), timeout=seconds + 600)
 
 
 def main():
@@ -36,9 +32,9 @@ def main():
     ap.add_argument("--centrifugo-clients", type=int, default=15000, help="0 to skip the peer")
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--json", help="file to write every result line to")
-    ap.add_argument("--pg-port", type=int, default=54410)
-    ap.add_argument("--http-port", type=int, default=54411)
-    ap.add_argument("--centrifugo-port", type=int, default=54412)
+    ap.add_argument("--pg-port", type=int, default=24410)
+    ap.add_argument("--http-port", type=int, default=24411)
+    ap.add_argument("--centrifugo-port", type=int, default=24412)
     a = ap.parse_args()
     harness.build()
     rows = []
@@ -46,7 +42,7 @@ def main():
         pg.psql("-f", f"{HERE}/scenarios_setup.sql")
         data = f"{pg.dir}/pg/data"
         for n in [int(x) for x in a.clients.split(",")]:
-            sidecars = max(1, math.ceil(n / PER_PROCESS))
+            sidecars = harness.processes_for(n)
             with harness.Sidecars(sidecars, a.http_port, pg.dsn, SECRET) as s:
                 base = sum(harness.rss_kb(p) for p in s.pids())
                 with harness.Usage(s.pids(), data) as u:
@@ -68,7 +64,7 @@ def main():
 
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; each client joins one of {TOPICS} channels per "
           f"load generator process, each channel gets a message every 10 s; held {a.seconds} s; at most "
-          f"{PER_PROCESS:,} connections per process (20,000 open files per process here).\n")
+          f"{harness.PER_PROCESS:,} connections per process (20,000 open files per process here).\n")
     print("| server | processes | connections asked | held to the end | failed | connects/s | joined | deliveries "
           "| lost | gaps | peak RSS | memory / connection | server CPU | Postgres CPU |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -19,8 +19,8 @@ def main():
     ap.add_argument("--subscribers", type=int, default=1000)
     ap.add_argument("--rates", default="100,300,500,1000", help="fan-out message rates to try")
     ap.add_argument("--vsn", default="2.0.0")
-    ap.add_argument("--pg-port", type=int, default=54360)
-    ap.add_argument("--http-port", type=int, default=54361)
+    ap.add_argument("--pg-port", type=int, default=24360)
+    ap.add_argument("--http-port", type=int, default=24361)
     a = ap.parse_args()
 
     harness.build()

@@ -2,6 +2,7 @@
 builds of the sidecar and load generator, a running sidecar and its metrics."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -93,6 +94,17 @@ def postgres_usage(pg_dir):
     return cpu, anon
 
 
+def fixed_port(port):
+    """`port`, refused if it lies in the ephemeral range: there any outgoing connection's
+    source port may take it first (the load tests open tens of thousands of them), and the
+    server then fails to start now and then."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = map(int, f.read().split())
+    if low <= port <= high:
+        raise ValueError(f"port {port} is in the ephemeral range {low}-{high}; choose one below {low}")
+    return port
+
+
 def metric(port, name):
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     return float(re.search(rf"^{name} (\S+)$", body, re.M).group(1))
@@ -103,7 +115,7 @@ class Sidecar:
     (bounded wait) on entry, SIGTERMed on exit."""
 
     def __init__(self, port, dsn, consumer, secret, **env):
-        self.port = port
+        self.port = fixed_port(port)
         self.env = dict(os.environ, PORT=str(port), API_JWT_SECRET=secret, DATABASE_URL=dsn, CONSUMER_NAME=consumer,
                         LOG_LEVEL="warn", **env)
 
@@ -140,7 +152,7 @@ class Centrifugo:
     (the outbox of pgbench/centrifugo_outbox.sql), healthy on entry, stopped on exit."""
 
     def __init__(self, port, dsn, secret):
-        self.port = port
+        self.port = fixed_port(port)
         self.dir = tempfile.mkdtemp(prefix="pg_realtime_centrifugo.")
         self.config = {
             "address": "127.0.0.1", "port": port, "token_hmac_secret_key": secret,
@@ -228,6 +240,25 @@ def merge(results):
     return m
 
 
+# Connections per sidecar or load generator process: under the 20,000 open files a process
+# may have here, with room for the rest.
+PER_PROCESS = 12_000
+
+
+def processes_for(clients):
+    return max(1, math.ceil(clients / PER_PROCESS))
+
+
+def spread_loadgen(url, dsn, secret, clients, flags, per_process_flags=lambda p, n: [], timeout=900):
+    """`clients` connections as processes_for(clients) load generator processes run at once,
+    process p connecting from 127.0.0.(p + 2) (each source address has its own ~28,000
+    ephemeral ports) with `flags` and per_process_flags(p, n); returns their merged result."""
+    n = processes_for(clients)
+    cmds = [loadgen_cmd(url, dsn, secret, "--clients", split(clients, n, p), "--source-ip", f"127.0.0.{p + 2}",
+                        *flags, *per_process_flags(p, n)) for p in range(n)]
+    return merge(loadgens(cmds, timeout=timeout))
+
+
 def listeners(port):
     """How many sockets listen on 127.0.0.1:port (SO_REUSEPORT lets several)."""
     needle = f"0100007F:{port:04X}"
@@ -244,7 +275,7 @@ class Sidecars:
     (SO_REUSEPORT), each with its own queue consumer; each is listening on entry."""
 
     def __init__(self, n, port, dsn, secret, **env):
-        self.n, self.port = n, port
+        self.n, self.port = n, fixed_port(port)
         self.env = dict(os.environ, PORT=str(port), API_JWT_SECRET=secret, DATABASE_URL=dsn, LOG_LEVEL="warn", **env)
         self.processes = []
 

@@ -16,8 +16,8 @@ SECRET = "joins-benchmark-secret-with-enough-length"
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--clients", type=int, default=15000)
-    ap.add_argument("--pg-port", type=int, default=54380)
-    ap.add_argument("--http-port", type=int, default=54381)
+    ap.add_argument("--pg-port", type=int, default=24380)
+    ap.add_argument("--http-port", type=int, default=24381)
     a = ap.parse_args()
     harness.build()
     rows = []

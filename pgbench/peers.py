@@ -41,7 +41,8 @@ def k6_check(a, pg, sidecar, results):
     lg = harness.loadgen(url, pg.dsn, SECRET, "--clients", a.k6_vus, "--vsn", "1.0.0", "--topic-prefix", "k6lg",
                          "--label", "loadgen", *common)
     apikey = harness.jwt_hs256({"role": "anon", "exp": int(time.time()) + 3600}, SECRET)
-    out = tempfile.mktemp(suffix=".json")
+    scratch = tempfile.TemporaryDirectory()
+    out = f"{scratch.name}/k6_summary.json"
     joined0 = sidecar.metric("realtime_joins_total")
     env = dict(os.environ, URL=url, APIKEY=apikey, TOPIC="k6t0", VUS=str(a.k6_vus),
                HOLD_MS=str((a.seconds + 20) * 1000), OUT=out)
@@ -57,6 +58,7 @@ def k6_check(a, pg, sidecar, results):
     k6.wait(timeout=a.seconds + 120)
     with open(out) as f:
         m = json.load(f)["metrics"]
+    scratch.cleanup()
     lat = m["commit_to_receive"]["values"]
     got = m["deliveries"]["values"]["count"]
     k = {"deliveries_per_second": got / pub["send_seconds"], "lost": pub["sent"] * a.k6_vus - got,
@@ -80,9 +82,9 @@ def main():
     ap.add_argument("--k6-vus", type=int, default=100)
     ap.add_argument("--k6-rate", type=int, default=100)
     ap.add_argument("--json", help="file to write every result line to")
-    ap.add_argument("--pg-port", type=int, default=54400)
-    ap.add_argument("--http-port", type=int, default=54401)
-    ap.add_argument("--centrifugo-port", type=int, default=54402)
+    ap.add_argument("--pg-port", type=int, default=24400)
+    ap.add_argument("--http-port", type=int, default=24401)
+    ap.add_argument("--centrifugo-port", type=int, default=24402)
     a = ap.parse_args()
     harness.build()
     results = []

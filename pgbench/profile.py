@@ -14,7 +14,6 @@ Run as root after scripts/install-extension.sh (and scripts/install-peers.sh for
 import argparse
 import contextlib
 import json
-import os
 import re
 import subprocess
 import tempfile
@@ -41,7 +40,8 @@ def samples(data):
 def perf(seconds, label, during, keep=False):
     """Samples the whole machine for `seconds` while `during()` runs; prints the top.
     Returns the samples per symbol when `keep`."""
-    data = tempfile.mktemp(suffix=".perf")
+    scratch = tempfile.TemporaryDirectory()
+    data = f"{scratch.name}/perf.data"
     rec = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", "-a", "-o", data, "--",
                             "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     during()
@@ -58,7 +58,7 @@ def perf(seconds, label, during, keep=False):
     print(report("--sort", "comm,dso,sym", "--percent-limit", "0.1", "--dsos", "pg_realtime.so,realtime-sidecar"))
     print("```")
     counts = samples(data) if keep else None
-    os.unlink(data)
+    scratch.cleanup()
     return counts
 
 
@@ -186,8 +186,8 @@ def main():
     ap.add_argument("--clients", type=int, default=8, help="trigger: pgbench clients; joins: joining clients")
     ap.add_argument("--subscribers", type=int, default=1000)
     ap.add_argument("--rate", type=int, default=500)
-    ap.add_argument("--pg-port", type=int, default=54420)
-    ap.add_argument("--http-port", type=int, default=54421)
+    ap.add_argument("--pg-port", type=int, default=24420)
+    ap.add_argument("--http-port", type=int, default=24421)
     a = ap.parse_args()
     if a.what in ("fanout", "joins") or a.drainer == "sidecar":
         harness.build()

@@ -26,7 +26,6 @@ from harness import HERE
 
 SECRET = "scenarios-benchmark-secret-with-enough-length"
 P99_GOAL_MS = 50
-PER_PROCESS = 12_000  # connections per sidecar / load generator process, under 20,000 files
 
 
 def fmt_row(label, r):
@@ -45,21 +44,14 @@ class Run:
     def __init__(self, a, pg):
         self.a, self.pg, self.results = a, pg, []
 
-    def go(self, label, clients, flags, sidecars=1, per_process_flags=None):
-        """One row: `sidecars` sidecar processes on one port, ceil(clients / PER_PROCESS)
-        load generator processes (client p-th from source 127.0.0.(p+2)); the flags of
-        process p come from per_process_flags(p, n) when given."""
-        procs = max(1, math.ceil(clients / PER_PROCESS))
+    def go(self, label, clients, flags, sidecars=1, per_process_flags=lambda p, n: []):
+        """One row: `sidecars` sidecar processes on one port and the load generator spread
+        over processes (harness.spread_loadgen)."""
         url = f"ws://127.0.0.1:{self.a.http_port}"
         with harness.Sidecars(sidecars, self.a.http_port, self.pg.dsn, SECRET) as s:
-            cmds = []
-            for p in range(procs):
-                extra = per_process_flags(p, procs) if per_process_flags else []
-                cmds.append(harness.loadgen_cmd(url, self.pg.dsn, SECRET, "--clients", harness.split(clients, procs, p),
-                                                "--seconds", self.a.seconds, "--label", label,
-                                                "--source-ip", f"127.0.0.{p + 2}", *flags, *extra))
             with harness.Usage(s.pids(), f"{self.pg.dir}/pg/data") as u:
-                r = harness.merge(harness.loadgens(cmds))
+                r = harness.spread_loadgen(url, self.pg.dsn, SECRET, clients,
+                                           ["--seconds", self.a.seconds, "--label", label, *flags], per_process_flags)
         r.update(u.result, label=label, sidecars=sidecars)
         print(json.dumps(r), file=sys.stderr)
         self.results.append(r)
@@ -96,8 +88,7 @@ def kafkorama(run, scale):
           "each client on one random topic\n")
     print(HEADER)
     for clients in ladder:
-        procs = max(1, math.ceil(clients / PER_PROCESS))
-        sidecars = max(1, math.ceil(clients / PER_PROCESS))
+        procs = sidecars = harness.processes_for(clients)
 
         # Each load generator process owns an equal share of the topics: it publishes them
         # (rate = its topics, once a second each) and its clients pick among them, so every
@@ -150,8 +141,8 @@ def main():
     ap.add_argument("--seconds", type=int, default=15, help="sending window of each row")
     ap.add_argument("--scale", default="full", choices=["full", "smoke"])
     ap.add_argument("--json", help="file to write every result line to")
-    ap.add_argument("--pg-port", type=int, default=54390)
-    ap.add_argument("--http-port", type=int, default=54391)
+    ap.add_argument("--pg-port", type=int, default=24390)
+    ap.add_argument("--http-port", type=int, default=24391)
     a = ap.parse_args()
     harness.build()
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; serializer 2.0.0; {a.seconds} s of sending per row; "

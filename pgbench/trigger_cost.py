@@ -84,7 +84,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", default="1,2,8")
     ap.add_argument("--synchronous-commit", default="on", choices=["on", "off"])
-    ap.add_argument("--port", type=int, default=54330)
+    ap.add_argument("--port", type=int, default=24330)
     ap.add_argument("--no-consumers", action="store_true",
                     help="run without any consumer (ours, LISTEN, Centrifugo, replication)")
     ap.add_argument("--drainer", choices=["sidecar", "sql"], default="sidecar",

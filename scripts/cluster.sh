@@ -10,6 +10,13 @@ case "${1:-}" in
 start)
     dir=$2 port=$3
     shift 3
+    # A fixed port inside the ephemeral range can be taken at any moment by some
+    # connection's source port (load tests open tens of thousands), and the start fails.
+    read -r low high < /proc/sys/net/ipv4/ip_local_port_range
+    if [ "$port" -ge "$low" ] && [ "$port" -le "$high" ]; then
+        echo "$0: port $port is in the ephemeral range $low-$high; choose one below $low" >&2
+        exit 2
+    fi
     mkdir -p "$dir" && chown postgres: "$dir"
     as_pg "$bindir/initdb" -D "$dir/data" -U postgres --auth=trust >/dev/null
     {

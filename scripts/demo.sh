@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 seconds=${DEMO_SECONDS:-120}
-pg_port=${DEMO_PG_PORT:-54329}
+pg_port=${DEMO_PG_PORT:-24329}
 http_port=${DEMO_HTTP_PORT:-4000}
 secret=demo-secret-$(date +%s)-with-enough-length
 export PATH="$HOME/.cargo/bin:$PATH"

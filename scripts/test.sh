@@ -22,9 +22,21 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== install the extension"
 scripts/install-extension.sh
 
+echo "== fixed ports refused inside the ephemeral range (a benchmark sidecar once failed to start on one)"
+if scripts/cluster.sh start "$log/ephemeral" 54999 2>/dev/null; then
+    echo "scripts/cluster.sh started a cluster on port 54999, inside the ephemeral range" >&2
+    exit 1
+fi
+python3 -c "import sys; sys.path.insert(0, 'pgbench'); import harness
+try:
+    harness.fixed_port(54999)
+except ValueError:
+    sys.exit(0)
+sys.exit('harness.fixed_port accepted 54999, inside the ephemeral range')"
+
 echo "== cluster for the end-to-end tests"
 cluster="$log/cluster"
-port=${TEST_PG_PORT:-54350}
+port=${TEST_PG_PORT:-24350}
 scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 64" "max_connections = 200"
 trap 'scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true' EXIT
 runuser -u postgres -- psql -h "$cluster" -p "$port" -U postgres -X -q -c "CREATE EXTENSION pg_realtime"

@@ -191,11 +191,7 @@ impl Client {
         let (ws, _) = connect_async(url(port, vsn, apikey))
             .await
             .expect("websocket connect");
-        Client {
-            ws,
-            v2: vsn == "2.0.0",
-            next_ref: 1,
-        }
+        Self::over(ws, vsn)
     }
 
     /// A client whose kernel receive buffer is small and fixed (no autotuning), so that not
@@ -215,6 +211,10 @@ impl Client {
         )
         .await
         .expect("websocket connect");
+        Self::over(ws, vsn)
+    }
+
+    fn over(ws: Ws, vsn: &str) -> Client {
         Client {
             ws,
             v2: vsn == "2.0.0",
