@@ -15,3 +15,6 @@ GRANT USAGE ON SCHEMA auth TO authenticated;
 CREATE OR REPLACE FUNCTION auth.uid() RETURNS uuid LANGUAGE sql STABLE AS $f$
     SELECT nullif(coalesce(current_setting('request.jwt.claim.sub', true),
                            current_setting('request.jwt.claims', true)::jsonb ->> 'sub'), '')::uuid $f$;
+-- realtime.authorize acts only as roles granted to the sidecar's login role: the benchmarks'
+-- sidecars log in as the cluster's superuser, which needs the grant like any other login.
+GRANT authenticated TO CURRENT_USER;

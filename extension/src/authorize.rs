@@ -117,6 +117,52 @@ unsafe fn run(plan: pg_sys::SPIPlanPtr, args: &[pg_sys::Datum]) -> u64 {
     }
 }
 
+/// The role a request may run its probe as, or why not. As PostgREST's authenticator, the
+/// sidecar may act only as roles its login role (`session_user`, not this function's owner)
+/// has been granted, and never as a superuser: otherwise a JWT signed with the project's
+/// secret but naming `postgres` would open every private topic. Superuser logins get no
+/// shortcut here; they too need the grants.
+fn role_guard(name: &str) -> Result<pg_sys::Oid, String> {
+    let Ok(c_name) = CString::new(name) else {
+        return Err(format!("role \"{}\" does not exist", name.escape_default()));
+    };
+    unsafe {
+        let role = pg_sys::get_role_oid(c_name.as_ptr(), true);
+        if role == pg_sys::InvalidOid {
+            return Err(format!("role \"{name}\" does not exist"));
+        }
+        if pg_sys::superuser_arg(role) {
+            return Err(format!(
+                "role \"{name}\" is a superuser: realtime clients may not act as one"
+            ));
+        }
+        let login = pg_sys::GetSessionUserId();
+        if !pg_sys::is_member_of_role_nosuper(login, role) {
+            let login_name = std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(login, false))
+                .to_string_lossy()
+                .into_owned();
+            return Err(format!(
+                "role \"{name}\" is not granted to the sidecar's login role \"{login_name}\" (GRANT \"{name}\" TO \"{login_name}\" lets its clients act as it)"
+            ));
+        }
+        Ok(role)
+    }
+}
+
+/// Errors that end the whole call: the statement was cancelled or timed out, or the server
+/// is shutting down (SQLSTATE class 57).
+fn interrupts_call(code: PgSqlErrorCode) -> bool {
+    matches!(
+        code,
+        PgSqlErrorCode::ERRCODE_QUERY_CANCELED
+            | PgSqlErrorCode::ERRCODE_ADMIN_SHUTDOWN
+            | PgSqlErrorCode::ERRCODE_CRASH_SHUTDOWN
+            | PgSqlErrorCode::ERRCODE_OPERATOR_INTERVENTION
+            | PgSqlErrorCode::ERRCODE_CANNOT_CONNECT_NOW
+            | PgSqlErrorCode::ERRCODE_DATABASE_DROPPED
+    )
+}
+
 fn parse(
     roles: Vec<Option<String>>,
     claims: Vec<Option<String>>,
@@ -178,36 +224,8 @@ fn parse(
     out
 }
 
-#[pg_extern(sql = r#"
-CREATE FUNCTION realtime."authorize"(roles text[], claims text[], headers text[], topics text[], extensions text[], actions text[])
-RETURNS TABLE("ordinality" integer, allowed boolean, error text)
-STRICT VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
-"#)]
-#[allow(clippy::type_complexity)]
-fn authorize(
-    roles: Vec<Option<String>>,
-    claims: Vec<Option<String>>,
-    headers: Vec<Option<String>>,
-    topics: Vec<Option<String>>,
-    extensions: Vec<Option<String>>,
-    actions: Vec<Option<String>>,
-) -> TableIterator<
-    'static,
-    (
-        name!(ordinality, i32),
-        name!(allowed, bool),
-        name!(error, Option<String>),
-    ),
-> {
-    let requests = parse(roles, claims, headers, topics, extensions, actions);
-    let mut verdicts: Vec<Verdict> = vec![(false, None); requests.len()];
-    // Requests grouped by who asks, so each identity's settings are made once.
-    let mut order: Vec<usize> = (0..requests.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (x, y) = (&requests[a], &requests[b]);
-        (&x.role, &x.claims, &x.headers).cmp(&(&y.role, &y.claims, &y.headers))
-    });
+/// Runs every request's probe, filling `verdicts`; `order` groups requests by identity.
+fn evaluate(requests: &[Request], order: &[usize], verdicts: &mut [Verdict]) {
     unsafe {
         if pg_sys::SPI_connect() < 0 {
             pgrx::error!("could not connect to SPI");
@@ -255,17 +273,15 @@ fn authorize(
             let group = &order[start..end];
             start = end;
 
-            let role_name = CString::new(first.role.replace('\0', "")).unwrap();
-            let role = pg_sys::get_role_oid(role_name.as_ptr(), true);
-            if role == pg_sys::InvalidOid {
-                for &i in group {
-                    verdicts[i] = (
-                        false,
-                        Some(format!("role \"{}\" does not exist", first.role)),
-                    );
+            let role = match role_guard(&first.role) {
+                Ok(role) => role,
+                Err(why) => {
+                    for &i in group {
+                        verdicts[i] = (false, Some(why.clone()));
+                    }
+                    continue;
                 }
-                continue;
-            }
+            };
             let identity = SubXact::begin();
             let sub = serde_json::from_str::<serde_json::Value>(&first.claims)
                 .ok()
@@ -306,6 +322,11 @@ fn authorize(
                         | pg_sys::panic::CaughtError::ErrorReport(r) => r,
                         pg_sys::panic::CaughtError::RustPanic { ereport, .. } => ereport,
                     };
+                    // A cancel or statement_timeout (or a shutdown) is about the whole call,
+                    // not this request's policy: it must end the call, not become a "no".
+                    if interrupts_call(report.sql_error_code()) {
+                        e.rethrow();
+                    }
                     // An RLS WITH CHECK violation on the write probe is a plain "no".
                     let refused =
                         report.sql_error_code() == PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE;
@@ -323,6 +344,55 @@ fn authorize(
         outer.rollback();
         pg_sys::SPI_finish();
     }
+}
+
+#[pg_extern(sql = r#"
+CREATE FUNCTION realtime."authorize"(roles text[], claims text[], headers text[], topics text[], extensions text[], actions text[])
+RETURNS TABLE("ordinality" integer, allowed boolean, error text)
+STRICT VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#)]
+#[allow(clippy::type_complexity)]
+fn authorize(
+    roles: Vec<Option<String>>,
+    claims: Vec<Option<String>>,
+    headers: Vec<Option<String>>,
+    topics: Vec<Option<String>>,
+    extensions: Vec<Option<String>>,
+    actions: Vec<Option<String>>,
+) -> TableIterator<
+    'static,
+    (
+        name!(ordinality, i32),
+        name!(allowed, bool),
+        name!(error, Option<String>),
+    ),
+> {
+    let requests = parse(roles, claims, headers, topics, extensions, actions);
+    let mut verdicts: Vec<Verdict> = vec![(false, None); requests.len()];
+    // Requests grouped by who asks, so each identity's settings are made once.
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (&requests[a], &requests[b]);
+        (&x.role, &x.claims, &x.headers).cmp(&(&y.role, &y.claims, &y.headers))
+    });
+    // Whatever error escapes (a cancel, a statement_timeout, an internal failure) must leave
+    // no subtransaction of this call open, or the caller's transaction would be left in an
+    // aborted block instead of failing as any statement fails.
+    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+    let (ctx, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
+    PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+        evaluate(&requests, &order, &mut verdicts)
+    }))
+    .catch_others(|e| unsafe {
+        while pg_sys::GetCurrentTransactionNestLevel() > level {
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        pg_sys::MemoryContextSwitchTo(ctx);
+        pg_sys::CurrentResourceOwner = owner;
+        e.rethrow()
+    })
+    .execute();
     TableIterator::new(
         verdicts
             .into_iter()

@@ -16,6 +16,8 @@ pub const FLAG_PRIVATE: u8 = 1;
 pub const FLAG_BINARY: u8 = 2;
 
 pub const HEADER_LEN: usize = 56;
+/// Where `committed_at` sits in an encoded header.
+pub const COMMITTED_AT: std::ops::Range<usize> = 24..32;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecordHeader {
@@ -28,7 +30,8 @@ pub struct RecordHeader {
     pub payload_len: u32,
     /// Assigned when the record is published; 0 before that.
     pub seq: u64,
-    /// Commit time of the sending transaction (Postgres TimestampTz, µs since 2000-01-01).
+    /// Commit time of the sending transaction (Postgres TimestampTz, µs since 2000-01-01);
+    /// while PENDING, the first record of a transaction holds its reservation time instead.
     pub committed_at: i64,
     /// The message id (a v4 uuid), delivered to clients as `meta.id`.
     pub id: [u8; 16],
@@ -47,7 +50,7 @@ impl RecordHeader {
         b[8..10].copy_from_slice(&self.event_len.to_le_bytes());
         b[12..16].copy_from_slice(&self.payload_len.to_le_bytes());
         b[16..24].copy_from_slice(&self.seq.to_le_bytes());
-        b[24..32].copy_from_slice(&self.committed_at.to_le_bytes());
+        b[COMMITTED_AT].copy_from_slice(&self.committed_at.to_le_bytes());
         b[32..48].copy_from_slice(&self.id);
         b[48..56].copy_from_slice(&self.origin.to_le_bytes());
         b

@@ -273,6 +273,12 @@ impl QueueCore {
         self.next_seq - 1
     }
 
+    /// When the oldest PENDING record was reserved, if one holds publication back: the record
+    /// at `published` is always the first of its transaction. Lock: shared.
+    pub fn oldest_pending_since(&self, ring: &Ring) -> Option<i64> {
+        (self.published < self.head).then(|| ring.header(self.published).committed_at)
+    }
+
     /// Finds where reading after sequence `after` starts. `hint` is a consumer's remembered
     /// (sequence, offset) pair from its previous read. Lock: shared.
     pub fn locate(&self, ring: &Ring, after: u64, hint: Option<(u64, u64)>) -> Locate {

@@ -23,13 +23,22 @@ fn stats() -> TableIterator<
         name!(oversize_rejections, i64),
         name!(queue_full_errors, i64),
         name!(consumers, i32),
+        name!(pending_bytes, i64),
+        name!(oldest_pending_since, Option<TimestampWithTimeZone>),
     ),
 > {
     let q = queue();
-    let (used, oldest, last, evicted) = {
+    let (used, oldest, last, evicted, pending, pending_since) = {
         let g = q.shared();
         let c = g.core();
-        (c.head - c.tail, c.tail_seq, c.last_seq(), c.evicted)
+        (
+            c.head - c.tail,
+            c.tail_seq,
+            c.last_seq(),
+            c.evicted,
+            c.head - c.published,
+            c.oldest_pending_since(&q.ring()),
+        )
     };
     let n = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as i64;
     let c = &q.counters;
@@ -47,6 +56,8 @@ fn stats() -> TableIterator<
         n(&c.oversize_rejections),
         n(&c.queue_full_errors),
         q.slots().iter().filter(|s| s.in_use()).count() as i32,
+        pending as i64,
+        pending_since.and_then(|t| TimestampWithTimeZone::try_from(t).ok()),
     ))
 }
 

@@ -3,7 +3,7 @@
 
 use crate::errors;
 use crate::gucs;
-use crate::message::{encode_record, record_len};
+use crate::message::{encode_record, record_len, COMMITTED_AT};
 use crate::queue::ReserveError;
 use crate::shared::queue;
 use pgrx::pg_sys;
@@ -154,6 +154,11 @@ fn pre_commit() {
         if b.records.is_empty() {
             return Ok(());
         }
+        // Until commit resolves it, the first record's commit-time field holds when it was
+        // reserved: realtime.stats() reports how long the oldest PENDING record has held back
+        // every later one (a commit waiting for a synchronous standby, say).
+        let reserved_at = unsafe { pg_sys::GetCurrentTimestamp() };
+        b.records[COMMITTED_AT].copy_from_slice(&reserved_at.to_le_bytes());
         let q = queue();
         let mut guard = q.exclusive();
         let start = guard.core().reserve(&q.ring(), &b.records)?;

@@ -7,6 +7,9 @@ CREATE ROLE service_role NOLOGIN BYPASSRLS;
 CREATE ROLE outsider NOLOGIN;
 GRANT USAGE ON SCHEMA realtime TO anon, authenticated, service_role;
 GRANT SELECT, INSERT ON realtime.messages TO anon, authenticated, service_role;
+-- The sidecar may act only as roles granted to its login role (authorize_role_guard.sql): in
+-- these tests that login role is the session's own.
+GRANT anon, authenticated, service_role, outsider TO CURRENT_USER;
 
 -- Supabase's auth helpers, which policies copied from its docs call.
 CREATE SCHEMA auth;
