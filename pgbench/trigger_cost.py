@@ -26,7 +26,7 @@ VARIANTS = [
     ("t_supabase", "(d) Supabase: messages table + logical replication"),
     ("t_outbox", "(e) Centrifugo outbox trigger"),
 ]
-SECRET = "trigger-cost-centrifugo-secret"
+SECRET = "trigger-cost-benchmark-secret-with-enough-length"
 
 
 def start_consumers(psql, seconds, sql_drainer=True):

@@ -31,7 +31,7 @@ cleanup() {
 trap cleanup EXIT
 
 psql=(runuser -u postgres -- psql -h "$dir/pg" -p "$pg_port" -U postgres -X -q -v ON_ERROR_STOP=1)
-"${psql[@]}" -f "$root/scripts/demo.sql"
+"${psql[@]}" -f "$root/scripts/demo.sql" -f "$root/scripts/sidecar_login.sql"
 
 apikey=$(node sidecar/web/anon-key.mjs "$secret")
 mkdir -p "$dir/web"
@@ -39,7 +39,7 @@ cp sidecar/web/dist/* "$dir/web/"
 printf '{"apikey": "%s", "rooms": ["lobby", "den", "garden"]}\n' "$apikey" > "$dir/web/config.json"
 
 PORT=$http_port API_JWT_SECRET=$secret CONSUMER_NAME=demo WEB_ROOT="$dir/web" \
-    DATABASE_URL="host=$dir/pg port=$pg_port user=postgres dbname=postgres" \
+    DATABASE_URL="host=$dir/pg port=$pg_port user=realtime_sidecar dbname=postgres" \
     target/release/realtime-sidecar > "$dir/sidecar.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do

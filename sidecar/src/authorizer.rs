@@ -1,6 +1,12 @@
 //! Private-channel authorization: requests from all connections are batched into one
 //! `realtime.authorize` call (whatever arrived while the previous call ran goes into the
 //! next), on the sidecar's own connection, so joins cost a fraction of a database round trip.
+//!
+//! One request cannot sink the others: when a call fails without losing the connection (an
+//! input the database refuses, a statement timeout), the batch is split in halves and each
+//! half asked again, down to single requests, so only the bad one is denied. A failure of
+//! the database itself (connection lost, call timed out) is a `Verdict::Failed`, never a
+//! denial: a re-check keeps the channel and retries.
 
 use crate::batch;
 use crate::config::Config;
@@ -26,31 +32,54 @@ pub struct AuthRequest {
     pub reply: oneshot::Sender<Verdict>,
 }
 
-/// Allowed or not; `error` when a policy failed or the database could not be asked.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Verdict {
-    pub allowed: bool,
-    pub error: Option<String>,
+/// Why the database could not give a verdict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DbFailure {
+    /// No connection (or it was lost during the call).
+    Unreachable,
+    /// The call was cancelled or hit its statement timeout.
+    QueryCanceled,
 }
 
-impl Verdict {
-    fn denied(error: impl Into<String>) -> Verdict {
-        Verdict {
-            allowed: false,
-            error: Some(error.into()),
+impl DbFailure {
+    /// Supabase's reason text for a join that failed this way.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DbFailure::Unreachable => {
+                "UnableToConnectToProject: Realtime was unable to connect to the project database"
+            }
+            DbFailure::QueryCanceled => {
+                "QueryCanceled: the authorization query was cancelled or timed out"
+            }
         }
     }
 }
 
+/// One request's answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    Allowed,
+    /// A definite no; with the error a policy or the role guard raised, if any.
+    Denied(Option<String>),
+    /// The database could not answer; ask again later.
+    Failed(DbFailure),
+}
+
+impl Verdict {
+    pub fn allowed(&self) -> bool {
+        matches!(self, Verdict::Allowed)
+    }
+}
+
 /// Who asks: the JWT's role and claims (JSON) and the request's headers (JSON).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Identity {
     pub role: String,
     pub claims: String,
     pub headers: String,
 }
 
-/// Asks for one verdict (batched with whatever else is waiting); shutdown denies.
+/// Asks for one verdict (batched with whatever else is waiting).
 pub async fn ask(
     tx: &mpsc::Sender<AuthRequest>,
     who: &Identity,
@@ -69,31 +98,75 @@ pub async fn ask(
         reply,
     };
     if tx.send(req).await.is_err() {
-        return Verdict::denied("the server is shutting down");
+        return Verdict::Failed(DbFailure::Unreachable);
     }
-    rx.await
-        .unwrap_or_else(|_| Verdict::denied("the server is shutting down"))
+    rx.await.unwrap_or(Verdict::Failed(DbFailure::Unreachable))
 }
 
-/// A channel's verdicts, as Supabase decides a join: readable if `broadcast` (or, with
-/// presence on, `presence`) may be read; writable if `broadcast` may be written.
+/// A private channel's verdicts: broadcast read, presence read (asked only when presence is
+/// enabled on the join), and broadcast write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Access {
+    pub broadcast_read: Verdict,
+    pub presence_read: Option<Verdict>,
+    pub write: Verdict,
+}
+
+impl Access {
+    /// The first database failure among the verdicts, if any: then nothing is decided.
+    pub fn failure(&self) -> Option<&DbFailure> {
+        [
+            Some(&self.broadcast_read),
+            self.presence_read.as_ref(),
+            Some(&self.write),
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(|v| match v {
+            Verdict::Failed(f) => Some(f),
+            _ => None,
+        })
+    }
+
+    /// A join is admitted, as Supabase admits it, if broadcast or (with presence enabled)
+    /// presence may be read. Broadcasts reach the channel only with broadcast read.
+    pub fn readable(&self) -> bool {
+        self.broadcast_read.allowed() || self.presence_read.as_ref().is_some_and(Verdict::allowed)
+    }
+
+    /// The error a policy or the role guard raised for the read verdicts, if any.
+    pub fn read_error(&self) -> Option<&str> {
+        [Some(&self.broadcast_read), self.presence_read.as_ref()]
+            .into_iter()
+            .flatten()
+            .find_map(|v| match v {
+                Verdict::Denied(Some(e)) => Some(e.as_str()),
+                _ => None,
+            })
+    }
+}
+
 pub async fn channel_access(
     tx: &mpsc::Sender<AuthRequest>,
     who: &Identity,
     topic: &str,
     presence: bool,
-) -> (bool, bool) {
-    let (read, write, presence_read) = tokio::join!(
+) -> Access {
+    let (broadcast_read, write, presence_read) = tokio::join!(
         ask(tx, who, topic, "broadcast", false),
         ask(tx, who, topic, "broadcast", true),
         async {
             match presence {
-                true => ask(tx, who, topic, "presence", false).await.allowed,
-                false => false,
+                true => Some(ask(tx, who, topic, "presence", false).await),
+                false => None,
             }
         }
     );
-    (read.allowed || presence_read, write.allowed)
+    Access {
+        broadcast_read,
+        presence_read,
+        write,
+    }
 }
 
 pub async fn run(
@@ -102,12 +175,10 @@ pub async fn run(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let dsn = cfg.dsn();
-    let unavailable = || Verdict::denied("Realtime was unable to connect to the project database");
     loop {
-        let fail = |r: AuthRequest| drop(r.reply.send(unavailable()));
+        let fail = |r: AuthRequest| drop(r.reply.send(Verdict::Failed(DbFailure::Unreachable)));
         let Some(client) =
-            batch::connect(&dsn, "authorization", &mut rx, &mut shutdown, fail).await
+            batch::connect(&cfg, "authorization", &mut rx, &mut shutdown, fail).await
         else {
             return;
         };
@@ -116,60 +187,133 @@ pub async fn run(
             metrics
                 .auth_requests_total
                 .fetch_add(batch.len() as u64, Relaxed);
-            let col = |f: fn(&AuthRequest) -> &str| batch.iter().map(f).collect::<Vec<&str>>();
-            let (roles, claims, headers, topics) = (
-                col(|r| &r.role),
-                col(|r| &r.claims),
-                col(|r| &r.headers),
-                col(|r| &r.topic),
-            );
-            let extensions: Vec<&str> = batch.iter().map(|r| r.extension).collect();
-            let actions: Vec<&str> = batch
-                .iter()
-                .map(|r| if r.write { "write" } else { "read" })
-                .collect();
-            match client
-                .query(
-                    SQL,
-                    &[&roles, &claims, &headers, &topics, &extensions, &actions],
-                )
-                .await
-            {
-                Ok(rows) => {
-                    let mut verdicts = vec![Verdict::denied("no verdict"); batch.len()];
-                    for row in rows {
-                        let i = row.get::<_, i32>(0) as usize - 1;
-                        verdicts[i] = Verdict {
-                            allowed: row.get(1),
-                            error: row.get(2),
-                        };
-                    }
-                    for (r, v) in batch.into_iter().zip(verdicts) {
-                        if let Some(e) = &v.error {
-                            tracing::info!(topic = %r.topic, role = %r.role, error = %e, "RlsPolicyError");
-                        }
-                        let _ = r.reply.send(v);
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "authorization call failed");
-                    let closed = client.is_closed();
-                    for r in batch {
-                        let v = if closed {
-                            unavailable()
-                        } else {
-                            Verdict::denied(format!("UnableToSetPolicies: {e}"))
-                        };
-                        let _ = r.reply.send(v);
-                    }
-                    if closed {
-                        break;
-                    }
-                }
+            if !answer(&client, &cfg, batch, &metrics).await {
+                break;
             }
         }
         if *shutdown.borrow() || rx.is_closed() {
             return;
         }
+    }
+}
+
+/// Answers every request of `batch`, splitting it when a call fails. False when the
+/// connection is no longer usable (the requests left are answered `Failed`).
+async fn answer(
+    client: &tokio_postgres::Client,
+    cfg: &Config,
+    batch: Vec<AuthRequest>,
+    metrics: &Metrics,
+) -> bool {
+    let mut work = vec![batch];
+    while let Some(mut part) = work.pop() {
+        match call(client, cfg, &part).await {
+            Ok(verdicts) => {
+                for (r, v) in part.into_iter().zip(verdicts) {
+                    if let Verdict::Denied(Some(e)) = &v {
+                        log_policy_error(metrics, &r, e);
+                    }
+                    let _ = r.reply.send(v);
+                }
+            }
+            Err(CallError::Lost) => {
+                for r in work.into_iter().flatten().chain(part) {
+                    let _ = r.reply.send(Verdict::Failed(DbFailure::Unreachable));
+                }
+                return false;
+            }
+            Err(CallError::Failed { canceled, message }) if part.len() == 1 => {
+                let r = part.pop().expect("one request");
+                let v = if canceled {
+                    Verdict::Failed(DbFailure::QueryCanceled)
+                } else {
+                    // The database refused this request's input: it alone is denied.
+                    log_policy_error(metrics, &r, &message);
+                    Verdict::Denied(Some(message))
+                };
+                let _ = r.reply.send(v);
+            }
+            Err(CallError::Failed { message, .. }) => {
+                metrics.auth_isolations_total.fetch_add(1, Relaxed);
+                tracing::debug!(error = %message, requests = part.len(), "authorization call failed; splitting the batch");
+                let back = part.split_off(part.len() / 2);
+                work.push(back);
+                work.push(part);
+            }
+        }
+    }
+    true
+}
+
+enum CallError {
+    /// The connection is gone or in an unknown state.
+    Lost,
+    Failed {
+        canceled: bool,
+        message: String,
+    },
+}
+
+async fn call(
+    client: &tokio_postgres::Client,
+    cfg: &Config,
+    batch: &[AuthRequest],
+) -> Result<Vec<Verdict>, CallError> {
+    let col = |f: fn(&AuthRequest) -> &str| batch.iter().map(f).collect::<Vec<&str>>();
+    let (roles, claims, headers, topics) = (
+        col(|r| &r.role),
+        col(|r| &r.claims),
+        col(|r| &r.headers),
+        col(|r| &r.topic),
+    );
+    let extensions: Vec<&str> = batch.iter().map(|r| r.extension).collect();
+    let actions: Vec<&str> = batch
+        .iter()
+        .map(|r| if r.write { "write" } else { "read" })
+        .collect();
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+        [&roles, &claims, &headers, &topics, &extensions, &actions];
+    let query = client.query(SQL, &params);
+    // The server's statement_timeout ends a slow call; this bounds a connection that hangs.
+    let rows = match tokio::time::timeout(cfg.db_call_deadline(), query).await {
+        Err(_) => return Err(CallError::Lost),
+        Ok(Err(e)) if client.is_closed() => {
+            tracing::warn!(error = %e, "authorization connection lost");
+            return Err(CallError::Lost);
+        }
+        Ok(Err(e)) => {
+            let canceled = e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED);
+            let message = e
+                .as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_owned());
+            return Err(CallError::Failed { canceled, message });
+        }
+        Ok(Ok(rows)) => rows,
+    };
+    let mut verdicts = vec![Verdict::Denied(Some("no verdict".into())); batch.len()];
+    for row in rows {
+        let i = row.get::<_, i32>(0) as usize - 1;
+        let (allowed, error): (bool, Option<String>) = (row.get(1), row.get(2));
+        verdicts[i] = if allowed {
+            Verdict::Allowed
+        } else {
+            Verdict::Denied(error)
+        };
+    }
+    Ok(verdicts)
+}
+
+/// A policy that raised, a missing privilege, or a role the sidecar may not act as: logged
+/// at WARNING with the fix when it is one the operator can make, and counted.
+fn log_policy_error(metrics: &Metrics, r: &AuthRequest, error: &str) {
+    metrics.auth_policy_errors_total.fetch_add(1, Relaxed);
+    if error.starts_with("permission denied for schema realtime") {
+        tracing::warn!(role = %r.role, topic = %r.topic, error,
+            "RlsPolicyError: role \"{}\" has no USAGE on schema realtime (roles created after CREATE EXTENSION get none): GRANT USAGE ON SCHEMA realtime TO \"{}\"; GRANT SELECT, INSERT ON realtime.messages TO \"{}\"",
+            r.role, r.role, r.role);
+    } else if error.contains("is not granted to the sidecar's login role") {
+        tracing::warn!(role = %r.role, topic = %r.topic, error, "RlsPolicyError: the sidecar may not act as this role");
+    } else {
+        tracing::info!(role = %r.role, topic = %r.topic, error, "RlsPolicyError");
     }
 }

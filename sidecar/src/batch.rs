@@ -2,31 +2,37 @@
 //! and batches made of whatever requests are waiting (no timer: a batch holds what arrived
 //! while the previous one was in the database).
 
+use crate::config::Config;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::{Client, NoTls};
 
-/// Connects to `dsn`, retrying with backoff (100 ms doubling to 5 s). Requests that wait
-/// meanwhile are handed to `fail` after each failed attempt, so they are answered, not left
-/// hanging. None on shutdown.
+/// Connects with `cfg`'s settings, retrying with backoff (100 ms doubling to 5 s), and sets
+/// the session's statement_timeout. Requests that wait meanwhile are handed to `fail` after
+/// each failed attempt, so they are answered, not left hanging. None on shutdown.
 pub async fn connect<T>(
-    dsn: &str,
+    cfg: &Config,
     what: &str,
     rx: &mut mpsc::Receiver<T>,
     shutdown: &mut watch::Receiver<bool>,
     mut fail: impl FnMut(T),
 ) -> Option<Client> {
     let mut backoff = Duration::from_millis(100);
+    let pg = cfg.pg_config().expect("validated at startup");
+    let setup = format!("SET statement_timeout = {}", cfg.db_statement_timeout_ms);
     loop {
+        let attempt = async {
+            let (client, conn) = pg.connect(NoTls).await?;
+            tokio::spawn(conn);
+            client.batch_execute(&setup).await?;
+            Ok::<_, tokio_postgres::Error>(client)
+        };
         let attempt = tokio::select! {
-            c = tokio_postgres::connect(dsn, NoTls) => c,
+            c = attempt => c,
             _ = shutdown.changed() => return None,
         };
         match attempt {
-            Ok((client, conn)) => {
-                tokio::spawn(conn);
-                return Some(client);
-            }
+            Ok(client) => return Some(client),
             Err(e) => {
                 tracing::warn!(error = %e, "{what} connection failed; retrying");
                 while let Ok(r) = rx.try_recv() {

@@ -15,6 +15,25 @@ pub struct JoinConfig {
     pub access_token: Option<String>,
 }
 
+/// The longest sub-topic: with the `realtime:` prefix it fits the 255-byte topic field of
+/// the 2.0.0 binary frames (the extension refuses longer ones in `realtime.send` too).
+pub const MAX_SUB_TOPIC_BYTES: usize = 255 - "realtime:".len();
+
+/// Checks a sub-topic as `realtime.send` does, so that no topic a client names can make a
+/// database call fail (a NUL is valid JSON but not valid Postgres text).
+pub fn validate_sub_topic(sub: &str) -> Result<(), String> {
+    if sub.contains('\0') {
+        return Err("InvalidTopic: the topic must not contain a NUL character".into());
+    }
+    if sub.len() > MAX_SUB_TOPIC_BYTES {
+        return Err(format!(
+            "InvalidTopic: the topic is {} bytes long; the limit is {MAX_SUB_TOPIC_BYTES} bytes",
+            sub.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Supabase's FlexibleBoolean: true/false or their case-insensitive string forms.
 fn flexible_bool(v: Option<&Value>) -> bool {
     match v {
@@ -58,6 +77,19 @@ mod tests {
         let c = parse_join(&p);
         assert!(c.ack && c.self_broadcast && !c.private && !c.presence && !c.has_postgres_changes);
         assert_eq!(c.access_token.as_deref(), Some("tok"));
+    }
+
+    #[test]
+    fn topics_are_checked_like_realtime_send() {
+        assert!(validate_sub_topic("room:1").is_ok());
+        assert!(validate_sub_topic(&"t".repeat(MAX_SUB_TOPIC_BYTES)).is_ok());
+        let long = validate_sub_topic(&"t".repeat(MAX_SUB_TOPIC_BYTES + 1)).unwrap_err();
+        assert!(
+            long.starts_with("InvalidTopic: the topic is 247 bytes"),
+            "{long}"
+        );
+        let nul = validate_sub_topic("a\0b").unwrap_err();
+        assert!(nul.contains("NUL"), "{nul}");
     }
 
     #[test]

@@ -71,9 +71,137 @@ pub struct Config {
     /// A connection that sends nothing (not even a heartbeat) for this long is closed.
     #[arg(long, env = "IDLE_TIMEOUT_SECS", default_value_t = 60)]
     pub idle_timeout_secs: u64,
+
+    /// WebSocket connections this process holds at most; more are refused at upgrade with
+    /// Supabase's `ConnectionRateLimitReached` (HTTP 429), so they cannot exhaust its files.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 16_384)]
+    pub max_connections: usize,
+    /// An HTTP request whose headers have not all arrived after this long is dropped (slow
+    /// clients holding sockets open); a REST body gets as long again.
+    #[arg(long, env = "HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+    pub http_header_timeout_secs: u64,
+    /// Bytes of a socket's `x-` headers carried into `request.headers` for policies; a socket
+    /// whose headers are larger is refused at upgrade (they are copied into every request).
+    #[arg(long, env = "MAX_POLICY_HEADER_BYTES", default_value_t = 8192)]
+    pub max_policy_header_bytes: usize,
+    /// statement_timeout of the authorization and relay calls, in milliseconds.
+    #[arg(long, env = "DB_STATEMENT_TIMEOUT_MS", default_value_t = 5000)]
+    pub db_statement_timeout_ms: u64,
+    /// How long connecting to Postgres may take.
+    #[arg(long, env = "DB_CONNECT_TIMEOUT_SECS", default_value_t = 5)]
+    pub db_connect_timeout_secs: u64,
 }
 
+/// The shortest `API_JWT_SECRET` accepted: HS256 wants a key of at least 256 bits.
+pub const MIN_SECRET_BYTES: usize = 32;
+
 impl Config {
+    /// Refuses settings that would fail later (or never make sense), with a message naming
+    /// the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.jwt_secret.len() < MIN_SECRET_BYTES {
+            return Err(format!(
+                "API_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes long (it has {})",
+                self.jwt_secret.len()
+            ));
+        }
+        let ranges: [(&str, u64, u64, u64); 13] = [
+            ("DRAIN_LINGER_MS", self.drain_linger_ms as u64, 0, 10_000),
+            ("DRAIN_BATCH", self.drain_batch as u64, 1, 1_000_000),
+            (
+                "MAX_CHANNELS_PER_CLIENT",
+                self.max_channels_per_client as u64,
+                1,
+                100_000,
+            ),
+            ("MAX_FRAME_SIZE", self.max_frame_size as u64, 1024, 1 << 30),
+            (
+                "MAX_OUTBOUND_FRAMES",
+                self.max_outbound_frames as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "MAX_JOINS_PER_SECOND",
+                self.max_joins_per_second as u64,
+                1,
+                1_000_000,
+            ),
+            (
+                "MAX_EVENTS_PER_SECOND",
+                self.max_events_per_second as u64,
+                1,
+                1_000_000,
+            ),
+            (
+                "AUTHORIZATION_TTL_SECS",
+                self.authorization_ttl_secs,
+                1,
+                86_400,
+            ),
+            ("IDLE_TIMEOUT_SECS", self.idle_timeout_secs, 1, 86_400),
+            (
+                "MAX_CONNECTIONS",
+                self.max_connections as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "HTTP_HEADER_TIMEOUT_SECS",
+                self.http_header_timeout_secs,
+                1,
+                3_600,
+            ),
+            (
+                "DB_STATEMENT_TIMEOUT_MS",
+                self.db_statement_timeout_ms,
+                10,
+                3_600_000,
+            ),
+            (
+                "DB_CONNECT_TIMEOUT_SECS",
+                self.db_connect_timeout_secs,
+                1,
+                3_600,
+            ),
+        ];
+        for (name, value, low, high) in ranges {
+            if !(low..=high).contains(&value) {
+                return Err(format!(
+                    "{name} must be between {low} and {high} (it is {value})"
+                ));
+            }
+        }
+        if self.max_policy_header_bytes > self.max_frame_size {
+            return Err("MAX_POLICY_HEADER_BYTES must not exceed MAX_FRAME_SIZE".into());
+        }
+        self.pg_config().map(|_| ())
+    }
+
+    /// The Postgres connection settings, with a connect timeout and TCP keepalives so that
+    /// a database that vanishes without closing the socket is noticed.
+    pub fn pg_config(&self) -> Result<tokio_postgres::Config, String> {
+        let mut c: tokio_postgres::Config = self.dsn().parse().map_err(|e| {
+            format!("DATABASE_URL / DB_* settings are not a valid connection string: {e}")
+        })?;
+        c.connect_timeout(Duration::from_secs(self.db_connect_timeout_secs))
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3);
+        Ok(c)
+    }
+
+    /// The latest an authorization or relay call may answer before its connection is given
+    /// up (the server's statement_timeout should have ended it well before).
+    pub fn db_call_deadline(&self) -> Duration {
+        Duration::from_millis(self.db_statement_timeout_ms) + Duration::from_secs(5)
+    }
+
+    pub fn http_header_timeout(&self) -> Duration {
+        Duration::from_secs(self.http_header_timeout_secs)
+    }
+
     /// The tokio-postgres connection string.
     pub fn dsn(&self) -> String {
         if let Some(url) = &self.database_url {
@@ -94,5 +222,48 @@ impl Config {
 
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_secs(self.idle_timeout_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        let mut all = vec![
+            "realtime-sidecar",
+            "--jwt-secret",
+            "a-secret-of-at-least-thirty-two-bytes",
+        ];
+        all.extend_from_slice(args);
+        Config::try_parse_from(all).unwrap()
+    }
+
+    #[test]
+    fn bad_configuration_is_refused_at_startup() {
+        assert_eq!(parse(&[]).validate(), Ok(()));
+        let short = Config::try_parse_from(["realtime-sidecar", "--jwt-secret", "short"]).unwrap();
+        assert!(short
+            .validate()
+            .unwrap_err()
+            .starts_with("API_JWT_SECRET must be at least 32 bytes"));
+        let empty = Config::try_parse_from(["realtime-sidecar", "--jwt-secret", ""]).unwrap();
+        assert!(empty.validate().is_err());
+        for (flag, value, name) in [
+            ("--drain-batch", "0", "DRAIN_BATCH"),
+            ("--drain-linger-ms", "20000", "DRAIN_LINGER_MS"),
+            ("--idle-timeout-secs", "0", "IDLE_TIMEOUT_SECS"),
+            ("--authorization-ttl-secs", "0", "AUTHORIZATION_TTL_SECS"),
+            ("--max-outbound-frames", "0", "MAX_OUTBOUND_FRAMES"),
+            ("--db-statement-timeout-ms", "1", "DB_STATEMENT_TIMEOUT_MS"),
+        ] {
+            let err = parse(&[flag, value]).validate().unwrap_err();
+            assert!(err.starts_with(name), "{flag} {value}: {err}");
+        }
+        let bad_dsn = parse(&["--database-url", "host=x port=notaport"]);
+        assert!(bad_dsn
+            .validate()
+            .unwrap_err()
+            .contains("not a valid connection string"));
     }
 }

@@ -6,12 +6,12 @@
 //! a full queue (the client is too slow), a rate limit, or server shutdown, each with a close
 //! reason, and unsubscribes every channel on the way out.
 
-use crate::authorizer::{self, Identity};
+use crate::authorizer::{self, Access, Identity};
 use crate::channel::{self, JoinConfig};
 use crate::frame::{self, Inbound, Vsn};
 use crate::hub::{ConnId, Payload, Subscriber, TopicKey};
 use crate::jwt::{self, Claims};
-use crate::publish::{AckTo, Publish};
+use crate::publish::{self, AckTo, Failure, Publish};
 use crate::state::Shared;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
@@ -40,19 +40,41 @@ struct Channel {
     ack: bool,
     /// Write verdict of a private channel (public channels: anyone may send).
     writable: bool,
+    /// Deliver the client's own broadcasts back to it (`config.broadcast.self`).
+    self_broadcast: bool,
+    /// Broadcast read verdict: the channel is subscribed in the hub only while it holds.
+    /// (A private join may be admitted on presence read alone; it then gets no broadcasts.)
+    broadcast_read: bool,
     presence: bool,
     claims: Claims,
+    /// The private channel's re-checks; see `Checks`.
+    checks: Checks,
+}
+
+/// At most one authorization check is in flight per channel, and a verdict applies only to
+/// the identity it was computed for. Token refreshes and TTL ticks that arrive meanwhile
+/// coalesce into one more check after it; a late verdict for an older token is discarded.
+#[derive(Default)]
+struct Checks {
+    /// Changes whenever the channel's identity (token) changes; verdicts carry it.
+    generation: u64,
+    in_flight: bool,
+    again: bool,
+    /// Delay before retrying after the database failed to answer (doubles, up to 30 s).
+    backoff: Option<Duration>,
 }
 
 /// Verdicts for a private channel, back from the batched authorizer.
 enum AuthDone {
-    /// A private join, whether it may read, and whether it may write.
-    Join(Box<PendingJoin>, bool, bool),
+    /// A private join and its verdicts.
+    Join(Box<PendingJoin>, Access),
     Recheck {
         topic: String,
-        readable: bool,
-        writable: bool,
+        generation: u64,
+        access: Access,
     },
+    /// A re-check that failed for want of the database is due again.
+    Retry { topic: String, generation: u64 },
 }
 
 /// A private join waiting for its verdicts.
@@ -106,8 +128,11 @@ struct Conn {
     /// The socket's `x-` request headers as JSON, for `request.headers` in policies.
     headers: String,
     auth_done: mpsc::UnboundedSender<AuthDone>,
-    /// Private joins waiting for their verdicts (they count against the channel limit).
-    pending_joins: usize,
+    /// Topics of private joins waiting for their verdicts (they count against the channel
+    /// limit; a second join of the same topic meanwhile is refused).
+    pending_joins: std::collections::HashSet<String>,
+    /// Source of check generations, unique within the connection.
+    next_generation: u64,
 }
 
 pub async fn serve<S>(
@@ -134,7 +159,8 @@ pub async fn serve<S>(
         out: Vec::new(),
         headers,
         auth_done,
-        pending_joins: 0,
+        pending_joins: Default::default(),
+        next_generation: 1,
     };
     let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
     let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);
@@ -163,10 +189,21 @@ pub async fn serve<S>(
                 .as_mut()
                 .reset((Instant::now() + Duration::from_secs(secs)).into());
         }
+        // The order is a decision (tested by `recheck_is_not_starved_by_a_full_queue`):
+        // shutdown and the slow-client cut-off first; then verdicts, re-checks and token
+        // expiry, so revocation takes effect even while the outbound queue never empties;
+        // then the client's frames; the outbound queue last (it is drained below anyway).
         tokio::select! {
             biased;
             _ = shutdown.changed() => break Some(Close(CloseCode::Away, "server shutting down")),
             _ = too_slow.notified() => break Some(too_slow_close(&shared)),
+            Some(done) = auth_rx.recv() => conn.on_auth(done),
+            _ = recheck.tick() => {
+                let topics: Vec<String> = conn.channels.keys().cloned().collect();
+                for t in topics {
+                    conn.recheck(&t);
+                }
+            }
             _ = &mut expiry, if conn.has_channels() => {
                 conn.expire_tokens();
                 expiry_exp = i64::MIN;
@@ -190,15 +227,8 @@ pub async fn serve<S>(
                     None => break None,
                 }
             }
-            Some(msg) = rx.recv() => conn.out.push(msg),
-            Some(done) = auth_rx.recv() => conn.on_auth(done),
-            _ = recheck.tick() => {
-                let topics: Vec<String> = conn.channels.keys().cloned().collect();
-                for t in topics {
-                    conn.recheck(&t);
-                }
-            }
             _ = &mut idle => break Some(Close(CloseCode::Normal, "idle timeout: no heartbeat received")),
+            Some(msg) = rx.recv() => conn.out.push(msg),
         }
         // Write what handling produced plus whatever the hub has queued, then flush once.
         while conn.out.len() < WRITE_BATCH {
@@ -275,12 +305,7 @@ impl Conn {
     }
 
     fn push_system(&mut self, topic: &str, join_ref: Option<&str>, status: &str, message: &str) {
-        let sub = topic.strip_prefix("realtime:").unwrap_or(topic);
-        let payload =
-            json!({"extension": "system", "status": status, "message": message, "channel": sub});
-        self.push_text(frame::encode(
-            self.vsn, join_ref, None, topic, "system", &payload,
-        ));
+        self.push_text(frame::system(self.vsn, join_ref, topic, status, message));
     }
 
     fn push_close(&mut self, topic: &str, join_ref: Option<&str>) {
@@ -314,8 +339,22 @@ impl Conn {
     }
 
     fn unsubscribe(&self, ch: &Channel) {
-        self.shared.hub.unsubscribe(&ch.key, self.id);
+        if ch.broadcast_read {
+            self.shared.hub.unsubscribe(&ch.key, self.id);
+        }
         self.shared.metrics.channels.fetch_sub(1, Relaxed);
+    }
+
+    fn subscriber(&self, join_ref: Option<String>, self_broadcast: bool) -> Subscriber {
+        Subscriber {
+            conn: self.id,
+            vsn: self.vsn,
+            join_ref,
+            origin: self.shared.origin(self.id),
+            self_broadcast,
+            tx: self.tx.clone(),
+            too_slow: self.too_slow.clone(),
+        }
     }
 
     fn leave_all(&mut self) {
@@ -440,6 +479,12 @@ impl Conn {
             );
             return Ok(());
         };
+        // Checked as realtime.send checks it: a topic the database cannot take (a NUL, over
+        // 246 bytes) would otherwise fail the batched authorization call it joins.
+        if let Err(why) = channel::validate_sub_topic(sub_topic) {
+            self.join_error(&m, why);
+            return Ok(());
+        }
         let sub_topic = sub_topic.to_owned();
         let config = channel::parse_join(&m.payload);
         let claims = match config.access_token.as_deref() {
@@ -463,19 +508,27 @@ impl Conn {
             );
             return Ok(());
         }
+        if self.pending_joins.contains(&m.topic) {
+            self.join_error(
+                &m,
+                "JoinInProgress: a join of this topic is still waiting for its authorization"
+                    .into(),
+            );
+            return Ok(());
+        }
         let rejoin = self.channels.contains_key(&m.topic);
-        let in_use = self.channels.len() + self.pending_joins;
+        let in_use = self.channels.len() + self.pending_joins.len();
         if !rejoin && in_use >= self.shared.cfg.max_channels_per_client {
             self.join_error(&m, "ChannelRateLimitReached: Too many channels".into());
             return Ok(());
         }
         if config.private {
             // Answered when the batched verdicts arrive (`on_auth`), in this same task.
-            self.pending_joins += 1;
+            self.pending_joins.insert(m.topic.clone());
             let who = self.identity(&claims);
             let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
             tokio::spawn(async move {
-                let (readable, writable) =
+                let access =
                     authorizer::channel_access(&auth, &who, &sub_topic, config.presence).await;
                 let join = PendingJoin {
                     m,
@@ -483,11 +536,11 @@ impl Conn {
                     claims,
                     sub_topic,
                 };
-                let _ = done.send(AuthDone::Join(Box::new(join), readable, writable));
+                let _ = done.send(AuthDone::Join(Box::new(join), access));
             });
             return Ok(());
         }
-        self.complete_join(m, config, claims, sub_topic, false);
+        self.complete_join(m, config, claims, sub_topic, true, true);
         Ok(())
     }
 
@@ -497,6 +550,7 @@ impl Conn {
         config: JoinConfig,
         claims: Claims,
         sub_topic: String,
+        broadcast_read: bool,
         writable: bool,
     ) {
         let key = TopicKey {
@@ -506,18 +560,10 @@ impl Conn {
         if let Some(old) = self.channels.remove(&m.topic) {
             self.unsubscribe(&old);
         }
-        self.shared.hub.subscribe(
-            key.clone(),
-            Subscriber {
-                conn: self.id,
-                vsn: self.vsn,
-                join_ref: m.join_ref.clone(),
-                origin: self.shared.origin(self.id),
-                self_broadcast: config.self_broadcast,
-                tx: self.tx.clone(),
-                too_slow: self.too_slow.clone(),
-            },
-        );
+        if broadcast_read {
+            let sub = self.subscriber(m.join_ref.clone(), config.self_broadcast);
+            self.shared.hub.subscribe(key.clone(), sub);
+        }
         self.shared.metrics.channels.fetch_add(1, Relaxed);
         self.shared.metrics.joins_total.fetch_add(1, Relaxed);
         self.push_text(frame::reply(
@@ -526,13 +572,21 @@ impl Conn {
             "ok",
             json!({"postgres_changes": []}),
         ));
+        let generation = self.next_generation;
+        self.next_generation += 1;
         let channel = Channel {
             key,
             join_ref: m.join_ref.clone(),
             ack: config.ack,
+            self_broadcast: config.self_broadcast,
             writable,
+            broadcast_read,
             presence: config.presence,
             claims,
+            checks: Checks {
+                generation,
+                ..Checks::default()
+            },
         };
         self.channels.insert(m.topic, channel);
     }
@@ -545,62 +599,133 @@ impl Conn {
         }
     }
 
-    /// Checks a private channel's verdicts again (new token, or the TTL passed).
-    fn recheck(&self, topic: &str) {
-        let Some(ch) = self.channels.get(topic) else {
+    /// Checks a private channel's verdicts again (new token, the TTL passed, or a retry),
+    /// unless a check is in flight: then one more runs after it.
+    fn recheck(&mut self, topic: &str) {
+        let Some(ch) = self.channels.get_mut(topic) else {
             return;
         };
         if !ch.key.private {
             return;
         }
-        let who = self.identity(&ch.claims);
+        if ch.checks.in_flight {
+            ch.checks.again = true;
+            return;
+        }
+        ch.checks.in_flight = true;
+        let generation = ch.checks.generation;
+        let (sub_topic, presence, claims) = (ch.key.topic.clone(), ch.presence, ch.claims.clone());
+        let who = self.identity(&claims);
         let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
-        let (topic, sub_topic, presence) = (topic.to_owned(), ch.key.topic.clone(), ch.presence);
+        let topic = topic.to_owned();
         tokio::spawn(async move {
-            let (readable, writable) =
-                authorizer::channel_access(&auth, &who, &sub_topic, presence).await;
+            let access = authorizer::channel_access(&auth, &who, &sub_topic, presence).await;
             let _ = done.send(AuthDone::Recheck {
                 topic,
-                readable,
-                writable,
+                generation,
+                access,
             });
         });
     }
 
     fn on_auth(&mut self, done: AuthDone) {
         match done {
-            AuthDone::Join(join, readable, writable) => {
+            AuthDone::Join(join, access) => {
                 let PendingJoin {
                     m,
                     config,
                     claims,
                     sub_topic,
                 } = *join;
-                self.pending_joins -= 1;
-                if readable {
-                    self.complete_join(m, config, claims, sub_topic, writable);
+                self.pending_joins.remove(&m.topic);
+                if let Some(f) = access.failure() {
+                    // The database could not answer: not a denial, and said as Supabase says it.
+                    self.join_error(&m, f.reason().into());
+                } else if access.readable() {
+                    let (read, write) = (access.broadcast_read.allowed(), access.write.allowed());
+                    self.complete_join(m, config, claims, sub_topic, read, write);
                 } else {
-                    let reason = format!("Unauthorized: You do not have permissions to read from this Channel topic: {sub_topic}");
+                    let mut reason = format!("Unauthorized: You do not have permissions to read from this Channel topic: {sub_topic}");
+                    if let Some(e) = access.read_error() {
+                        reason.push_str(&format!(" ({e})"));
+                    }
                     self.join_error(&m, reason);
                 }
             }
             AuthDone::Recheck {
                 topic,
-                readable,
-                writable,
-            } => {
-                let Some(ch) = self.channels.get_mut(&topic) else {
-                    return;
-                };
-                ch.writable = writable;
-                if !readable {
-                    let msg = format!(
-                        "You no longer have permission to read from this Channel topic: {}",
-                        ch.key.topic
-                    );
-                    self.leave(&topic, Some(&msg));
+                generation,
+                access,
+            } => self.apply_recheck(&topic, generation, access),
+            AuthDone::Retry { topic, generation } => {
+                if self
+                    .channels
+                    .get(&topic)
+                    .is_some_and(|c| c.checks.generation == generation)
+                {
+                    self.recheck(&topic);
                 }
             }
+        }
+    }
+
+    fn apply_recheck(&mut self, topic: &str, generation: u64, access: Access) {
+        let Some(ch) = self.channels.get_mut(topic) else {
+            return;
+        };
+        ch.checks.in_flight = false;
+        let again = std::mem::take(&mut ch.checks.again);
+        if generation != ch.checks.generation {
+            // Computed for a token the channel no longer holds: never applied.
+            if again || !ch.checks.in_flight {
+                self.recheck(topic);
+            }
+            return;
+        }
+        if let Some(f) = access.failure() {
+            // A database blip is not a revocation: keep the channel, say so, retry later.
+            let backoff = ch.checks.backoff.map_or(Duration::from_secs(1), |b| {
+                (b * 2).min(Duration::from_secs(30))
+            });
+            ch.checks.backoff = Some(backoff);
+            let join_ref = ch.join_ref.clone();
+            let msg = format!(
+                "Realtime could not re-check this channel's permissions ({}); retrying in {} s",
+                f.reason(),
+                backoff.as_secs()
+            );
+            self.push_system(topic, join_ref.as_deref(), "error", &msg);
+            let done = self.auth_done.clone();
+            let topic = topic.to_owned();
+            tokio::spawn(async move {
+                tokio::time::sleep(backoff).await;
+                let _ = done.send(AuthDone::Retry { topic, generation });
+            });
+            return;
+        }
+        ch.checks.backoff = None;
+        ch.writable = access.write.allowed();
+        if !access.readable() {
+            let msg = format!(
+                "You no longer have permission to read from this Channel topic: {}",
+                ch.key.topic
+            );
+            self.leave(topic, Some(&msg));
+            return;
+        }
+        let read = access.broadcast_read.allowed();
+        if read != ch.broadcast_read {
+            ch.broadcast_read = read;
+            if read {
+                let (key, join_ref, own) = (ch.key.clone(), ch.join_ref.clone(), ch.self_broadcast);
+                let sub = self.subscriber(join_ref, own);
+                self.shared.hub.subscribe(key, sub);
+            } else {
+                self.shared.hub.unsubscribe(&ch.key, self.id);
+            }
+        }
+        if again {
+            self.recheck(topic);
         }
     }
 
@@ -624,9 +749,13 @@ impl Conn {
         }
         match self.shared.verifier.verify(token) {
             Ok(c) => {
+                let generation = self.next_generation;
                 if let Some(ch) = self.channels.get_mut(&m.topic) {
                     if ch.claims != c {
                         ch.claims = c;
+                        // Verdicts still in flight were for the old token.
+                        ch.checks.generation = generation;
+                        self.next_generation += 1;
                         self.recheck(&m.topic);
                     }
                 }
@@ -671,25 +800,26 @@ impl Conn {
             ));
             return;
         }
-        let ack = ch.ack.then(|| AckTo::Socket {
+        let reply = AckTo::Socket {
             tx: self.tx.clone(),
             vsn: self.vsn,
             join_ref: m.join_ref.clone(),
             reference: m.reference.clone(),
             topic: m.topic.clone(),
-        });
+            ack: ch.ack,
+        };
         let publish = Publish {
             origin: self.shared.origin(self.id),
             topic: ch.key.topic.clone(),
             event,
             private: ch.key.private,
             payload,
-            ack,
+            reply,
         };
         if let Err(mpsc::error::TrySendError::Full(p)) = self.shared.publish.try_send(publish) {
-            if p.ack.is_some() {
-                self.broadcast_error(m, "too many broadcasts are waiting for the database; retry");
-            }
+            let busy =
+                Failure::Unavailable("too many broadcasts are waiting for the database; retry");
+            publish::settle(vec![p], Err(busy), &self.shared.metrics);
         }
     }
 

@@ -11,7 +11,7 @@ use crate::metrics::Metrics;
 use bytes::Bytes;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
@@ -51,6 +51,10 @@ pub async fn run(
     }
 }
 
+fn unix_millis() -> i64 {
+    unix_micros() / 1000
+}
+
 fn unix_micros() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -58,7 +62,11 @@ fn unix_micros() -> i64 {
 }
 
 async fn connect(cfg: &Config) -> Result<Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(&cfg.dsn(), NoTls).await?;
+    let (client, conn) = cfg
+        .pg_config()
+        .expect("validated at startup")
+        .connect(NoTls)
+        .await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "drain connection closed");
@@ -67,6 +75,47 @@ async fn connect(cfg: &Config) -> Result<Client, tokio_postgres::Error> {
     Ok(client)
 }
 
+/// Why a drain session ended.
+#[derive(Debug)]
+enum SessionError {
+    Db(tokio_postgres::Error),
+    /// A call did not answer within its deadline: the connection is given up.
+    Stuck(&'static str),
+}
+
+impl std::fmt::Display for SessionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionError::Db(e) => write!(f, "{e}"),
+            SessionError::Stuck(what) => write!(f, "{what} did not answer in time"),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for SessionError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        SessionError::Db(e)
+    }
+}
+
+/// Runs one call with a deadline.
+async fn within<T>(
+    deadline: Duration,
+    what: &'static str,
+    call: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, SessionError> {
+    match tokio::time::timeout(deadline, call).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(SessionError::Stuck(what)),
+    }
+}
+
+/// How often the queue's statistics (held-back commits, retention) are read into metrics.
+const STATS_EVERY: Duration = Duration::from_secs(1);
+const STATS_SQL: &str = "SELECT pending_bytes, \
+     coalesce(extract(epoch FROM clock_timestamp() - oldest_pending_since), 0)::float8, oldest_seq \
+     FROM realtime.stats()";
+
 /// One connected session: resume the slot and drain until an error or shutdown.
 async fn session(
     cfg: &Config,
@@ -74,22 +123,32 @@ async fn session(
     metrics: &Metrics,
     epoch: &mut Option<String>,
     shutdown: &mut watch::Receiver<bool>,
-) -> Result<(), tokio_postgres::Error> {
-    let client = connect(cfg).await?;
-    let mut pos: i64 = client
-        .query_one("SELECT realtime.create_consumer($1)", &[&cfg.consumer])
-        .await?
-        .get(0);
-    let now_epoch: String = client
-        .query_one("SELECT epoch::text FROM realtime.stats()", &[])
-        .await?
-        .get(0);
+) -> Result<(), SessionError> {
+    let setup = Duration::from_secs(cfg.db_connect_timeout_secs);
+    let client = within(setup, "connecting", connect(cfg)).await?;
+    let mut pos: i64 = within(
+        setup,
+        "create_consumer",
+        client.query_one("SELECT realtime.create_consumer($1)", &[&cfg.consumer]),
+    )
+    .await?
+    .get(0);
+    let now_epoch: String = within(
+        setup,
+        "stats",
+        client.query_one("SELECT epoch::text FROM realtime.stats()", &[]),
+    )
+    .await?
+    .get(0);
     match epoch.as_deref() {
         Some(old) if old != now_epoch => {
             tracing::warn!(old, new = %now_epoch, "database restarted; undelivered messages were lost");
+            // The slot is new, positioned at the end: read from the new queue's start instead,
+            // so what was committed since the restart, before this reconnect, is delivered.
+            pos = 0;
             hub.system_all(
                 "error",
-                "The database restarted; messages sent just before the restart may have been lost.",
+                "The database restarted; messages committed before the restart and not yet delivered were lost. Messages committed since are delivered.",
             );
         }
         Some(_) => hub.system_all(
@@ -102,17 +161,32 @@ async fn session(
     metrics.db_up.store(1, Relaxed);
     tracing::info!(consumer = %cfg.consumer, position = pos, "draining");
 
-    let stmt = client.prepare(DRAIN_SQL).await?;
+    let stmt = within(setup, "prepare", client.prepare(DRAIN_SQL)).await?;
+    let stats = within(setup, "prepare", client.prepare(STATS_SQL)).await?;
     let batch = cfg.drain_batch as i32;
     let linger = cfg.drain_linger_ms as i32;
+    let timeout_ms = 1000i32;
+    // A drain answers within its timeout and linger; much later means the backend or the
+    // network is stuck, and /healthz says so meanwhile.
+    let deadline = Duration::from_millis((timeout_ms + linger) as u64) + Duration::from_secs(5);
+    let mut stats_at = Instant::now();
     loop {
-        let timeout_ms = 1000i32;
+        metrics.drain_answered(unix_millis());
+        if stats_at.elapsed() >= STATS_EVERY {
+            stats_at = Instant::now();
+            let row = within(setup, "stats", client.query_one(&stats, &[])).await?;
+            metrics.pending_bytes.store(row.get(0), Relaxed);
+            metrics.set_oldest_pending_age(row.get(1));
+            metrics.oldest_seq.store(row.get(2), Relaxed);
+        }
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
             [&cfg.consumer, &pos, &batch, &timeout_ms, &linger];
         let rows = tokio::select! {
-            r = client.query(&stmt, &params) => r?,
+            r = within(deadline, "drain", client.query(&stmt, &params)) => r?,
             _ = shutdown.changed() => {
-                client.execute("SELECT realtime.confirm($1, $2)", &[&cfg.consumer, &pos]).await?;
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&cfg.consumer, &pos];
+                let confirm = client.execute("SELECT realtime.confirm($1, $2)", &params);
+                within(setup, "confirm", confirm).await?;
                 return Ok(());
             }
         };

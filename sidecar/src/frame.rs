@@ -188,6 +188,21 @@ pub fn encode(
     v.to_string()
 }
 
+/// A `system` message on a channel (`topic` is the full `realtime:...` topic), as Supabase
+/// sends them: realtime-js hands these to the app's `system` listeners.
+pub fn system(
+    vsn: Vsn,
+    join_ref: Option<&str>,
+    topic: &str,
+    status: &str,
+    message: &str,
+) -> String {
+    let sub = topic.strip_prefix("realtime:").unwrap_or(topic);
+    let payload =
+        json!({"extension": "system", "status": status, "message": message, "channel": sub});
+    encode(vsn, join_ref, None, topic, "system", &payload)
+}
+
 /// A `phx_reply` to a client message.
 pub fn reply(vsn: Vsn, m: &Inbound, status: &str, response: Value) -> String {
     encode(

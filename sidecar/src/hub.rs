@@ -5,7 +5,6 @@
 use crate::frame::{self, Vsn};
 use crate::metrics::Metrics;
 use bytes::Bytes;
-use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -149,20 +148,13 @@ impl Hub {
         let topics = self.topics.read().unwrap();
         for (key, subs) in topics.iter() {
             let channel_topic = format!("realtime:{}", key.topic);
-            let payload = json!({
-                "extension": "system",
-                "status": status,
-                "message": message,
-                "channel": key.topic,
-            });
             for sub in subs {
-                let text = frame::encode(
+                let text = frame::system(
                     sub.vsn,
                     sub.join_ref.as_deref(),
-                    None,
                     &channel_topic,
-                    "system",
-                    &payload,
+                    status,
+                    message,
                 );
                 self.deliver(sub, Message::text(text));
             }

@@ -22,7 +22,13 @@ pub enum JwtError {
     Malformed,
     Signature,
     Signer,
-    Expired { seconds_ago: i64 },
+    Expired {
+        seconds_ago: i64,
+    },
+    /// `nbf` lies in the future.
+    NotYetValid {
+        seconds_ahead: i64,
+    },
     MissingClaims,
 }
 
@@ -37,6 +43,11 @@ impl JwtError {
             }
             JwtError::Expired { seconds_ago } => {
                 format!("InvalidJWTToken: Token has expired {seconds_ago} seconds ago")
+            }
+            JwtError::NotYetValid { seconds_ahead } => {
+                format!(
+                    "InvalidJWTToken: Token is not valid for another {seconds_ahead} seconds (nbf)"
+                )
             }
             JwtError::MissingClaims => {
                 "InvalidJWTToken: Fields `role` and `exp` are required in JWT".into()
@@ -109,6 +120,18 @@ impl Verifier {
                 seconds_ago: now - exp,
             });
         }
+        match all.get("nbf") {
+            None => {}
+            Some(nbf) => match nbf.as_i64() {
+                Some(nbf) if nbf > now => {
+                    return Err(JwtError::NotYetValid {
+                        seconds_ahead: nbf - now,
+                    })
+                }
+                Some(_) => {}
+                None => return Err(JwtError::Malformed),
+            },
+        }
         Ok(Claims {
             role: role.to_owned(),
             exp,
@@ -131,6 +154,28 @@ mod tests {
             &EncodingKey::from_secret(secret.as_bytes()),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn nbf_in_the_future_is_refused() {
+        let v = Verifier::new("s3cret");
+        let at = |nbf: Value| {
+            v.verify(&token(
+                Algorithm::HS256,
+                "s3cret",
+                json!({"role": "anon", "exp": now() + 600, "nbf": nbf}),
+            ))
+        };
+        assert!(at(json!(now() - 5)).is_ok());
+        match at(json!(now() + 300)) {
+            Err(e @ JwtError::NotYetValid { .. }) => {
+                assert!(e
+                    .reason()
+                    .starts_with("InvalidJWTToken: Token is not valid for another"))
+            }
+            other => panic!("expected NotYetValid, got {other:?}"),
+        }
+        assert_eq!(at(json!("soon")), Err(JwtError::Malformed));
     }
 
     #[test]

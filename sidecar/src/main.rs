@@ -25,6 +25,10 @@ use std::sync::Arc;
 
 fn main() -> std::process::ExitCode {
     let cfg = config::Config::parse();
+    if let Err(e) = cfg.validate() {
+        eprintln!("realtime-sidecar: {e}");
+        return std::process::ExitCode::from(2);
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("LOG_LEVEL")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()

@@ -27,11 +27,51 @@ pub struct Metrics {
     pub db_up: AtomicI64,
     /// Sequence of the last message this sidecar drained.
     pub last_seq: AtomicI64,
+    pub auth_isolations_total: AtomicU64,
+    pub auth_policy_errors_total: AtomicU64,
+    pub client_broadcast_failures_total: AtomicU64,
+    pub connections_over_limit_total: AtomicU64,
+    pub slow_requests_closed_total: AtomicU64,
+    /// Bytes of the queue held back behind a transaction that is still committing.
+    pub pending_bytes: AtomicI64,
+    /// How long (µs) the oldest of those has been committing.
+    oldest_pending_age_us: AtomicI64,
+    /// Oldest sequence the queue still retains.
+    pub oldest_seq: AtomicI64,
+    /// When (unix ms) the last drain call answered; /healthz fails when it is too old.
+    drain_answered_ms: AtomicI64,
     /// Microseconds from commit to dispatch (1 µs .. 60 s).
     latency: Mutex<Option<Histogram<u64>>>,
 }
 
+/// A drain call that has not answered for this long means the database is stuck.
+pub const DRAIN_STUCK_MS: i64 = 10_000;
+
 impl Metrics {
+    pub fn drain_answered(&self, now_ms: i64) {
+        self.drain_answered_ms.store(now_ms, Relaxed);
+    }
+
+    pub fn set_oldest_pending_age(&self, secs: f64) {
+        self.oldest_pending_age_us
+            .store((secs * 1e6) as i64, Relaxed);
+    }
+
+    /// Healthy while the drain connection is up and its calls answer; else the reason.
+    pub fn health(&self, now_ms: i64) -> Result<(), String> {
+        if self.db_up.load(Relaxed) != 1 {
+            return Err("database unavailable".into());
+        }
+        let silent = now_ms - self.drain_answered_ms.load(Relaxed);
+        if silent > DRAIN_STUCK_MS {
+            return Err(format!(
+                "drain stuck: the database has not answered for {} s",
+                silent / 1000
+            ));
+        }
+        Ok(())
+    }
+
     pub fn record_latency_us(&self, us: u64) {
         let mut h = self.latency.lock().unwrap();
         let h = h.get_or_insert_with(|| Histogram::new_with_bounds(1, 60_000_000, 3).unwrap());
@@ -40,7 +80,7 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut s = String::with_capacity(4096);
-        let counters: [(&str, &str, u64); 15] = [
+        let counters: [(&str, &str, u64); 20] = [
             (
                 "realtime_auth_batches_total",
                 "realtime.authorize calls",
@@ -116,11 +156,36 @@ impl Metrics {
                 "reconnections to Postgres",
                 self.db_reconnects_total.load(Relaxed),
             ),
+            (
+                "realtime_auth_isolations_total",
+                "authorization batches split after a failed call",
+                self.auth_isolations_total.load(Relaxed),
+            ),
+            (
+                "realtime_auth_policy_errors_total",
+                "verdicts denied by an error (a raising policy, a missing grant, a refused role)",
+                self.auth_policy_errors_total.load(Relaxed),
+            ),
+            (
+                "realtime_client_broadcast_failures_total",
+                "client broadcasts that could not be relayed (each reported to its sender)",
+                self.client_broadcast_failures_total.load(Relaxed),
+            ),
+            (
+                "realtime_connections_over_limit_total",
+                "upgrades refused because MAX_CONNECTIONS were open",
+                self.connections_over_limit_total.load(Relaxed),
+            ),
+            (
+                "realtime_slow_requests_closed_total",
+                "HTTP connections closed for not sending their request in time",
+                self.slow_requests_closed_total.load(Relaxed),
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         }
-        let gauges: [(&str, &str, i64); 4] = [
+        let gauges: [(&str, &str, i64); 6] = [
             (
                 "realtime_connections",
                 "open WebSocket connections",
@@ -141,10 +206,26 @@ impl Metrics {
                 "sequence of the last drained message",
                 self.last_seq.load(Relaxed),
             ),
+            (
+                "realtime_queue_pending_bytes",
+                "queue bytes held back behind transactions still committing",
+                self.pending_bytes.load(Relaxed),
+            ),
+            (
+                "realtime_queue_oldest_seq",
+                "oldest sequence the queue retains",
+                self.oldest_seq.load(Relaxed),
+            ),
         ];
         for (name, help, v) in gauges {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
+        let name = "realtime_queue_oldest_pending_seconds";
+        let _ = writeln!(
+            s,
+            "# HELP {name} how long the oldest transaction still committing has held back later messages\n# TYPE {name} gauge\n{name} {}",
+            self.oldest_pending_age_us.load(Relaxed) as f64 / 1e6
+        );
         let name = "realtime_commit_to_dispatch_seconds";
         let _ = writeln!(
             s,

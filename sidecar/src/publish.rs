@@ -19,53 +19,83 @@ const BATCH: usize = 1000;
 const RELAY_SQL: &str = "SELECT count(realtime.relay(o, t, e, p, j::json, b)) \
      FROM unnest($1::int8[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::bytea[]) AS u(o, t, e, p, j, b)";
 
-/// Who waits to hear that a broadcast was committed (or why it was not).
+/// Why a broadcast was not relayed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Failure {
+    /// The database refused this message (too large, say).
+    Refused(String),
+    /// The database could not be reached, or too many broadcasts are waiting for it.
+    Unavailable(&'static str),
+}
+
+impl Failure {
+    pub fn reason(&self) -> String {
+        match self {
+            Failure::Refused(why) => format!("UnableToBroadcast: {why}"),
+            Failure::Unavailable(why) => format!("UnableToBroadcast: {why}"),
+        }
+    }
+}
+
+pub const DB_UNAVAILABLE: Failure = Failure::Unavailable("the database is unavailable");
+
+/// Who hears how a broadcast ended: a broadcast is never dropped silently.
 pub enum AckTo {
-    /// A WebSocket push with `ack: true`: answered with a `phx_reply`.
+    /// A WebSocket push: with `ack: true` answered with a `phx_reply` either way; without
+    /// it, only a failure is reported, as a `system` message on the channel (realtime-js
+    /// ignores replies to pushes it sent without ack, but apps see system messages).
     Socket {
         tx: mpsc::Sender<Message>,
         vsn: Vsn,
         join_ref: Option<String>,
         reference: Option<String>,
         topic: String,
+        ack: bool,
     },
     /// A REST request, answered once all its messages are settled.
-    Http(oneshot::Sender<Result<(), String>>),
+    Http(oneshot::Sender<Result<(), Failure>>),
 }
 
 impl AckTo {
-    fn reply(&self, status: &str, response: serde_json::Value) {
-        if let AckTo::Socket {
+    pub fn settle(self, result: Result<(), Failure>) {
+        let AckTo::Socket {
             tx,
             vsn,
             join_ref,
             reference,
             topic,
+            ack,
         } = self
-        {
-            let text = frame::encode(
-                *vsn,
-                join_ref.as_deref(),
-                reference.as_deref(),
-                topic,
-                "phx_reply",
-                &json!({"status": status, "response": response}),
-            );
-            // A full queue means the client is being cut off as too slow anyway.
-            let _ = tx.try_send(Message::text(text));
-        }
-    }
-
-    fn settle(self, result: Result<(), String>) {
-        match self {
-            AckTo::Http(tx) => {
+        else {
+            if let AckTo::Http(tx) = self {
                 let _ = tx.send(result);
             }
-            socket => match result {
-                Ok(()) => socket.reply("ok", json!({})),
-                Err(reason) => socket.reply("error", json!({ "reason": reason })),
-            },
-        }
+            return;
+        };
+        let text = match (result, ack) {
+            (Ok(()), false) => return,
+            (Ok(()), true) => frame::encode(
+                vsn,
+                join_ref.as_deref(),
+                reference.as_deref(),
+                &topic,
+                "phx_reply",
+                &json!({"status": "ok", "response": {}}),
+            ),
+            (Err(f), true) => frame::encode(
+                vsn,
+                join_ref.as_deref(),
+                reference.as_deref(),
+                &topic,
+                "phx_reply",
+                &json!({"status": "error", "response": {"reason": f.reason()}}),
+            ),
+            (Err(f), false) => {
+                frame::system(vsn, join_ref.as_deref(), &topic, "error", &f.reason())
+            }
+        };
+        // A full queue means the client is being cut off as too slow anyway.
+        let _ = tx.try_send(Message::text(text));
     }
 }
 
@@ -75,7 +105,7 @@ pub struct Publish {
     pub event: String,
     pub private: bool,
     pub payload: Payload,
-    pub ack: Option<AckTo>,
+    pub reply: AckTo,
 }
 
 /// Runs until shutdown, relaying what connections queue on `rx`.
@@ -85,31 +115,40 @@ pub async fn run(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let dsn = cfg.dsn();
-    let unavailable = || Err("The database is unavailable".to_owned());
+    let unavailable = || Err(DB_UNAVAILABLE);
     loop {
-        let fail = |m: Publish| m.ack.into_iter().for_each(|a| a.settle(unavailable()));
-        let Some(client) = batch::connect(&dsn, "publish", &mut rx, &mut shutdown, fail).await
+        let fail = |m: Publish| settle(vec![m], unavailable(), &metrics);
+        let Some(client) = batch::connect(&cfg, "publish", &mut rx, &mut shutdown, fail).await
         else {
             return;
         };
         while let Some(batch) = batch::next(&mut rx, BATCH, &mut shutdown).await {
-            if let Err(e) = relay(&client, &batch).await {
-                if client.is_closed() {
-                    batch
-                        .into_iter()
-                        .for_each(|m| m.ack.into_iter().for_each(|a| a.settle(unavailable())));
+            let deadline = cfg.db_call_deadline();
+            match tokio::time::timeout(deadline, relay(&client, &batch)).await {
+                Ok(Ok(())) => settle(batch, Ok(()), &metrics),
+                Ok(Err(_)) | Err(_) if client.is_closed() => {
+                    settle(batch, unavailable(), &metrics);
                     break;
                 }
-                // One bad message must not sink the others: relay them one at a time.
-                tracing::debug!(error = %e, "relay batch failed; isolating");
-                for m in batch {
-                    let result = relay(&client, std::slice::from_ref(&m)).await;
-                    finish(vec![m], result, &metrics);
+                // A hung call: the connection's state is unknown, so it is replaced.
+                Err(_) => {
+                    settle(batch, unavailable(), &metrics);
+                    break;
                 }
-                continue;
+                Ok(Err(e)) => {
+                    // One bad message must not sink the others: relay them one at a time.
+                    tracing::debug!(error = %e, "relay batch failed; isolating");
+                    for m in batch {
+                        let one = std::slice::from_ref(&m);
+                        let result = match tokio::time::timeout(deadline, relay(&client, one)).await
+                        {
+                            Ok(r) => r.map_err(|e| refusal(&e)),
+                            Err(_) => unavailable(),
+                        };
+                        settle(vec![m], result, &metrics);
+                    }
+                }
             }
-            finish(batch, Ok(()), &metrics);
         }
         if *shutdown.borrow() || rx.is_closed() {
             return;
@@ -117,25 +156,23 @@ pub async fn run(
     }
 }
 
-fn finish(batch: Vec<Publish>, result: Result<(), tokio_postgres::Error>, metrics: &Metrics) {
-    let result = match result {
-        Ok(()) => {
-            metrics
-                .client_broadcasts_total
-                .fetch_add(batch.len() as u64, Relaxed);
-            Ok(())
-        }
-        Err(e) => {
-            let reason = e
-                .as_db_error()
-                .map_or_else(|| e.to_string(), |d| d.message().to_owned());
-            Err(format!("UnableToBroadcast: {reason}"))
-        }
+/// The reason a client sees for a broadcast the database refused.
+fn refusal(e: &tokio_postgres::Error) -> Failure {
+    Failure::Refused(
+        e.as_db_error()
+            .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+    )
+}
+
+/// Tells each sender how its broadcast ended, and counts it.
+pub fn settle(batch: Vec<Publish>, result: Result<(), Failure>, metrics: &Metrics) {
+    let counter = match result {
+        Ok(()) => &metrics.client_broadcasts_total,
+        Err(_) => &metrics.client_broadcast_failures_total,
     };
+    counter.fetch_add(batch.len() as u64, Relaxed);
     for m in batch {
-        if let Some(a) = m.ack {
-            a.settle(result.clone());
-        }
+        m.reply.settle(result.clone());
     }
 }
 

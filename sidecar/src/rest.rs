@@ -2,9 +2,9 @@
 //! the database like client broadcasts (so every sidecar delivers them in one order) and the
 //! request is answered 202 once they have committed.
 
-use crate::authorizer::{self, Identity};
+use crate::authorizer::{self, Identity, Verdict};
 use crate::hub::Payload;
-use crate::publish::{AckTo, Publish};
+use crate::publish::{AckTo, Failure, Publish};
 use crate::state::Shared;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -56,8 +56,14 @@ fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
         let topic = text("topic");
         let event = text("event");
         let payload = m.get("payload").filter(|p| p.is_object()).cloned();
-        if topic.is_none() {
-            errors.insert("topic".into(), json!(["can't be blank"]));
+        match topic.as_deref().map(crate::channel::validate_sub_topic) {
+            None => {
+                errors.insert("topic".into(), json!(["can't be blank"]));
+            }
+            Some(Err(why)) => {
+                errors.insert("topic".into(), json!([why]));
+            }
+            Some(Ok(())) => {}
         }
         if event.is_none() {
             errors.insert("event".into(), json!(["can't be blank"]));
@@ -104,20 +110,32 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
             ))
         })
         .collect();
+    let headers_json = Value::Object(all_headers).to_string();
+    if let Err(why) = crate::server::policy_headers_fit(&headers_json, shared) {
+        return (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Some(json!({ "message": why })),
+        );
+    }
     let who = Identity {
         role: claims.role.clone(),
         claims: claims.all.to_string(),
-        headers: Value::Object(all_headers).to_string(),
+        headers: headers_json,
     };
-    let body: Bytes = match Limited::new(req.into_body(), shared.cfg.max_frame_size)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
+    // A body that trickles in is cut off like slow headers are.
+    let body = Limited::new(req.into_body(), shared.cfg.max_frame_size).collect();
+    let body: Bytes = match tokio::time::timeout(shared.cfg.http_header_timeout(), body).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => {
             return (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Some(json!({"message": "Payload too large"})),
+            )
+        }
+        Err(_) => {
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                Some(json!({"message": "the request body did not arrive in time"})),
             )
         }
     };
@@ -129,16 +147,24 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
     // refused ones silently, here the request is refused whole and says which topic.
     let mut checked = std::collections::HashSet::new();
     for m in messages.iter().filter(|m| m.private) {
-        if checked.insert(m.topic.clone())
-            && !authorizer::ask(&shared.authorize, &who, &m.topic, "broadcast", true)
-                .await
-                .allowed
-        {
-            let message = format!(
-                "Unauthorized: You do not have permissions to write to this Channel topic: {}",
-                m.topic
-            );
-            return (StatusCode::FORBIDDEN, Some(json!({ "message": message })));
+        if !checked.insert(m.topic.clone()) {
+            continue;
+        }
+        match authorizer::ask(&shared.authorize, &who, &m.topic, "broadcast", true).await {
+            Verdict::Allowed => {}
+            Verdict::Denied(_) => {
+                let message = format!(
+                    "Unauthorized: You do not have permissions to write to this Channel topic: {}",
+                    m.topic
+                );
+                return (StatusCode::FORBIDDEN, Some(json!({ "message": message })));
+            }
+            Verdict::Failed(f) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some(json!({ "message": f.reason() })),
+                )
+            }
         }
     }
     let mut waits = Vec::with_capacity(messages.len());
@@ -150,7 +176,7 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
             event: m.event,
             private: m.private,
             payload: Payload::Json(m.payload.to_string()),
-            ack: Some(AckTo::Http(tx)),
+            reply: AckTo::Http(tx),
         };
         if shared.publish.send(publish).await.is_err() {
             return (
@@ -164,13 +190,13 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
         match rx.await {
             Ok(Ok(())) => {}
             // The database refused the message (too large, say), or could not be reached.
-            Ok(Err(reason)) if reason.starts_with("UnableToBroadcast") => {
-                return invalid(json!({ "messages": [reason] }));
+            Ok(Err(f @ Failure::Refused(_))) => {
+                return invalid(json!({ "messages": [f.reason()] }));
             }
-            Ok(Err(reason)) => {
+            Ok(Err(f @ Failure::Unavailable(_))) => {
                 return (
                     StatusCode::SERVICE_UNAVAILABLE,
-                    Some(json!({ "message": reason })),
+                    Some(json!({ "message": f.reason() })),
                 )
             }
             Err(_) => {

@@ -14,7 +14,7 @@ use hyper::header::{HeaderValue, CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use socket2::{Domain, Socket, Type};
 use std::collections::HashMap;
@@ -57,11 +57,20 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         tokio::spawn(async move {
+            let metrics = shared.metrics.clone();
+            let header_timeout = shared.cfg.http_header_timeout();
             let svc = service_fn(move |req| route(req, shared.clone()));
+            // A client that opens a socket and never finishes its request headers (slowloris)
+            // is dropped after the timeout instead of holding one of this process's files.
             let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
                 .serve_connection(TokioIo::new(stream), svc)
                 .with_upgrades();
             if let Err(e) = conn.await {
+                if e.is_timeout() {
+                    metrics.slow_requests_closed_total.fetch_add(1, Relaxed);
+                }
                 tracing::debug!(error = %e, "http connection error");
             }
         });
@@ -136,14 +145,16 @@ async fn route(
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/socket/websocket" | "/realtime/v1/websocket") => upgrade(req, shared),
         (&Method::GET, "/healthz") => {
-            if shared.metrics.db_up.load(Relaxed) == 1 {
-                respond(StatusCode::OK, "text/plain", "ok\n")
-            } else {
-                respond(
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            match shared.metrics.health(now_ms) {
+                Ok(()) => respond(StatusCode::OK, "text/plain", "ok\n"),
+                Err(why) => respond(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
-                    "database unavailable\n",
-                )
+                    format!("{why}\n"),
+                ),
             }
         }
         (&Method::GET, "/metrics") => respond(
@@ -158,6 +169,19 @@ async fn route(
         (&Method::GET, p) => static_file(&shared, p).await,
         _ => json_error(StatusCode::NOT_FOUND, "Not found"),
     })
+}
+
+/// Headers reach policies as `request.headers` and are copied into every authorization
+/// request of the connection: their size is bounded.
+pub fn policy_headers_fit(headers_json: &str, shared: &Shared) -> Result<(), String> {
+    let limit = shared.cfg.max_policy_header_bytes;
+    if headers_json.len() > limit {
+        return Err(format!(
+            "RequestHeadersTooLarge: the request headers passed to policies take {} bytes; the limit is {limit} (MAX_POLICY_HEADER_BYTES)",
+            headers_json.len()
+        ));
+    }
+    Ok(())
 }
 
 /// A file from `WEB_ROOT`, by a plain name only (no directories, no dot-dot).
@@ -220,6 +244,16 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
             "MissingAPIKey: API key is missing",
         );
     };
+    if shared.metrics.connections.load(Relaxed) >= shared.cfg.max_connections as i64 {
+        shared
+            .metrics
+            .connections_over_limit_total
+            .fetch_add(1, Relaxed);
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "ConnectionRateLimitReached: Too many connected users",
+        );
+    }
     let Some(vsn) = Vsn::parse(params.get("vsn").map(String::as_str)) else {
         return refuse(
             StatusCode::BAD_REQUEST,
@@ -244,6 +278,9 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
         })
         .collect();
     let headers = serde_json::Value::Object(x_headers).to_string();
+    if let Err(why) = policy_headers_fit(&headers, &shared) {
+        return refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, &why);
+    }
     let accept = derive_accept_key(key.as_bytes());
     let cfg = &shared.cfg;
     let ws_config = WebSocketConfig::default()

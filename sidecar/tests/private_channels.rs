@@ -223,3 +223,255 @@ async fn rest_private_broadcast_needs_the_write_policy() {
     let m = next_event(&mut c, "broadcast").await;
     assert_eq!(m["payload"]["payload"], json!({"n": 1}));
 }
+
+/// Adds memberships of this test's own rooms (tests of this file run in parallel).
+async fn member_of(db: &tokio_postgres::Client, user: &str, room: &str) {
+    db.execute(
+        "INSERT INTO private_members VALUES ($1::text::uuid, $2, true)",
+        &[&user, &room],
+    )
+    .await
+    .unwrap();
+}
+
+/// Sends `n` private messages to `room` in one transaction.
+async fn send_private(db: &tokio_postgres::Client, room: &str, n: i32, payload_bytes: i32) {
+    db.execute(
+        "SELECT count(realtime.send(jsonb_build_object('i', i, 'pad', repeat('x', $3)), 'note', $1, true)) FROM generate_series(1, $2) i",
+        &[&room, &n, &payload_bytes],
+    )
+    .await
+    .unwrap();
+}
+
+/// Fixed bug: a join admitted on presence read alone was subscribed to broadcasts too.
+#[tokio::test]
+async fn presence_read_alone_receives_no_broadcasts() {
+    let db = setup().await;
+    let sidecar = Sidecar::start("t_presence_only", &[]).await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let payload = json!({"config": {"private": true, "presence": {"key": "", "enabled": true},
+                                    "broadcast": {"ack": false, "self": false}},
+                         "access_token": user_token(MEMBER)});
+    let r = c
+        .push(Some("1"), "realtime:presence-only", "phx_join", payload)
+        .await;
+    assert_eq!(
+        c.reply(&r).await["status"],
+        "ok",
+        "admitted on presence read"
+    );
+    // A public channel of the same connection: a message sent after the private one arrives
+    // after it would have, so its arrival proves the private one was not delivered.
+    c.join_public("realtime:presence-only-sentinel").await;
+    db.execute(
+        "SELECT realtime.send('{\"leak\": 1}', 'note', 'presence-only', true)",
+        &[],
+    )
+    .await
+    .unwrap();
+    db.execute(
+        "SELECT realtime.send('{\"sentinel\": 1}', 'note', 'presence-only-sentinel', false)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let m = next_event(&mut c, "broadcast").await;
+    assert_eq!(
+        m["topic"], "realtime:presence-only-sentinel",
+        "the first broadcast to arrive: {m}"
+    );
+}
+
+/// Fixed bug: a JWT naming a superuser role made the probe run as that superuser, and
+/// every private topic opened. The sidecar (connected as its least-privilege login) may
+/// act only as roles granted to it.
+#[tokio::test]
+async fn a_jwt_naming_a_superuser_role_is_refused() {
+    setup().await;
+    let sidecar = Sidecar::start("t_superuser_role", &[]).await;
+    for role in ["postgres", "realtime_sidecar_not_granted"] {
+        let mut c = Client::connect(sidecar.port, "1.0.0").await;
+        let forged = token(json!({"role": role, "sub": MEMBER, "exp": now() + 3600}));
+        let reply = join_private(&mut c, "realtime:no-policy-opens-this", &forged, false).await;
+        assert_eq!(reply["status"], "error", "{role}: {reply}");
+        let reason = reply["response"]["reason"].as_str().unwrap();
+        assert!(
+            reason.starts_with("Unauthorized: You do not have permissions to read from this Channel topic: no-policy-opens-this"),
+            "{reason}"
+        );
+        assert!(
+            reason.contains(&format!("role \"{role}\"")),
+            "names the role: {reason}"
+        );
+    }
+}
+
+/// Fixed bug: a topic with a NUL (valid JSON) failed a whole batched authorization call and
+/// every join and re-check in it was denied; topics of any size were accepted.
+#[tokio::test]
+async fn a_poisoned_join_does_not_deny_other_users() {
+    let db = setup().await;
+    member_of(&db, MEMBER, "room:poison").await;
+    let sidecar = Sidecar::start("t_poison", &[("AUTHORIZATION_TTL_SECS", "1")]).await;
+    let mut member = Client::connect(sidecar.port, "1.0.0").await;
+    assert_eq!(
+        join_private(
+            &mut member,
+            "realtime:room:poison",
+            &user_token(MEMBER),
+            false
+        )
+        .await["status"],
+        "ok"
+    );
+    let port = sidecar.port;
+    let attacker = tokio::spawn(async move {
+        let mut a = Client::connect(port, "1.0.0").await;
+        // A role with a NUL reaches the database (the topic checks stop the others first), so
+        // the batch it lands in fails and must be split.
+        let nul_role = token(json!({"role": "evil\u{0}role", "exp": now() + 3600}));
+        let mut reasons = std::collections::BTreeSet::new();
+        for i in 0..60 {
+            let (topic, tok) = match i % 3 {
+                0 => ("realtime:a\u{0}b".to_owned(), user_token(STRANGER)),
+                1 => (
+                    format!("realtime:{}", "t".repeat(10_000)),
+                    user_token(STRANGER),
+                ),
+                _ => ("realtime:room:poison".to_owned(), nul_role.clone()),
+            };
+            let r = join_private(&mut a, &topic, &tok, false).await;
+            assert_eq!(r["status"], "error", "{r}");
+            let reason = r["response"]["reason"].as_str().unwrap().to_owned();
+            reasons.insert(reason.split(':').next().unwrap().to_owned());
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        reasons
+    });
+    // Meanwhile the member's channel is re-checked every second and keeps receiving, and a
+    // new join of its own room is admitted.
+    for round in 0..6 {
+        send_private(&db, "room:poison", 1, 10).await;
+        let m = next_event(&mut member, "broadcast").await;
+        assert_eq!(m["payload"]["payload"]["i"], 1, "round {round}");
+        let mut again = Client::connect(sidecar.port, "2.0.0").await;
+        let r = join_private(
+            &mut again,
+            "realtime:room:poison",
+            &user_token(MEMBER),
+            false,
+        )
+        .await;
+        assert_eq!(r["status"], "ok", "round {round}: {r}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let reasons = attacker.await.unwrap();
+    assert_eq!(
+        reasons.into_iter().collect::<Vec<_>>(),
+        ["InvalidTopic", "Unauthorized"],
+        "bad topics get InvalidTopic, the NUL role a denial"
+    );
+    assert!(sidecar.metric("realtime_auth_isolations_total").await >= 1.0);
+}
+
+/// Fixed bug: the connection loop polled its outbound queue before verdicts and the
+/// re-check timer, so a connection whose queue never emptied was never re-checked.
+#[tokio::test]
+async fn recheck_is_not_starved_by_a_full_queue() {
+    let db = setup().await;
+    member_of(&db, MEMBER, "room:busy").await;
+    let sidecar = Sidecar::start("t_busy", &[("AUTHORIZATION_TTL_SECS", "1")]).await;
+    let mut c = Client::connect_small_buffer(sidecar.port, "1.0.0").await;
+    assert_eq!(
+        join_private(&mut c, "realtime:room:busy", &user_token(MEMBER), false).await["status"],
+        "ok"
+    );
+    // A burst larger than the socket drains while the client is not reading (short of the
+    // 20,000-frame slow-client cut-off), then the membership is revoked.
+    const BURST: i32 = 15_000;
+    send_private(&db, "room:busy", BURST, 500).await;
+    db.execute("DELETE FROM private_members WHERE room = 'room:busy'", &[])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut broadcasts = 0;
+    let close = loop {
+        let m = c.next(10).await.expect("frames keep coming");
+        let tokio_tungstenite::tungstenite::Message::Text(t) = m else {
+            panic!("closed before the permission message: {m:?}");
+        };
+        let v: Value = serde_json::from_str(t.as_str()).unwrap();
+        match v["event"].as_str() {
+            Some("broadcast") => broadcasts += 1,
+            Some("system") => break v,
+            _ => {}
+        }
+    };
+    assert_eq!(
+        close["payload"]["message"],
+        "You no longer have permission to read from this Channel topic: room:busy"
+    );
+    assert!(
+        broadcasts < BURST,
+        "re-checked while the queue was still full ({broadcasts} of {BURST} written first)"
+    );
+    assert_eq!(sidecar.metric("realtime_slow_disconnects_total").await, 0.0);
+}
+
+/// Token refreshes coalesce into one check in flight per channel, and a verdict computed
+/// for an older token never wins: after a burst of refreshes the last token decides.
+#[tokio::test]
+async fn flapping_tokens_keep_checks_bounded_and_the_last_token_wins() {
+    let db = setup().await;
+    member_of(&db, MEMBER, "room:flap").await;
+    let sidecar = Sidecar::start("t_flap", &[]).await;
+    let member_token = |n: usize| {
+        token(json!({"role": "authenticated", "sub": MEMBER, "exp": now() + 3600 + n as i64}))
+    };
+    // First two valid member tokens (every verdict allows: the channel must stay and keep
+    // receiving), then member and stranger alternating, ending with the stranger (a stale
+    // "yes" for a member token must not keep the channel open).
+    for stranger_last in [false, true] {
+        let before = sidecar.metric("realtime_auth_requests_total").await;
+        let mut c = Client::connect(sidecar.port, "1.0.0").await;
+        assert_eq!(
+            join_private(&mut c, "realtime:room:flap", &user_token(MEMBER), false).await["status"],
+            "ok"
+        );
+        const FLIPS: usize = 400;
+        for i in 0..FLIPS {
+            let t = match (stranger_last, i % 2) {
+                (false, _) => member_token(i % 2),
+                (true, 0) => member_token(0),
+                (true, _) => user_token(STRANGER),
+            };
+            c.push(
+                Some("1"),
+                "realtime:room:flap",
+                "access_token",
+                json!({"access_token": t}),
+            )
+            .await;
+        }
+        if stranger_last {
+            let system = next_event(&mut c, "system").await;
+            assert_eq!(
+                system["payload"]["message"],
+                "You no longer have permission to read from this Channel topic: room:flap"
+            );
+        } else {
+            // A heartbeat's reply marks where the server has read every refresh.
+            let r = c.push(None, "phoenix", "heartbeat", json!({})).await;
+            c.reply(&r).await;
+            send_private(&db, "room:flap", 1, 10).await;
+            let m = c.next_json(10).await.expect("still joined");
+            assert_eq!(m["event"], "broadcast", "{m}");
+        }
+        let asked = sidecar.metric("realtime_auth_requests_total").await - before;
+        assert!(
+            asked <= 300.0,
+            "{asked} verdicts asked for {FLIPS} refreshes (one check in flight per channel)"
+        );
+    }
+}

@@ -11,3 +11,7 @@ CREATE POLICY members_read ON realtime.messages FOR SELECT TO authenticated
 CREATE POLICY members_write ON realtime.messages FOR INSERT TO authenticated
     WITH CHECK (EXISTS (SELECT 1 FROM private_members m
                         WHERE m.user_id = auth.uid() AND m.room = (SELECT realtime.topic()) AND m.can_write));
+-- A topic whose policy lets authenticated read presence only (not broadcast).
+DROP POLICY IF EXISTS presence_only_read ON realtime.messages;
+CREATE POLICY presence_only_read ON realtime.messages FOR SELECT TO authenticated
+    USING ((SELECT realtime.topic()) = 'presence-only' AND realtime.messages.extension = 'presence');

@@ -6,6 +6,8 @@ mod common;
 use common::*;
 use futures_util::SinkExt;
 use serde_json::{json, Value};
+use std::time::Duration;
+use tokio_tungstenite::connect_async;
 use tokio_tungstenite::tungstenite::Message;
 
 async fn send(db: &tokio_postgres::Client, payload: Value, event: &str, topic: &str) {
@@ -660,5 +662,125 @@ async fn joins_and_messages_per_second_are_limited() {
         if m["event"] == "phx_close" {
             break;
         }
+    }
+}
+
+/// Fixed bug: sockets that sent half a request stayed open (50 of them were still open 45 s
+/// later); a few thousand could use up the process's 20,000 files and shut everyone out.
+#[tokio::test]
+async fn slowloris_sockets_are_closed_and_do_not_stop_joins() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sidecar = Sidecar::start("t_slowloris", &[("HTTP_HEADER_TIMEOUT_SECS", "2")]).await;
+    let mut slow = Vec::new();
+    for _ in 0..1000 {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", sidecar.port))
+            .await
+            .unwrap();
+        s.write_all(b"GET /realtime/v1/websocket HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    let mut c = Client::connect(sidecar.port, "2.0.0").await;
+    c.join_public("realtime:despite-slowloris").await;
+    for s in &mut slow {
+        // Closed by the server (EOF or a reset after whatever it says), within the bound.
+        let closed = async {
+            let mut buf = [0u8; 256];
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(15), closed)
+            .await
+            .expect("closed within the header timeout");
+    }
+    assert!(sidecar.metric("realtime_slow_requests_closed_total").await >= 1000.0);
+}
+
+/// MAX_CONNECTIONS is answered as Supabase answers an over-limit connection, and counted.
+#[tokio::test]
+async fn connections_over_max_connections_are_refused() {
+    let sidecar = Sidecar::start("t_max_conn", &[("MAX_CONNECTIONS", "2")]).await;
+    let _a = Client::connect(sidecar.port, "1.0.0").await;
+    let _b = Client::connect(sidecar.port, "1.0.0").await;
+    let refused = connect_async(url(sidecar.port, "1.0.0", &anon_key())).await;
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            assert_eq!(r.status(), 429);
+            let body = String::from_utf8(r.body().clone().unwrap_or_default()).unwrap();
+            assert!(
+                body.contains("ConnectionRateLimitReached: Too many connected users"),
+                "{body}"
+            );
+        }
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(
+        sidecar
+            .metric("realtime_connections_over_limit_total")
+            .await,
+        1.0
+    );
+}
+
+/// Fixed bug: a client broadcast the database refused was dropped silently unless the
+/// channel had `ack: true`; realtime-js ignores replies to pushes without ack, so it is now
+/// reported as a system message on the channel, and counted.
+#[tokio::test]
+async fn a_refused_broadcast_without_ack_is_reported_on_the_channel() {
+    let sidecar = Sidecar::start("t_refused_noack", &[("MAX_FRAME_SIZE", "4194304")]).await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public("realtime:too-big").await;
+    // Over realtime.max_message_size (1 MB), under the frame limit.
+    c.broadcast(
+        "realtime:too-big",
+        "big",
+        json!({"blob": "x".repeat(1_500_000)}),
+    )
+    .await;
+    let m = loop {
+        let m = c.next_json(10).await.expect("a report");
+        if m["event"] == "system" {
+            break m;
+        }
+    };
+    assert_eq!(m["payload"]["status"], "error");
+    let msg = m["payload"]["message"].as_str().unwrap();
+    assert!(msg.starts_with("UnableToBroadcast: "), "{msg}");
+    assert_eq!(
+        sidecar
+            .metric("realtime_client_broadcast_failures_total")
+            .await,
+        1.0
+    );
+}
+
+/// Bad configuration is refused at startup with a message naming the setting.
+#[tokio::test]
+async fn bad_configuration_is_refused_at_startup() {
+    for (k, v, says) in [
+        (
+            "API_JWT_SECRET",
+            "short",
+            "API_JWT_SECRET must be at least 32 bytes",
+        ),
+        (
+            "IDLE_TIMEOUT_SECS",
+            "0",
+            "IDLE_TIMEOUT_SECS must be between",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_realtime-sidecar"))
+            .env("API_JWT_SECRET", SECRET)
+            .env("DATABASE_URL", sidecar_dsn())
+            .env(k, v)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{k}={v}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{k}={v}: {err}");
     }
 }

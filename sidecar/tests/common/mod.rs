@@ -23,6 +23,14 @@ pub fn dsn() -> String {
     )
 }
 
+/// What the sidecars under test connect as: the least-privilege login of
+/// `scripts/sidecar_login.sql` (`PG_REALTIME_SIDECAR_DSN`), never the superuser.
+pub fn sidecar_dsn() -> String {
+    std::env::var("PG_REALTIME_SIDECAR_DSN").expect(
+        "PG_REALTIME_SIDECAR_DSN must name the sidecar's least-privilege login (scripts/test.sh sets it)",
+    )
+}
+
 pub fn now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -76,7 +84,7 @@ impl Sidecar {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_realtime-sidecar"));
         cmd.env("PORT", port.to_string())
             .env("API_JWT_SECRET", SECRET)
-            .env("DATABASE_URL", dsn())
+            .env("DATABASE_URL", sidecar_dsn())
             .env("CONSUMER_NAME", consumer)
             .env("LOG_LEVEL", "warn")
             .stdout(Stdio::null());

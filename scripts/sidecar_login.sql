@@ -1,0 +1,27 @@
+-- The least-privilege login a sidecar connects as, in a database where pg_realtime is
+-- installed (README, "The sidecar's role"); the test suite and the demo run their sidecars
+-- as it. Like PostgREST's authenticator it holds no privilege of its own: EXECUTE on the
+-- functions the sidecar calls, and membership in the roles its clients' JWTs may name (a
+-- Supabase database's anon, authenticated and service_role). realtime.authorize refuses any
+-- other role, and every superuser. Idempotent.
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['anon', 'authenticated', 'service_role', 'realtime_sidecar'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+            EXECUTE format('CREATE ROLE %I %s', r, CASE WHEN r = 'realtime_sidecar' THEN 'LOGIN' ELSE 'NOLOGIN' END);
+        END IF;
+    END LOOP;
+END
+$$;
+ALTER ROLE service_role BYPASSRLS;
+-- What the clients' roles need so that policies can be evaluated as them.
+GRANT USAGE ON SCHEMA realtime TO anon, authenticated, service_role;
+GRANT SELECT, INSERT ON realtime.messages TO anon, authenticated, service_role;
+-- What the sidecar calls, and whom it may act as.
+GRANT USAGE ON SCHEMA realtime TO realtime_sidecar;
+GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, bigint, integer, integer, integer),
+    realtime.confirm(text, bigint), realtime.relay(bigint, text, text, boolean, json, bytea),
+    realtime.authorize(text[], text[], text[], text[], text[], text[]) TO realtime_sidecar;
+GRANT anon, authenticated, service_role TO realtime_sidecar;
