@@ -33,7 +33,10 @@ pub async fn run(
         let was_up = metrics.db_up.swap(0, Relaxed) == 1;
         match result {
             Ok(()) => return,
-            Err(e) => tracing::warn!(error = %e, "drain connection failed; reconnecting"),
+            Err(e) => {
+                tracing::warn!(error = %e, "drain connection failed; reconnecting");
+                metrics.set_down_reason(e.to_string());
+            }
         }
         if was_up {
             backoff = Duration::from_millis(100);

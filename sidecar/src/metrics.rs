@@ -40,16 +40,24 @@ pub struct Metrics {
     pub oldest_seq: AtomicI64,
     /// When (unix ms) the last drain call answered; /healthz fails when it is too old.
     drain_answered_ms: AtomicI64,
+    /// Why the drain connection last failed, for /healthz.
+    down_reason: Mutex<String>,
     /// Microseconds from commit to dispatch (1 µs .. 60 s).
     latency: Mutex<Option<Histogram<u64>>>,
 }
 
-/// A drain call that has not answered for this long means the database is stuck.
-pub const DRAIN_STUCK_MS: i64 = 10_000;
+/// A drain call that has not answered for this long means the database is stuck. A drain
+/// waits at most a second for messages, so this is three missed answers; it is shorter than
+/// the drain call's deadline, after which the connection is given up and replaced.
+pub const DRAIN_STUCK_MS: i64 = 3_000;
 
 impl Metrics {
     pub fn drain_answered(&self, now_ms: i64) {
         self.drain_answered_ms.store(now_ms, Relaxed);
+    }
+
+    pub fn set_down_reason(&self, why: String) {
+        *self.down_reason.lock().unwrap() = why;
     }
 
     pub fn set_oldest_pending_age(&self, secs: f64) {
@@ -60,7 +68,11 @@ impl Metrics {
     /// Healthy while the drain connection is up and its calls answer; else the reason.
     pub fn health(&self, now_ms: i64) -> Result<(), String> {
         if self.db_up.load(Relaxed) != 1 {
-            return Err("database unavailable".into());
+            let why = self.down_reason.lock().unwrap();
+            return Err(match why.as_str() {
+                "" => "database unavailable".into(),
+                why => format!("database unavailable: {why}"),
+            });
         }
         let silent = now_ms - self.drain_answered_ms.load(Relaxed);
         if silent > DRAIN_STUCK_MS {

@@ -475,3 +475,62 @@ async fn flapping_tokens_keep_checks_bounded_and_the_last_token_wins() {
         );
     }
 }
+
+/// A database that cannot answer is not a denial: a re-check that fails (here its call hits
+/// the statement timeout) keeps the channel and says so in a system message, and a join
+/// that fails gets Supabase's operational reason, not "Unauthorized".
+#[tokio::test]
+async fn a_database_blip_is_not_a_revocation_nor_a_denial() {
+    let db = setup().await;
+    db.batch_execute(
+        "CREATE TABLE IF NOT EXISTS blip_flag (on_ boolean);
+         GRANT SELECT ON blip_flag TO authenticated;
+         DELETE FROM blip_flag;
+         CREATE OR REPLACE FUNCTION blip_wait() RETURNS boolean LANGUAGE plpgsql AS $$
+         BEGIN
+             -- Qualified: realtime.authorize runs with a pinned search_path.
+             IF EXISTS (SELECT 1 FROM public.blip_flag) THEN PERFORM pg_sleep(2); END IF;
+             RETURN true;
+         END $$;
+         DROP POLICY IF EXISTS blip_read ON realtime.messages;
+         CREATE POLICY blip_read ON realtime.messages FOR SELECT TO authenticated
+             USING ((SELECT realtime.topic()) = 'room:blip' AND blip_wait());",
+    )
+    .await
+    .unwrap();
+    let sidecar = Sidecar::start(
+        "t_blip",
+        &[
+            ("AUTHORIZATION_TTL_SECS", "1"),
+            ("DB_STATEMENT_TIMEOUT_MS", "300"),
+        ],
+    )
+    .await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let joined = join_private(&mut c, "realtime:room:blip", &user_token(MEMBER), false).await;
+    assert_eq!(joined["status"], "ok", "{joined}");
+    db.batch_execute("INSERT INTO blip_flag VALUES (true)")
+        .await
+        .unwrap();
+    let system = next_event(&mut c, "system").await;
+    let msg = system["payload"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("Realtime could not re-check this channel's permissions (QueryCanceled"),
+        "{msg}"
+    );
+    let mut late = Client::connect(sidecar.port, "1.0.0").await;
+    let refused = join_private(&mut late, "realtime:room:blip", &user_token(MEMBER), false).await;
+    let reason = refused["response"]["reason"].as_str().unwrap();
+    assert!(reason.starts_with("QueryCanceled: "), "{reason}");
+    // Once the database answers again the channel was never closed and still receives.
+    db.batch_execute("DELETE FROM blip_flag").await.unwrap();
+    send_private(&db, "room:blip", 1, 10).await;
+    let m = loop {
+        let m = c.next_json(10).await.expect("still joined");
+        assert_ne!(m["event"], "phx_close", "closed by a blip: {m}");
+        if m["event"] == "broadcast" {
+            break m;
+        }
+    };
+    assert_eq!(m["payload"]["payload"]["i"], 1);
+}

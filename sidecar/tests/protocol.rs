@@ -784,3 +784,73 @@ async fn bad_configuration_is_refused_at_startup() {
         assert!(err.contains(says), "{k}={v}: {err}");
     }
 }
+
+/// A drain call that stops answering (here: its backend is stopped with SIGSTOP) makes
+/// /healthz answer 503 with the reason, and the sidecar replaces the connection and
+/// resumes once the database answers again.
+#[tokio::test]
+async fn healthz_reports_a_stuck_drain_and_the_sidecar_recovers() {
+    let sidecar = Sidecar::start("t_stuck_drain", &[]).await;
+    let db = db().await;
+    let pid: i32 = db
+        .query_one(
+            "SELECT active_pid FROM realtime.consumers() WHERE name = 't_stuck_drain'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (status, body) = http(sidecar.port, "GET", "/healthz", &[], "")
+            .await
+            .unwrap();
+        if status == 503 {
+            break body;
+        }
+        assert!(std::time::Instant::now() < deadline, "/healthz stayed 200");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    signal("-CONT");
+    assert!(
+        body.starts_with("drain stuck: the database has not answered for"),
+        "{body}"
+    );
+    sidecar.wait_healthy().await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public("realtime:after-stuck").await;
+    send(&db, json!({"back": true}), "ev", "after-stuck").await;
+    let m = c.next_json(10).await.expect("delivery resumes");
+    assert_eq!(m["payload"]["payload"]["back"], true);
+}
+
+/// A REST body that does not arrive is cut off like slow headers (408), not waited on.
+#[tokio::test]
+async fn a_rest_body_that_never_arrives_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sidecar = Sidecar::start("t_slow_body", &[("HTTP_HEADER_TIMEOUT_SECS", "1")]).await;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", sidecar.port))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /api/broadcast HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"mess",
+        anon_key()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(15), s.read_to_end(&mut answer))
+        .await
+        .expect("answered within the bound")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
