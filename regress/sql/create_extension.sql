@@ -44,13 +44,15 @@ END
 $$;
 SELECT * FROM take();
 
--- Test helper: waits (bounded) until no live session holds the consumer, as after a
--- reconnect, when the previous session's backend may still be exiting.
-CREATE FUNCTION wait_until_released(consumer text) RETURNS boolean LANGUAGE plpgsql AS $$
+-- Test helper: waits until the boolean SQL expression `condition` holds, checking every
+-- 25 ms for at most 10 s (then false): the suite waits for conditions, never for time.
+CREATE FUNCTION wait_for(condition text) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    holds boolean;
 BEGIN
     FOR i IN 1..400 LOOP
-        IF NOT EXISTS (SELECT 1 FROM realtime.consumers() c JOIN pg_stat_activity a ON a.pid = c.active_pid
-                       WHERE c.name = consumer AND c.active_pid <> pg_backend_pid()) THEN
+        EXECUTE 'SELECT ' || condition INTO holds;
+        IF holds THEN
             RETURN true;
         END IF;
         PERFORM pg_sleep(0.025);
@@ -58,3 +60,8 @@ BEGIN
     RETURN false;
 END
 $$;
+-- Until no live session holds the consumer, as after a reconnect, when the previous
+-- session's backend may still be exiting.
+CREATE FUNCTION wait_until_released(consumer text) RETURNS boolean LANGUAGE sql AS $$
+    SELECT wait_for(format('NOT EXISTS (SELECT 1 FROM realtime.consumers() c JOIN pg_stat_activity a ON a.pid = c.active_pid
+                            WHERE c.name = %L AND c.active_pid <> pg_backend_pid())', consumer)) $$;

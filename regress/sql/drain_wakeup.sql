@@ -10,18 +10,9 @@ SELECT dblink_send_query('reader', $$
     FROM (SELECT clock_timestamp() AS started) s, realtime.drain('waker', NULL, 10, 20000) d $$);
 
 -- Wait (bounded) until the reader sleeps in the drain, so the wake-up path is what is tested.
-CREATE FUNCTION wait_until_draining(consumer text) RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-    FOR i IN 1..400 LOOP
-        IF EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Extension'
-                   AND query LIKE format('%%realtime.drain(%L%%', consumer)) THEN
-            RETURN true;
-        END IF;
-        PERFORM pg_sleep(0.025);
-    END LOOP;
-    RETURN false;
-END
-$$;
+CREATE FUNCTION wait_until_draining(consumer text) RETURNS boolean LANGUAGE sql AS $$
+    SELECT wait_for(format('EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = %L AND query LIKE %L)',
+                           'Extension', format('%%realtime.drain(%L%%', consumer))) $$;
 SELECT wait_until_draining('waker');
 SELECT wait_event_type, wait_event FROM pg_stat_activity
 WHERE pid <> pg_backend_pid() AND query LIKE '%realtime.drain(''waker''%';

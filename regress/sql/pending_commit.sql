@@ -4,18 +4,6 @@
 SELECT realtime.create_consumer('held') AS base \gset
 CREATE TABLE held_rows (n int);
 SELECT pending_bytes, oldest_pending_since IS NULL AS nothing_pending FROM realtime.stats();
--- Wait (bounded) until the sender's commit waits for the standby.
-CREATE FUNCTION wait_for_syncrep() RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-    FOR i IN 1..400 LOOP
-        IF EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep') THEN
-            RETURN true;
-        END IF;
-        PERFORM pg_sleep(0.025);
-    END LOOP;
-    RETURN false;
-END
-$$;
 -- This session's own commits must not wait for the missing standby.
 SET synchronous_commit = local;
 ALTER SYSTEM SET synchronous_standby_names = 'standby_that_never_comes';
@@ -23,21 +11,15 @@ SELECT pg_reload_conf();
 SELECT dblink_connect('stuck', format('host=%s port=%s dbname=%s',
     split_part(current_setting('unix_socket_directories'), ',', 1), current_setting('port'), current_database()));
 -- Wait (bounded) until the sender's session has loaded the setting (reloads are asynchronous).
-DO $$
-BEGIN
-    FOR i IN 1..400 LOOP
-        EXIT WHEN (SELECT s FROM dblink('stuck', 'SHOW synchronous_standby_names') AS t(s text)) <> '';
-        PERFORM pg_sleep(0.025);
-    END LOOP;
-END
-$$;
+SELECT wait_for($$(SELECT s FROM dblink('stuck', 'SHOW synchronous_standby_names') AS t(s text)) <> ''$$);
 -- Commits wait for a standby once the checkpointer has applied the setting too: a checkpoint
 -- makes it handle the pending reload first.
 CHECKPOINT;
 -- The sender writes a row too: a transaction that writes nothing has no commit record to wait for.
 SELECT dblink_send_query('stuck', $$
     WITH w AS (INSERT INTO held_rows VALUES (1) RETURNING n) SELECT realtime.send(jsonb_build_object('n', n), 'ev', 'held', false) FROM w $$);
-SELECT wait_for_syncrep();
+-- Wait (bounded) until the sender's commit waits for the standby.
+SELECT wait_for($$EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep')$$);
 -- A later transaction (this session's, which does not wait for the standby) commits, but
 -- its message is held behind the stuck one.
 SELECT realtime.send('{"n": 2}', 'ev', 'held', false);
