@@ -53,8 +53,41 @@ pub enum Payload {
     Binary(Bytes),
 }
 
+/// One topic's subscribers: a dense list for fan-out, and each connection's place in it, so
+/// that joining and leaving cost O(1) however many share the topic (a scan of the list made
+/// a storm of 15,000 joins or leaves on one topic about 10^8 comparisons under the lock).
+#[derive(Default)]
+struct Subscribers {
+    list: Vec<Subscriber>,
+    at: HashMap<ConnId, usize>,
+}
+
+impl Subscribers {
+    /// Adds `sub`, or replaces the same connection's earlier subscription.
+    fn insert(&mut self, sub: Subscriber) {
+        match self.at.get(&sub.conn) {
+            Some(&i) => self.list[i] = sub,
+            None => {
+                self.at.insert(sub.conn, self.list.len());
+                self.list.push(sub);
+            }
+        }
+    }
+
+    /// Removes the connection's subscription; the last one takes its place in the list.
+    fn remove(&mut self, conn: ConnId) {
+        let Some(i) = self.at.remove(&conn) else {
+            return;
+        };
+        self.list.swap_remove(i);
+        if let Some(moved) = self.list.get(i) {
+            self.at.insert(moved.conn, i);
+        }
+    }
+}
+
 pub struct Hub {
-    topics: RwLock<HashMap<TopicKey, Vec<Subscriber>>>,
+    topics: RwLock<HashMap<TopicKey, Subscribers>>,
     metrics: Arc<Metrics>,
 }
 
@@ -69,16 +102,14 @@ impl Hub {
     /// Adds (or replaces) a connection's subscription to a topic.
     pub fn subscribe(&self, key: TopicKey, sub: Subscriber) {
         let mut topics = self.topics.write().unwrap();
-        let subs = topics.entry(key).or_default();
-        subs.retain(|s| s.conn != sub.conn);
-        subs.push(sub);
+        topics.entry(key).or_default().insert(sub);
     }
 
     pub fn unsubscribe(&self, key: &TopicKey, conn: ConnId) {
         let mut topics = self.topics.write().unwrap();
         if let Some(subs) = topics.get_mut(key) {
-            subs.retain(|s| s.conn != conn);
-            if subs.is_empty() {
+            subs.remove(conn);
+            if subs.list.is_empty() {
                 topics.remove(key);
             }
         }
@@ -106,7 +137,7 @@ impl Hub {
         let channel_topic = format!("realtime:{}", m.topic);
         let v1: OnceLock<Option<Message>> = OnceLock::new();
         let v2: OnceLock<Option<Message>> = OnceLock::new();
-        for sub in subs {
+        for sub in &subs.list {
             if m.origin == Some(sub.origin) && !sub.self_broadcast {
                 continue;
             }
@@ -148,7 +179,7 @@ impl Hub {
         let topics = self.topics.read().unwrap();
         for (key, subs) in topics.iter() {
             let channel_topic = format!("realtime:{}", key.topic);
-            for sub in subs {
+            for sub in &subs.list {
                 let text = frame::system(
                     sub.vsn,
                     sub.join_ref.as_deref(),
@@ -159,5 +190,89 @@ impl Hub {
                 self.deliver(sub, Message::text(text));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(t: &str) -> TopicKey {
+        TopicKey {
+            private: false,
+            topic: t.into(),
+        }
+    }
+
+    fn sub(conn: ConnId) -> (Subscriber, mpsc::Receiver<Message>) {
+        let (tx, rx) = mpsc::channel(16);
+        let s = Subscriber {
+            conn,
+            vsn: Vsn::V1,
+            join_ref: Some(conn.to_string()),
+            origin: conn as i64,
+            self_broadcast: false,
+            tx,
+            too_slow: Arc::new(Notify::new()),
+        };
+        (s, rx)
+    }
+
+    fn message(topic: &str, origin: Option<i64>) -> DbMessage {
+        DbMessage {
+            topic: topic.into(),
+            event: "ev".into(),
+            payload: Payload::Json("{}".into()),
+            private: false,
+            id: None,
+            origin,
+        }
+    }
+
+    #[test]
+    fn joins_and_leaves_in_any_order_keep_every_subscriber_reachable_once() {
+        let hub = Hub::new(Arc::new(Metrics::default()));
+        let mut rxs: Vec<_> = (0..100)
+            .map(|c| {
+                let (s, rx) = sub(c);
+                hub.subscribe(key("t"), s);
+                rx
+            })
+            .collect();
+        // Leave every third, out of order; rejoin one (replaces, not duplicates).
+        for c in (0..100).rev().filter(|c| c % 3 == 0) {
+            hub.unsubscribe(&key("t"), c);
+        }
+        let (again, rx_again) = sub(7);
+        hub.subscribe(key("t"), again);
+        rxs[7] = rx_again;
+        hub.dispatch(&message("t", None));
+        for (c, rx) in rxs.iter_mut().enumerate() {
+            let got = std::iter::from_fn(|| rx.try_recv().ok()).count();
+            assert_eq!(got, usize::from(c % 3 != 0), "connection {c}");
+        }
+        let topics = hub.topics.read().unwrap();
+        let subs = &topics[&key("t")];
+        assert_eq!(subs.list.len(), 66);
+        for (i, s) in subs.list.iter().enumerate() {
+            assert_eq!(subs.at[&s.conn], i, "index of {}", s.conn);
+        }
+    }
+
+    #[test]
+    fn the_last_leave_removes_the_topic_and_self_is_left_out() {
+        let hub = Hub::new(Arc::new(Metrics::default()));
+        let (a, mut rx_a) = sub(1);
+        let (b, mut rx_b) = sub(2);
+        hub.subscribe(key("t"), a);
+        hub.subscribe(key("t"), b);
+        // A client broadcast from connection 1 (self: false) reaches only connection 2.
+        hub.dispatch(&message("t", Some(1)));
+        assert!(rx_a.try_recv().is_err());
+        assert!(rx_b.try_recv().is_ok());
+        hub.unsubscribe(&key("t"), 1);
+        hub.unsubscribe(&key("t"), 2);
+        hub.unsubscribe(&key("t"), 2);
+        assert!(hub.topics.read().unwrap().is_empty());
     }
 }
