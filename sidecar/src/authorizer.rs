@@ -134,13 +134,15 @@ impl Access {
         self.broadcast_read.allowed() || self.presence_read.as_ref().is_some_and(Verdict::allowed)
     }
 
-    /// The error a policy or the role guard raised for the read verdicts, if any.
-    pub fn read_error(&self) -> Option<&str> {
+    /// The role guard's refusal of the read verdicts, if that is why they were denied: the
+    /// client is told which role was refused. Other errors (a policy that raised, a missing
+    /// grant) stay in the sidecar's log and metrics, as Supabase keeps them from clients.
+    pub fn role_refusal(&self) -> Option<&str> {
         [Some(&self.broadcast_read), self.presence_read.as_ref()]
             .into_iter()
             .flatten()
             .find_map(|v| match v {
-                Verdict::Denied(Some(e)) => Some(e.as_str()),
+                Verdict::Denied(Some(e)) if e.starts_with("role \"") => Some(e.as_str()),
                 _ => None,
             })
     }

@@ -646,7 +646,7 @@ impl Conn {
                     self.complete_join(m, config, claims, sub_topic, read, write);
                 } else {
                     let mut reason = format!("Unauthorized: You do not have permissions to read from this Channel topic: {sub_topic}");
-                    if let Some(e) = access.read_error() {
+                    if let Some(e) = access.role_refusal() {
                         reason.push_str(&format!(" ({e})"));
                     }
                     self.join_error(&m, reason);

@@ -10,6 +10,8 @@ mod config;
 mod connection;
 mod drainer;
 mod frame;
+#[cfg(test)]
+mod fuzz;
 mod hub;
 mod jwt;
 mod metrics;

@@ -31,14 +31,14 @@ fn invalid(errors: Value) -> Outcome {
 }
 
 /// One message of the request, validated as Supabase validates it.
-struct Message {
-    topic: String,
+pub(crate) struct Message {
+    pub(crate) topic: String,
     event: String,
     payload: Value,
     private: bool,
 }
 
-fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
+pub(crate) fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| invalid(json!({"body": [format!("is not valid JSON: {e}")]})))?;
     let Some(list) = v.get("messages").and_then(Value::as_array) else {

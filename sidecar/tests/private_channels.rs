@@ -534,3 +534,44 @@ async fn a_database_blip_is_not_a_revocation_nor_a_denial() {
     };
     assert_eq!(m["payload"]["payload"]["i"], 1);
 }
+
+/// A role created after CREATE EXTENSION has no USAGE on schema realtime, so every private
+/// join of its users was refused as "Unauthorized" while the cause showed only at INFO.
+/// The sidecar now logs a WARNING naming the grants that fix it, and counts it.
+#[tokio::test]
+async fn a_role_without_usage_on_realtime_is_named_in_a_warning() {
+    let db = setup().await;
+    db.batch_execute(
+        "DO $$ BEGIN
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'late_role') THEN
+                 CREATE ROLE late_role NOLOGIN;
+             END IF;
+         END $$;
+         GRANT late_role TO realtime_sidecar;",
+    )
+    .await
+    .unwrap();
+    let sidecar = Sidecar::start("t_late_role", &[]).await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let t = token(json!({"role": "late_role", "sub": MEMBER, "exp": now() + 3600}));
+    let reply = join_private(&mut c, "realtime:room:late", &t, false).await;
+    // The client is told no more than Supabase tells it.
+    assert_eq!(
+        reply["response"]["reason"],
+        "Unauthorized: You do not have permissions to read from this Channel topic: room:late"
+    );
+    assert!(sidecar.metric("realtime_auth_policy_errors_total").await >= 1.0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !sidecar
+        .log()
+        .contains("GRANT USAGE ON SCHEMA realtime TO \"late_role\"")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warning naming the fix in: {}",
+            sidecar.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(sidecar.log().contains("WARN"));
+}

@@ -8,7 +8,7 @@
 use futures_util::{SinkExt, StreamExt};
 use jsonwebtoken::{encode, EncodingKey, Header};
 use serde_json::{json, Value};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -87,7 +87,7 @@ impl Sidecar {
             .env("DATABASE_URL", sidecar_dsn())
             .env("CONSUMER_NAME", consumer)
             .env("LOG_LEVEL", "warn")
-            .stdout(Stdio::null());
+            .stdout(std::fs::File::create(Self::log_path(consumer)).expect("sidecar log file"));
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -99,6 +99,16 @@ impl Sidecar {
         };
         s.wait_healthy().await;
         s
+    }
+
+    /// Where a test sidecar's log (its stdout) goes.
+    fn log_path(consumer: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("realtime-sidecar-test-{consumer}.log"))
+    }
+
+    /// What the sidecar has logged so far (warnings and errors).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(Self::log_path(&self.consumer)).unwrap_or_default()
     }
 
     /// Waits (at most 15 s) until /healthz says the drain connection is up.
