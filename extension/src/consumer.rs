@@ -8,54 +8,15 @@
 use crate::errors;
 use crate::message::MessageView;
 use crate::queue::Locate;
-use crate::shared::{queue, QueueShared};
+use crate::shared::{queue, ConsumerSlot, QueueShared, NAME_MAX};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8};
 use std::time::{Duration, Instant};
 
-const NAME_MAX: usize = 63;
 /// Bytes copied out of the ring per drain call beyond the first message; bounds how long a
 /// reader holds the lock that committing writers need.
 const MAX_BATCH_BYTES: usize = 16 << 20;
-
-#[repr(C)]
-pub struct ConsumerSlot {
-    /// Changed only under the exclusive queue lock.
-    in_use: AtomicBool,
-    name_len: AtomicU64,
-    name: [AtomicU8; NAME_MAX],
-    pub confirmed: AtomicU64,
-    /// Where the last read stopped: (sequence read through, ring offset to continue at).
-    hint_seq: AtomicU64,
-    hint_off: AtomicU64,
-    pub last_read: AtomicU64,
-    pub pid: AtomicI32,
-    pub gaps: AtomicU64,
-    pub lost: AtomicU64,
-    lost_through: AtomicU64,
-    pub delivered: AtomicU64,
-}
-
-impl ConsumerSlot {
-    pub fn in_use(&self) -> bool {
-        self.in_use.load(Relaxed)
-    }
-
-    pub fn name(&self) -> String {
-        let n = self.name_len.load(Relaxed) as usize;
-        let bytes: Vec<u8> = self.name[..n].iter().map(|c| c.load(Relaxed)).collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
-
-    fn set_name(&self, name: &str) {
-        for (cell, b) in self.name.iter().zip(name.bytes()) {
-            cell.store(b, Relaxed);
-        }
-        self.name_len.store(name.len() as u64, Relaxed);
-    }
-}
 
 /// Looks a consumer up. The caller holds the queue lock, so slots do not change meanwhile.
 fn find(q: &'static QueueShared, name: &str) -> Option<&'static ConsumerSlot> {
@@ -104,17 +65,7 @@ fn create_consumer(name: &str) -> i64 {
     };
     let core = g.core();
     let position = core.last_seq();
-    slot.set_name(name);
-    for c in [&slot.gaps, &slot.lost, &slot.delivered] {
-        c.store(0, Relaxed);
-    }
-    slot.confirmed.store(position, Relaxed);
-    slot.last_read.store(position, Relaxed);
-    slot.lost_through.store(position, Relaxed);
-    slot.hint_seq.store(position, Relaxed);
-    slot.hint_off.store(core.published, Relaxed);
-    slot.pid.store(0, Relaxed);
-    slot.in_use.store(true, Relaxed);
+    slot.occupy(name, position, core.published);
     position as i64
 }
 
@@ -135,7 +86,7 @@ fn drop_consumer(name: &str) -> bool {
             None,
         );
     }
-    slot.in_use.store(false, Relaxed);
+    slot.release();
     true
 }
 
@@ -144,7 +95,11 @@ fn drop_consumer(name: &str) -> bool {
 #[pg_extern(volatile, parallel_unsafe)]
 fn confirm(consumer: &str, seq: i64) {
     let q = queue();
-    let slot = require(q, consumer);
+    let (slot, generation) = {
+        let _g = q.shared();
+        let slot = find(q, consumer).unwrap_or_else(|| missing(consumer));
+        (slot, slot.generation())
+    };
     let last = q.shared().core().last_seq();
     if seq < 0 || seq as u64 > last {
         errors::invalid(
@@ -152,7 +107,13 @@ fn confirm(consumer: &str, seq: i64) {
             Some("The server may have restarted; read the consumer's position again with realtime.create_consumer()."),
         );
     }
-    slot.confirmed.fetch_max(seq as u64, Relaxed);
+    // Under the lock, and only if the slot still holds the consumer looked up above: a drop
+    // and re-create meanwhile must not move another consumer's position.
+    let _g = q.shared();
+    if !slot.confirm_if_current(generation, seq as u64) {
+        drop(_g);
+        missing(consumer);
+    }
 }
 
 fn backend_alive(pid: i32) -> bool {

@@ -13,7 +13,8 @@
 //!
 //! One shared segment, allocated at postmaster start (the extension must be preloaded):
 //! a `QueueShared` header (positions, counters, the lock, a condition variable), then
-//! `realtime.max_consumers` consumer slots (see `consumer.rs`), then a byte ring of
+//! `realtime.max_consumers` consumer slots (`ConsumerSlot` in `shared.rs`, each field with its
+//! lock rule; their API in `consumer.rs`), then a byte ring of
 //! `realtime.queue_size`. Records (`message.rs`) are stored back to back and may wrap around
 //! the ring's end; every position is a monotonic 64-bit byte offset, the ring index being the
 //! offset modulo the capacity, so offsets never repeat and comparing them is always meaningful.

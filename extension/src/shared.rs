@@ -2,12 +2,13 @@
 //! the condition variable readers sleep on, and the statistics counters. The queue's design
 //! is explained in `queue.rs`.
 
-use crate::consumer::ConsumerSlot;
 use crate::gucs;
 use crate::queue::{QueueCore, Ring};
 use pgrx::pg_sys;
+use std::cell::UnsafeCell;
 use std::ffi::CStr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8};
 
 const TRANCHE: &CStr = c"pg_realtime";
 const SEGMENT: &CStr = c"pg_realtime queue";
@@ -24,17 +25,120 @@ pub struct Counters {
     pub queue_full_errors: AtomicU64,
 }
 
+/// The segment's header. Every backend maps it at the same place; Rust sees it only through
+/// `&QueueShared`, so what changes after start-up sits in `UnsafeCell`s or atomics.
 #[repr(C)]
 pub struct QueueShared {
+    /// Set once at start-up.
     lock: *mut pg_sys::LWLock,
-    cv: pg_sys::ConditionVariable,
-    /// Postmaster start time of this queue's incarnation (TimestampTz).
+    /// Postgres's own synchronisation (`ConditionVariable*` functions); no lock needed.
+    cv: UnsafeCell<pg_sys::ConditionVariable>,
+    /// Postmaster start time of this queue's incarnation (TimestampTz). Set once.
     pub epoch: i64,
+    /// Set once.
     pub capacity: u64,
+    /// Set once.
     pub nslots: u32,
-    /// Guarded by `lock`.
-    core: QueueCore,
+    /// Read under `lock` held shared or exclusive; written only under it held exclusive
+    /// (`Guard::core`, `ExclusiveGuard::core`).
+    core: UnsafeCell<QueueCore>,
+    /// Atomics, no lock.
     pub counters: Counters,
+}
+
+/// Longest consumer name.
+pub const NAME_MAX: usize = 63;
+
+/// One named consumer's slot (`consumer.rs` is its API), `realtime.max_consumers` of them
+/// after the header. Every field is atomic, so reading one never tears; the lock rule of
+/// each says when a value may change and what a reader can rely on.
+#[repr(C)]
+pub struct ConsumerSlot {
+    /// Changed only under the exclusive lock (create, drop): holding the lock, shared or
+    /// exclusive, a reader sees a stable set of slots.
+    in_use: AtomicBool,
+    /// Changed only under the exclusive lock, with `in_use`.
+    name_len: AtomicU64,
+    /// Changed only under the exclusive lock, with `in_use`.
+    name: [AtomicU8; NAME_MAX],
+    /// Bumped under the exclusive lock whenever the slot is taken or freed, so that a
+    /// reference found earlier can tell, under the lock, that it still names the same
+    /// consumer (`confirm_if_current`).
+    generation: AtomicU64,
+    /// The confirmed position: set at create (exclusive lock); afterwards only raised, with
+    /// `fetch_max`, by the slot's reader or by `confirm_if_current` under the lock.
+    pub confirmed: AtomicU64,
+    /// Where the last read stopped (sequence read through, ring offset): written by the
+    /// slot's one reader (the backend in `pid`), a hint that `locate` checks before use.
+    pub hint_seq: AtomicU64,
+    pub hint_off: AtomicU64,
+    /// Written by the slot's one reader; for statistics.
+    pub last_read: AtomicU64,
+    /// The backend reading the slot (0: none); claimed under the exclusive lock, cleared by
+    /// that backend at exit.
+    pub pid: AtomicI32,
+    /// Statistics, written by the slot's reader; reset at create.
+    pub gaps: AtomicU64,
+    pub lost: AtomicU64,
+    pub lost_through: AtomicU64,
+    pub delivered: AtomicU64,
+}
+
+impl ConsumerSlot {
+    pub fn in_use(&self) -> bool {
+        self.in_use.load(Relaxed)
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Relaxed)
+    }
+
+    pub fn name(&self) -> String {
+        let n = self.name_len.load(Relaxed) as usize;
+        let bytes: Vec<u8> = self.name[..n].iter().map(|c| c.load(Relaxed)).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Takes a free slot for `name`, positioned at `position` (ring offset `offset`).
+    /// Lock: exclusive.
+    pub fn occupy(&self, name: &str, position: u64, offset: u64) {
+        for (cell, b) in self.name.iter().zip(name.bytes()) {
+            cell.store(b, Relaxed);
+        }
+        self.name_len.store(name.len() as u64, Relaxed);
+        for c in [&self.gaps, &self.lost, &self.delivered] {
+            c.store(0, Relaxed);
+        }
+        for p in [
+            &self.confirmed,
+            &self.last_read,
+            &self.lost_through,
+            &self.hint_seq,
+        ] {
+            p.store(position, Relaxed);
+        }
+        self.hint_off.store(offset, Relaxed);
+        self.pid.store(0, Relaxed);
+        self.generation.fetch_add(1, Relaxed);
+        self.in_use.store(true, Relaxed);
+    }
+
+    /// Frees the slot. Lock: exclusive.
+    pub fn release(&self) {
+        self.in_use.store(false, Relaxed);
+        self.generation.fetch_add(1, Relaxed);
+    }
+
+    /// Raises the confirmed position to `seq` if the slot still holds the consumer it held
+    /// at `generation`; false (and nothing written) if it was dropped or taken again since.
+    /// Lock: shared (create and drop, which change the generation, need it exclusive).
+    pub fn confirm_if_current(&self, generation: u64, seq: u64) -> bool {
+        if !self.in_use() || self.generation() != generation {
+            return false;
+        }
+        self.confirmed.fetch_max(seq, Relaxed);
+        true
+    }
 }
 
 static mut SHARED: *mut QueueShared = std::ptr::null_mut();
@@ -95,11 +199,11 @@ unsafe extern "C-unwind" fn startup_hook() {
                 header_size() + slots_size(gucs::max_consumers()),
             );
             (*p).lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
-            pg_sys::ConditionVariableInit(&raw mut (*p).cv);
+            pg_sys::ConditionVariableInit(UnsafeCell::raw_get(&raw const (*p).cv));
             (*p).epoch = pg_sys::GetCurrentTimestamp();
             (*p).capacity = gucs::queue_size_bytes();
             (*p).nslots = gucs::max_consumers();
-            std::ptr::write(&raw mut (*p).core, QueueCore::default());
+            std::ptr::write(&raw mut (*p).core, UnsafeCell::new(QueueCore::default()));
             std::ptr::write(&raw mut (*p).counters, Counters::default());
         }
         pg_sys::LWLockRelease(init_lock);
@@ -131,7 +235,8 @@ impl Drop for Guard<'_> {
 
 impl<'a> Guard<'a> {
     pub fn core(&self) -> &QueueCore {
-        &self.q.core
+        // SAFETY: the lock is held (shared or exclusive), so no one writes meanwhile.
+        unsafe { &*self.q.core.get() }
     }
 }
 
@@ -142,7 +247,9 @@ pub struct ExclusiveGuard<'a> {
 
 impl<'a> ExclusiveGuard<'a> {
     pub fn core(&mut self) -> &mut QueueCore {
-        unsafe { &mut *(&raw const self.inner.q.core as *mut QueueCore) }
+        // SAFETY: the lock is held exclusively and this guard is borrowed mutably, so this
+        // is the only reference to the positions.
+        unsafe { &mut *self.inner.q.core.get() }
     }
 }
 
@@ -182,11 +289,68 @@ impl QueueShared {
     }
 
     pub fn cv(&self) -> *mut pg_sys::ConditionVariable {
-        &raw const self.cv as *mut pg_sys::ConditionVariable
+        self.cv.get()
     }
 
     /// Wakes every reader sleeping in `consumer::drain`.
     pub fn wake_readers(&self) {
         unsafe { pg_sys::ConditionVariableBroadcast(self.cv()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free_slot() -> Box<ConsumerSlot> {
+        // SAFETY: every field is an atomic, for which all-zero bytes are a valid value, as
+        // in the zeroed shared segment.
+        Box::new(unsafe { std::mem::zeroed() })
+    }
+
+    /// Fixed bug: `confirm()` looked the slot up, released the lock, then wrote the
+    /// position; a drop and re-create in between moved another consumer's position.
+    #[test]
+    fn confirm_after_a_drop_and_recreate_does_not_move_the_new_consumer() {
+        let slot = free_slot();
+        slot.occupy("first", 10, 100);
+        let seen = slot.generation();
+        // Meanwhile another session drops "first" and the slot is taken by "second".
+        slot.release();
+        slot.occupy("second", 20, 200);
+        assert!(!slot.confirm_if_current(seen, 25));
+        assert_eq!(
+            slot.confirmed.load(Relaxed),
+            20,
+            "second's position untouched"
+        );
+        assert_eq!(slot.name(), "second");
+        // A reference taken now confirms, and never backwards.
+        let now = slot.generation();
+        assert!(slot.confirm_if_current(now, 25));
+        assert!(slot.confirm_if_current(now, 22));
+        assert_eq!(slot.confirmed.load(Relaxed), 25);
+        slot.release();
+        assert!(!slot.confirm_if_current(now, 30), "dropped");
+    }
+
+    #[test]
+    fn occupy_resets_what_the_previous_consumer_left() {
+        let slot = free_slot();
+        slot.occupy("a-longer-name", 5, 50);
+        slot.gaps.store(3, Relaxed);
+        slot.pid.store(42, Relaxed);
+        slot.release();
+        slot.occupy("b", 7, 70);
+        assert_eq!(slot.name(), "b");
+        assert_eq!(
+            (
+                slot.gaps.load(Relaxed),
+                slot.pid.load(Relaxed),
+                slot.hint_off.load(Relaxed)
+            ),
+            (0, 0, 70)
+        );
+        assert!(slot.in_use());
     }
 }
