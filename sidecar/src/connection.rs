@@ -8,13 +8,14 @@
 
 use crate::authorizer::{self, Access, Identity};
 use crate::channel::{self, JoinConfig};
+use crate::command::{self, ClientBroadcast, Command, Frame};
 use crate::frame::{self, Inbound, Vsn};
-use crate::hub::{ConnId, Payload, Subscriber, TopicKey};
+use crate::hub::{ConnId, Subscriber, TopicKey};
 use crate::jwt::{self, Claims};
 use crate::publish::{self, AckTo, Failure, Publish};
 use crate::state::Shared;
 use futures_util::{SinkExt, StreamExt};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -364,20 +365,9 @@ impl Conn {
     }
 
     fn handle(&mut self, msg: Message) -> Result<(), Close> {
-        let mut binary = None;
-        let inbound = match msg {
-            Message::Text(t) => frame::decode_text(self.vsn, t.as_str()),
-            Message::Binary(b) if self.vsn == Vsn::V2 => frame::decode_binary(&b).map(|push| {
-                let m = Inbound {
-                    join_ref: push.join_ref,
-                    reference: push.reference,
-                    topic: push.topic,
-                    event: "broadcast".into(),
-                    payload: Value::Null,
-                };
-                binary = Some((push.event, push.encoding, push.payload));
-                m
-            }),
+        let parsed = match msg {
+            Message::Text(t) => command::from_text(self.vsn, t.as_str()),
+            Message::Binary(b) if self.vsn == Vsn::V2 => command::from_binary(&b),
             Message::Binary(_) => Err(frame::DecodeError::Binary(
                 "binary frames need serializer 2.0.0",
             )),
@@ -385,8 +375,8 @@ impl Conn {
             // Pings are answered by tungstenite; pongs need nothing.
             _ => return Ok(()),
         };
-        let m = match inbound {
-            Ok(m) => m,
+        let Frame { head: m, command } = match parsed {
+            Ok(f) => f,
             Err(e) => {
                 // Supabase's MalformedWebSocketMessage: the message is dropped, the socket kept.
                 self.shared
@@ -397,11 +387,15 @@ impl Conn {
                 return Ok(());
             }
         };
-        if m.topic == "phoenix" && m.event == "heartbeat" {
-            self.push_text(frame::reply(self.vsn, &m, "ok", json!({})));
-            return Ok(());
-        }
-        if m.event != "phx_join" && !self.channels.contains_key(&m.topic) {
+        let command = match command {
+            Command::Heartbeat => {
+                self.push_text(frame::reply(self.vsn, &m, "ok", json!({})));
+                return Ok(());
+            }
+            Command::Join(config) => return self.join(m, config),
+            other => other,
+        };
+        if !self.channels.contains_key(&m.topic) {
             self.push_text(frame::reply(
                 self.vsn,
                 &m,
@@ -410,35 +404,28 @@ impl Conn {
             ));
             return Ok(());
         }
-        if m.event != "phx_join" && !self.events.allow(self.shared.cfg.max_events_per_second) {
+        if !self.events.allow(self.shared.cfg.max_events_per_second) {
             self.leave(&m.topic, Some("Too many messages per second"));
             return Ok(());
         }
-        match m.event.as_str() {
-            "phx_join" => self.join(m),
-            "phx_leave" => {
+        match command {
+            Command::Heartbeat | Command::Join(_) => unreachable!("handled above"),
+            Command::Leave => {
                 self.push_text(frame::reply(self.vsn, &m, "ok", json!({})));
                 self.leave(&m.topic, None);
-                Ok(())
             }
-            "access_token" => {
-                self.refresh_token(&m);
-                Ok(())
-            }
-            "broadcast" => {
-                self.client_broadcast(&m, binary);
-                Ok(())
-            }
-            "presence" => {
-                self.push_text(frame::reply(
-                    self.vsn,
-                    &m,
-                    "error",
-                    json!({"reason": "Presence is not supported by this server yet"}),
-                ));
-                Ok(())
-            }
-            other => {
+            Command::AccessToken(token) => self.refresh_token(&m, token),
+            // A missing or stale join_ref is accepted, as Supabase's patched Phoenix accepts
+            // it: SDK clients send such pushes.
+            Command::Broadcast(Ok(b)) => self.client_broadcast(&m, b),
+            Command::Broadcast(Err(why)) => self.broadcast_error(&m, why),
+            Command::Presence => self.push_text(frame::reply(
+                self.vsn,
+                &m,
+                "error",
+                json!({"reason": "Presence is not supported by this server yet"}),
+            )),
+            Command::Unknown(other) => {
                 let reason = format!("UnknownEvent: this server does not handle event \"{other}\"");
                 self.push_text(frame::reply(
                     self.vsn,
@@ -446,9 +433,9 @@ impl Conn {
                     "error",
                     json!({ "reason": reason }),
                 ));
-                Ok(())
             }
         }
+        Ok(())
     }
 
     fn join_error(&mut self, m: &Inbound, reason: String) {
@@ -461,7 +448,7 @@ impl Conn {
         ));
     }
 
-    fn join(&mut self, m: Inbound) -> Result<(), Close> {
+    fn join(&mut self, m: Inbound, config: JoinConfig) -> Result<(), Close> {
         if !self.joins.allow(self.shared.cfg.max_joins_per_second) {
             self.join_error(
                 &m,
@@ -486,7 +473,6 @@ impl Conn {
             return Ok(());
         }
         let sub_topic = sub_topic.to_owned();
-        let config = channel::parse_join(&m.payload);
         let claims = match config.access_token.as_deref() {
             Some(t) if !t.starts_with("sb_") => match self.shared.verifier.verify(t) {
                 Ok(c) => c,
@@ -740,8 +726,8 @@ impl Conn {
         }
     }
 
-    fn refresh_token(&mut self, m: &Inbound) {
-        let Some(token) = m.payload.get("access_token").and_then(Value::as_str) else {
+    fn refresh_token(&mut self, m: &Inbound, token: Option<String>) {
+        let Some(token) = token.as_deref() else {
             return;
         };
         if token.starts_with("sb_") {
@@ -767,24 +753,8 @@ impl Conn {
     /// A client's broadcast: relayed through the database so that every sidecar sees it in
     /// the queue's one order, then fanned out like any message (minus the sender unless it
     /// joined with `self: true`). With `ack: true` the reply comes once it has committed.
-    fn client_broadcast(&mut self, m: &Inbound, binary: Option<(String, u8, bytes::Bytes)>) {
-        let (event, payload) = match binary {
-            Some((event, frame::ENCODING_JSON, bytes)) => match String::from_utf8(bytes.to_vec()) {
-                Ok(json) => (event, Payload::Json(json)),
-                Err(_) => return self.broadcast_error(m, "the JSON payload is not UTF-8"),
-            },
-            Some((event, _, bytes)) => (event, Payload::Binary(bytes)),
-            None => {
-                let Some(event) = m.payload.get("event").and_then(Value::as_str) else {
-                    return self.broadcast_error(m, "a broadcast needs an event name");
-                };
-                let payload = m.payload.get("payload").cloned().unwrap_or(Value::Null);
-                (event.to_owned(), Payload::Json(payload.to_string()))
-            }
-        };
-        if event.is_empty() || event.len() > 255 {
-            return self.broadcast_error(m, "the event name must be 1 to 255 bytes long");
-        }
+    fn client_broadcast(&mut self, m: &Inbound, b: ClientBroadcast) {
+        let ClientBroadcast { event, payload } = b;
         let ch = &self.channels[&m.topic];
         if ch.key.private && !ch.writable {
             // Supabase drops these silently; an error reply says why instead.

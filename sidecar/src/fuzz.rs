@@ -9,7 +9,8 @@
 //! (default 20,000: the seconds-long smoke the test suite runs); README gives the command
 //! for 10 million. `FUZZ_SEED` reproduces a run; a failure prints the input.
 
-use crate::frame::{self, Vsn};
+use crate::command::{self, Command};
+use crate::frame::Vsn;
 use crate::{channel, jwt, rest, server};
 use arbitrary::{Arbitrary, Unstructured};
 use rand::rngs::SmallRng;
@@ -196,16 +197,21 @@ fn text_frames_of_both_serializers() {
             Some((_, rest)) => (Vsn::V1, rest),
             None => (Vsn::V1, data),
         };
-        match frame::decode_text(vsn, &String::from_utf8_lossy(text)) {
-            Ok(m) => {
-                // What a connection does next with a decoded frame's parts.
-                let _ = channel::parse_join(&m.payload);
-                if let Some(sub) = m.topic.strip_prefix("realtime:") {
+        // The typed parser the connection dispatches on, and the topic check a join does.
+        match command::from_text(vsn, &String::from_utf8_lossy(text)) {
+            Ok(f) => {
+                if let Some(sub) = f.head.topic.strip_prefix("realtime:") {
                     if let Err(e) = channel::validate_sub_topic(sub) {
                         reason(&e)?;
                     }
                 }
-                Ok(())
+                match f.command {
+                    Command::Broadcast(Ok(b)) if b.event.is_empty() || b.event.len() > 255 => {
+                        Err("a broadcast with an invalid event name passed".into())
+                    }
+                    Command::Broadcast(Err(why)) => reason(why),
+                    _ => Ok(()),
+                }
             }
             Err(e) => reason(&e.to_string()),
         }
@@ -217,9 +223,17 @@ fn binary_frames() {
     let mut push = vec![3u8, 1, 1, 13, 5, 0, 1];
     push.extend_from_slice(b"12realtime:roomevent{\"a\":1}");
     fuzz("binary frame", &[push], |data| {
-        match frame::decode_binary(&bytes::Bytes::copy_from_slice(data)) {
-            Ok(p) if p.payload.len() > data.len() => Err("payload longer than the frame".into()),
-            Ok(_) => Ok(()),
+        match command::from_binary(&bytes::Bytes::copy_from_slice(data)) {
+            Ok(f) => match f.command {
+                Command::Broadcast(Ok(b)) => match b.payload {
+                    crate::hub::Payload::Binary(p) if p.len() > data.len() => {
+                        Err("payload longer than the frame".into())
+                    }
+                    _ => Ok(()),
+                },
+                Command::Broadcast(Err(why)) => reason(why),
+                other => Err(format!("a binary frame became {other:?}")),
+            },
             Err(e) => reason(&e.to_string()),
         }
     });

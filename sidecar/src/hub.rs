@@ -48,6 +48,7 @@ pub struct DbMessage {
     pub origin: Option<i64>,
 }
 
+#[derive(Clone, Debug, PartialEq)]
 pub enum Payload {
     Json(String),
     Binary(Bytes),

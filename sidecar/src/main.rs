@@ -6,6 +6,7 @@
 mod authorizer;
 mod batch;
 mod channel;
+mod command;
 mod config;
 mod connection;
 mod drainer;

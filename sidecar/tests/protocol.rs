@@ -854,3 +854,23 @@ async fn a_rest_body_that_never_arrives_gets_408() {
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
 }
+
+/// SDK clients send broadcast pushes with a missing or stale join_ref; they are accepted, as
+/// Supabase's patched Phoenix accepts them.
+#[tokio::test]
+async fn broadcasts_with_a_missing_or_stale_join_ref_are_accepted() {
+    let sidecar = Sidecar::start("t_stale_join_ref", &[]).await;
+    let mut c = Client::connect(sidecar.port, "2.0.0").await;
+    let reply = c
+        .join(
+            "realtime:refs",
+            json!({"broadcast": {"ack": true, "self": true}, "private": false}),
+        )
+        .await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    for join_ref in [None, Some("999")] {
+        let body = json!({"type": "broadcast", "event": "e", "payload": {"ref": join_ref}});
+        let r = c.push(join_ref, "realtime:refs", "broadcast", body).await;
+        assert_eq!(c.reply(&r).await["status"], "ok", "join_ref {join_ref:?}");
+    }
+}
