@@ -11,8 +11,9 @@ use crate::channel::{self, JoinConfig};
 use crate::command::{self, ClientBroadcast, Command, Frame};
 use crate::frame::{self, Inbound, Vsn};
 use crate::hub::{ConnId, Subscriber, TopicKey};
-use crate::jwt::{self, Claims};
+use crate::jwt::{self, Claims, JwtError};
 use crate::publish::{self, AckTo, Failure, Publish};
+use crate::reason::{ChannelClosed, Disconnect, Refusal};
 use crate::state::Shared;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
@@ -22,7 +23,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Notify};
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
@@ -112,7 +112,7 @@ impl Rate {
 }
 
 /// Why the connection ends, sent to the client as the close frame.
-struct Close(CloseCode, &'static str);
+struct Close(Disconnect);
 
 struct Conn {
     id: ConnId,
@@ -196,7 +196,7 @@ pub async fn serve<S>(
         // then the client's frames; the outbound queue last (it is drained below anyway).
         tokio::select! {
             biased;
-            _ = shutdown.changed() => break Some(Close(CloseCode::Away, "server shutting down")),
+            _ = shutdown.changed() => break Some(Close(Disconnect::ShuttingDown)),
             _ = too_slow.notified() => break Some(too_slow_close(&shared)),
             Some(done) = auth_rx.recv() => conn.on_auth(done),
             _ = recheck.tick() => {
@@ -219,16 +219,16 @@ pub async fn serve<S>(
                     }
                     Some(Err(WsError::Capacity(e))) => {
                         tracing::debug!(conn = conn.id, error = %e, "frame too large");
-                        break Some(Close(CloseCode::Size, "frame too large"));
+                        break Some(Close(Disconnect::FrameTooLarge));
                     }
                     Some(Err(e)) => {
                         tracing::debug!(conn = conn.id, error = %e, "websocket error");
-                        break Some(Close(CloseCode::Protocol, "invalid WebSocket frame"));
+                        break Some(Close(Disconnect::InvalidFrame));
                     }
                     None => break None,
                 }
             }
-            _ = &mut idle => break Some(Close(CloseCode::Normal, "idle timeout: no heartbeat received")),
+            _ = &mut idle => break Some(Close(Disconnect::IdleTimeout)),
             Some(msg) = rx.recv() => conn.out.push(msg),
         }
         // Write what handling produced plus whatever the hub has queued, then flush once.
@@ -250,7 +250,7 @@ pub async fn serve<S>(
             tokio::select! {
                 r = write => if r.is_err() { break None; },
                 _ = too_slow.notified() => break Some(too_slow_close(&shared)),
-                _ = shutdown.changed() => break Some(Close(CloseCode::Away, "server shutting down")),
+                _ = shutdown.changed() => break Some(Close(Disconnect::ShuttingDown)),
             }
         }
     };
@@ -265,11 +265,11 @@ pub async fn serve<S>(
         for msg in last_words {
             let _ = sink.feed(msg).await;
         }
-        if let Some(Close(code, reason)) = close {
+        if let Some(Close(why)) = close {
             let _ = sink
                 .send(Message::Close(Some(CloseFrame {
-                    code,
-                    reason: reason.into(),
+                    code: why.code(),
+                    reason: why.text().into(),
                 })))
                 .await;
         }
@@ -281,10 +281,7 @@ pub async fn serve<S>(
 
 fn too_slow_close(shared: &Shared) -> Close {
     shared.metrics.slow_disconnects_total.fetch_add(1, Relaxed);
-    Close(
-        CloseCode::Policy,
-        "too slow: the client did not keep up with its messages",
-    )
+    Close(Disconnect::TooSlow)
 }
 
 impl Conn {
@@ -331,9 +328,10 @@ impl Conn {
             .collect();
         for topic in expired {
             let ch = self.channels.remove(&topic).expect("listed above");
-            // In a system message Supabase says it without the error code.
-            let msg = format!("Token has expired {} seconds ago", now - ch.claims.exp);
-            self.push_system(&topic, ch.join_ref.as_deref(), "error", &msg);
+            let why = ChannelClosed::TokenExpired {
+                seconds_ago: now - ch.claims.exp,
+            };
+            self.push_system(&topic, ch.join_ref.as_deref(), "error", &why.text());
             self.push_close(&topic, ch.join_ref.as_deref());
             self.unsubscribe(&ch);
         }
@@ -371,7 +369,7 @@ impl Conn {
             Message::Binary(_) => Err(frame::DecodeError::Binary(
                 "binary frames need serializer 2.0.0",
             )),
-            Message::Close(_) => return Err(Close(CloseCode::Normal, "bye")),
+            Message::Close(_) => return Err(Close(Disconnect::ClientClosed)),
             // Pings are answered by tungstenite; pongs need nothing.
             _ => return Ok(()),
         };
@@ -396,16 +394,11 @@ impl Conn {
             other => other,
         };
         if !self.channels.contains_key(&m.topic) {
-            self.push_text(frame::reply(
-                self.vsn,
-                &m,
-                "error",
-                json!({"reason": "unmatched topic"}),
-            ));
+            self.refuse(&m, Refusal::UnmatchedTopic);
             return Ok(());
         }
         if !self.events.allow(self.shared.cfg.max_events_per_second) {
-            self.leave(&m.topic, Some("Too many messages per second"));
+            self.leave(&m.topic, Some(ChannelClosed::TooManyMessages));
             return Ok(());
         }
         match command {
@@ -418,58 +411,41 @@ impl Conn {
             // A missing or stale join_ref is accepted, as Supabase's patched Phoenix accepts
             // it: SDK clients send such pushes.
             Command::Broadcast(Ok(b)) => self.client_broadcast(&m, b),
-            Command::Broadcast(Err(why)) => self.broadcast_error(&m, why),
-            Command::Presence => self.push_text(frame::reply(
-                self.vsn,
-                &m,
-                "error",
-                json!({"reason": "Presence is not supported by this server yet"}),
-            )),
-            Command::Unknown(other) => {
-                let reason = format!("UnknownEvent: this server does not handle event \"{other}\"");
-                self.push_text(frame::reply(
-                    self.vsn,
-                    &m,
-                    "error",
-                    json!({ "reason": reason }),
-                ));
-            }
+            Command::Broadcast(Err(why)) => self.refuse(&m, Refusal::UnableToBroadcast(why.into())),
+            Command::Presence => self.refuse(&m, Refusal::PresenceNotSupported),
+            Command::Unknown(other) => self.refuse(&m, Refusal::UnknownEvent(other)),
         }
         Ok(())
     }
 
-    fn join_error(&mut self, m: &Inbound, reason: String) {
-        self.shared.metrics.join_errors_total.fetch_add(1, Relaxed);
+    /// An error reply to a push, with its reason.
+    fn refuse(&mut self, m: &Inbound, why: Refusal) {
         self.push_text(frame::reply(
             self.vsn,
             m,
             "error",
-            json!({ "reason": reason }),
+            json!({ "reason": why.text() }),
         ));
+    }
+
+    fn join_error(&mut self, m: &Inbound, why: Refusal) {
+        self.shared.metrics.join_errors_total.fetch_add(1, Relaxed);
+        self.refuse(m, why);
     }
 
     fn join(&mut self, m: Inbound, config: JoinConfig) -> Result<(), Close> {
         if !self.joins.allow(self.shared.cfg.max_joins_per_second) {
-            self.join_error(
-                &m,
-                "ClientJoinRateLimitReached: Too many joins per second".into(),
-            );
-            return Err(Close(
-                CloseCode::Policy,
-                "ClientJoinRateLimitReached: Too many joins per second",
-            ));
+            self.join_error(&m, Refusal::ClientJoinRateLimitReached);
+            return Err(Close(Disconnect::JoinRateLimit));
         }
         let Some(sub_topic) = m.topic.strip_prefix("realtime:").filter(|s| !s.is_empty()) else {
-            self.join_error(
-                &m,
-                "TopicNameRequired: You must provide a topic name".into(),
-            );
+            self.join_error(&m, Refusal::TopicNameRequired);
             return Ok(());
         };
         // Checked as realtime.send checks it: a topic the database cannot take (a NUL, over
         // 246 bytes) would otherwise fail the batched authorization call it joins.
         if let Err(why) = channel::validate_sub_topic(sub_topic) {
-            self.join_error(&m, why);
+            self.join_error(&m, Refusal::InvalidTopic(why));
             return Ok(());
         }
         let sub_topic = sub_topic.to_owned();
@@ -477,35 +453,29 @@ impl Conn {
             Some(t) if !t.starts_with("sb_") => match self.shared.verifier.verify(t) {
                 Ok(c) => c,
                 Err(e) => {
-                    self.join_error(&m, e.reason());
+                    self.join_error(&m, Refusal::Jwt(e));
                     return Ok(());
                 }
             },
             _ => self.socket_claims.clone(),
         };
         if claims.exp <= jwt::now() {
-            self.join_error(&m, expired_text(jwt::now() - claims.exp));
+            let seconds_ago = jwt::now() - claims.exp;
+            self.join_error(&m, Refusal::Jwt(JwtError::Expired { seconds_ago }));
             return Ok(());
         }
         if config.has_postgres_changes {
-            self.join_error(
-                &m,
-                "PostgresChangesNotSupported: this server delivers Broadcast only; use realtime.broadcast_changes".into(),
-            );
+            self.join_error(&m, Refusal::PostgresChangesNotSupported);
             return Ok(());
         }
         if self.pending_joins.contains(&m.topic) {
-            self.join_error(
-                &m,
-                "JoinInProgress: a join of this topic is still waiting for its authorization"
-                    .into(),
-            );
+            self.join_error(&m, Refusal::JoinInProgress);
             return Ok(());
         }
         let rejoin = self.channels.contains_key(&m.topic);
         let in_use = self.channels.len() + self.pending_joins.len();
         if !rejoin && in_use >= self.shared.cfg.max_channels_per_client {
-            self.join_error(&m, "ChannelRateLimitReached: Too many channels".into());
+            self.join_error(&m, Refusal::ChannelRateLimitReached);
             return Ok(());
         }
         if config.private {
@@ -626,16 +596,17 @@ impl Conn {
                 self.pending_joins.remove(&m.topic);
                 if let Some(f) = access.failure() {
                     // The database could not answer: not a denial, and said as Supabase says it.
-                    self.join_error(&m, f.reason().into());
+                    self.join_error(&m, Refusal::Database(f.clone()));
                 } else if access.readable() {
                     let (read, write) = (access.broadcast_read.allowed(), access.write.allowed());
                     self.complete_join(m, config, claims, sub_topic, read, write);
                 } else {
-                    let mut reason = format!("Unauthorized: You do not have permissions to read from this Channel topic: {sub_topic}");
-                    if let Some(e) = access.role_refusal() {
-                        reason.push_str(&format!(" ({e})"));
-                    }
-                    self.join_error(&m, reason);
+                    let role_refusal = access.role_refusal().map(str::to_owned);
+                    let why = Refusal::ReadDenied {
+                        topic: sub_topic,
+                        role_refusal,
+                    };
+                    self.join_error(&m, why);
                 }
             }
             AuthDone::Recheck {
@@ -692,11 +663,10 @@ impl Conn {
         ch.checks.backoff = None;
         ch.writable = access.write.allowed();
         if !access.readable() {
-            let msg = format!(
-                "You no longer have permission to read from this Channel topic: {}",
-                ch.key.topic
-            );
-            self.leave(topic, Some(&msg));
+            let why = ChannelClosed::NoLongerPermitted {
+                topic: ch.key.topic.clone(),
+            };
+            self.leave(topic, Some(why));
             return;
         }
         let read = access.broadcast_read.allowed();
@@ -716,10 +686,10 @@ impl Conn {
     }
 
     /// Leaves a channel; with a reason, tells the client first (system error).
-    fn leave(&mut self, topic: &str, reason: Option<&str>) {
+    fn leave(&mut self, topic: &str, reason: Option<ChannelClosed>) {
         if let Some(ch) = self.channels.remove(topic) {
             if let Some(r) = reason {
-                self.push_system(topic, ch.join_ref.as_deref(), "error", r);
+                self.push_system(topic, ch.join_ref.as_deref(), "error", &r.text());
             }
             self.push_close(topic, ch.join_ref.as_deref());
             self.unsubscribe(&ch);
@@ -746,7 +716,7 @@ impl Conn {
                     }
                 }
             }
-            Err(e) => self.leave(&m.topic, Some(&e.reason())),
+            Err(e) => self.leave(&m.topic, Some(ChannelClosed::TokenRefused(e))),
         }
     }
 
@@ -758,16 +728,10 @@ impl Conn {
         let ch = &self.channels[&m.topic];
         if ch.key.private && !ch.writable {
             // Supabase drops these silently; an error reply says why instead.
-            let reason = format!(
-                "Unauthorized: You do not have permissions to write to this Channel topic: {}",
-                ch.key.topic
-            );
-            self.push_text(frame::reply(
-                self.vsn,
-                m,
-                "error",
-                json!({ "reason": reason }),
-            ));
+            let why = Refusal::WriteDenied {
+                topic: ch.key.topic.clone(),
+            };
+            self.refuse(m, why);
             return;
         }
         let reply = AckTo::Socket {
@@ -792,19 +756,4 @@ impl Conn {
             publish::settle(vec![p], Err(busy), &self.shared.metrics);
         }
     }
-
-    fn broadcast_error(&mut self, m: &Inbound, why: &str) {
-        let reason = format!("UnableToBroadcast: {why}");
-        self.push_text(frame::reply(
-            self.vsn,
-            m,
-            "error",
-            json!({ "reason": reason }),
-        ));
-    }
-}
-
-/// Supabase's wording for a token that expired while in use.
-fn expired_text(seconds_ago: i64) -> String {
-    jwt::JwtError::Expired { seconds_ago }.reason()
 }

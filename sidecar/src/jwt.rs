@@ -17,7 +17,7 @@ pub struct Claims {
 }
 
 /// Why a token was refused; `reason()` is the text clients see.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JwtError {
     Malformed,
     Signature,

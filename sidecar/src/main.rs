@@ -17,6 +17,7 @@ mod hub;
 mod jwt;
 mod metrics;
 mod publish;
+mod reason;
 mod rest;
 mod server;
 mod shutdown;

@@ -5,6 +5,7 @@
 use crate::authorizer::{self, Identity, Verdict};
 use crate::hub::Payload;
 use crate::publish::{AckTo, Failure, Publish};
+use crate::reason::Refusal;
 use crate::state::Shared;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -153,10 +154,10 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
         match authorizer::ask(&shared.authorize, &who, &m.topic, "broadcast", true).await {
             Verdict::Allowed => {}
             Verdict::Denied(_) => {
-                let message = format!(
-                    "Unauthorized: You do not have permissions to write to this Channel topic: {}",
-                    m.topic
-                );
+                let message = Refusal::WriteDenied {
+                    topic: m.topic.clone(),
+                }
+                .text();
                 return (StatusCode::FORBIDDEN, Some(json!({ "message": message })));
             }
             Verdict::Failed(f) => {

@@ -4,6 +4,7 @@
 
 use crate::connection;
 use crate::frame::Vsn;
+use crate::reason::Refusal;
 use crate::rest;
 use crate::state::Shared;
 
@@ -239,10 +240,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
             .map(str::to_owned)
     });
     let Some(apikey) = header_key.or_else(|| params.get("apikey").cloned()) else {
-        return refuse(
-            StatusCode::UNAUTHORIZED,
-            "MissingAPIKey: API key is missing",
-        );
+        return refuse(StatusCode::UNAUTHORIZED, &Refusal::MissingApiKey.text());
     };
     if shared.metrics.connections.load(Relaxed) >= shared.cfg.max_connections as i64 {
         shared
@@ -251,7 +249,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
             .fetch_add(1, Relaxed);
         return refuse(
             StatusCode::TOO_MANY_REQUESTS,
-            "ConnectionRateLimitReached: Too many connected users",
+            &Refusal::ConnectionRateLimitReached.text(),
         );
     }
     let Some(vsn) = Vsn::parse(params.get("vsn").map(String::as_str)) else {

@@ -1,0 +1,167 @@
+//! Every reason a client can be given, named in one place, as centrifuge names its errors
+//! and disconnects: a socket's close (`Disconnect`, the WebSocket close frame), a refused
+//! join or push (`Refusal`, the `reason` of an error `phx_reply`), and a channel closed by
+//! the server (`ChannelClosed`, a `system` message before `phx_close`). Texts are Supabase's
+//! where Supabase has one; tests and realtime-js apps compare them.
+
+use crate::authorizer::DbFailure;
+use crate::jwt::JwtError;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+/// Why a socket is closed by the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disconnect {
+    ShuttingDown,
+    /// The outbound queue overflowed: the client does not read fast enough.
+    TooSlow,
+    FrameTooLarge,
+    InvalidFrame,
+    IdleTimeout,
+    /// The client sent a close frame.
+    ClientClosed,
+    JoinRateLimit,
+}
+
+impl Disconnect {
+    pub fn code(self) -> CloseCode {
+        match self {
+            Disconnect::ShuttingDown => CloseCode::Away,
+            Disconnect::TooSlow | Disconnect::JoinRateLimit => CloseCode::Policy,
+            Disconnect::FrameTooLarge => CloseCode::Size,
+            Disconnect::InvalidFrame => CloseCode::Protocol,
+            Disconnect::IdleTimeout | Disconnect::ClientClosed => CloseCode::Normal,
+        }
+    }
+
+    pub fn text(self) -> &'static str {
+        match self {
+            Disconnect::ShuttingDown => "server shutting down",
+            Disconnect::TooSlow => "too slow: the client did not keep up with its messages",
+            Disconnect::FrameTooLarge => "frame too large",
+            Disconnect::InvalidFrame => "invalid WebSocket frame",
+            Disconnect::IdleTimeout => "idle timeout: no heartbeat received",
+            Disconnect::ClientClosed => "bye",
+            Disconnect::JoinRateLimit => "ClientJoinRateLimitReached: Too many joins per second",
+        }
+    }
+}
+
+/// Why a connection, a join or a push is refused (for a join or push, the socket and its
+/// other channels stay).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refusal {
+    /// At upgrade (HTTP 401).
+    MissingApiKey,
+    /// At upgrade, past MAX_CONNECTIONS (HTTP 429).
+    ConnectionRateLimitReached,
+    TopicNameRequired,
+    /// The topic breaks `realtime.send`'s rules; the text says which.
+    InvalidTopic(String),
+    ChannelRateLimitReached,
+    ClientJoinRateLimitReached,
+    JoinInProgress,
+    PostgresChangesNotSupported,
+    /// No read permission; with the role guard's refusal when that is the cause.
+    ReadDenied {
+        topic: String,
+        role_refusal: Option<String>,
+    },
+    WriteDenied {
+        topic: String,
+    },
+    Jwt(JwtError),
+    Database(DbFailure),
+    UnmatchedTopic,
+    PresenceNotSupported,
+    UnknownEvent(String),
+    UnableToBroadcast(String),
+}
+
+impl Refusal {
+    pub fn text(&self) -> String {
+        match self {
+            Refusal::MissingApiKey => "MissingAPIKey: API key is missing".into(),
+            Refusal::ConnectionRateLimitReached => {
+                "ConnectionRateLimitReached: Too many connected users".into()
+            }
+            Refusal::TopicNameRequired => "TopicNameRequired: You must provide a topic name".into(),
+            Refusal::InvalidTopic(why) => why.clone(),
+            Refusal::ChannelRateLimitReached => "ChannelRateLimitReached: Too many channels".into(),
+            Refusal::ClientJoinRateLimitReached => Disconnect::JoinRateLimit.text().into(),
+            Refusal::JoinInProgress => {
+                "JoinInProgress: a join of this topic is still waiting for its authorization".into()
+            }
+            Refusal::PostgresChangesNotSupported => "PostgresChangesNotSupported: this server delivers Broadcast only; use realtime.broadcast_changes".into(),
+            Refusal::ReadDenied { topic, role_refusal } => {
+                let mut t = format!("Unauthorized: You do not have permissions to read from this Channel topic: {topic}");
+                if let Some(r) = role_refusal {
+                    t.push_str(&format!(" ({r})"));
+                }
+                t
+            }
+            Refusal::WriteDenied { topic } => format!(
+                "Unauthorized: You do not have permissions to write to this Channel topic: {topic}"
+            ),
+            Refusal::Jwt(e) => e.reason(),
+            Refusal::Database(f) => f.reason().into(),
+            Refusal::UnmatchedTopic => "unmatched topic".into(),
+            Refusal::PresenceNotSupported => "Presence is not supported by this server yet".into(),
+            Refusal::UnknownEvent(event) => {
+                format!("UnknownEvent: this server does not handle event \"{event}\"")
+            }
+            Refusal::UnableToBroadcast(why) => format!("UnableToBroadcast: {why}"),
+        }
+    }
+}
+
+/// Why the server closes one channel (a `system` error, then `phx_close`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ChannelClosed {
+    NoLongerPermitted { topic: String },
+    TooManyMessages,
+    TokenExpired { seconds_ago: i64 },
+    TokenRefused(JwtError),
+}
+
+impl ChannelClosed {
+    pub fn text(&self) -> String {
+        match self {
+            ChannelClosed::NoLongerPermitted { topic } => {
+                format!("You no longer have permission to read from this Channel topic: {topic}")
+            }
+            ChannelClosed::TooManyMessages => "Too many messages per second".into(),
+            // In a system message Supabase says it without the error code.
+            ChannelClosed::TokenExpired { seconds_ago } => {
+                format!("Token has expired {seconds_ago} seconds ago")
+            }
+            ChannelClosed::TokenRefused(e) => e.reason(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn supabase_texts_are_kept() {
+        assert_eq!(
+            Refusal::ReadDenied {
+                topic: "t".into(),
+                role_refusal: None
+            }
+            .text(),
+            "Unauthorized: You do not have permissions to read from this Channel topic: t"
+        );
+        assert_eq!(
+            Refusal::ChannelRateLimitReached.text(),
+            "ChannelRateLimitReached: Too many channels"
+        );
+        assert_eq!(
+            ChannelClosed::NoLongerPermitted { topic: "t".into() }.text(),
+            "You no longer have permission to read from this Channel topic: t"
+        );
+        assert_eq!(Disconnect::TooSlow.code(), CloseCode::Policy);
+        assert_eq!(Disconnect::FrameTooLarge.code(), CloseCode::Size);
+    }
+}
