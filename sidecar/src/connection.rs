@@ -633,10 +633,9 @@ impl Conn {
         ch.checks.in_flight = false;
         let again = std::mem::take(&mut ch.checks.again);
         if generation != ch.checks.generation {
-            // Computed for a token the channel no longer holds: never applied.
-            if again || !ch.checks.in_flight {
-                self.recheck(topic);
-            }
+            // Computed for a token the channel no longer holds: never applied. The token that
+            // replaced it has not been checked yet (its refresh found this check in flight).
+            self.recheck(topic);
             return;
         }
         if let Some(f) = access.failure() {
