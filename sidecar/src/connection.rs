@@ -166,7 +166,7 @@ pub async fn serve<S>(
     let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
     let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);
     let m = &shared.metrics;
-    m.connections.fetch_add(1, Relaxed);
+    // `connections` was counted at upgrade (server.rs); it is given back when this ends.
     m.connections_total.fetch_add(1, Relaxed);
     let (mut sink, mut stream) = ws.split();
     let mut shutdown = shared.shutdown.clone();

@@ -242,16 +242,6 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
     let Some(apikey) = header_key.or_else(|| params.get("apikey").cloned()) else {
         return refuse(StatusCode::UNAUTHORIZED, &Refusal::MissingApiKey.text());
     };
-    if shared.metrics.connections.load(Relaxed) >= shared.cfg.max_connections as i64 {
-        shared
-            .metrics
-            .connections_over_limit_total
-            .fetch_add(1, Relaxed);
-        return refuse(
-            StatusCode::TOO_MANY_REQUESTS,
-            &Refusal::ConnectionRateLimitReached.text(),
-        );
-    }
     let Some(vsn) = Vsn::parse(params.get("vsn").map(String::as_str)) else {
         return refuse(
             StatusCode::BAD_REQUEST,
@@ -286,6 +276,17 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
         .write_buffer_size(8192)
         .max_message_size(Some(cfg.max_frame_size))
         .max_frame_size(Some(cfg.max_frame_size));
+    // The connection's place is taken before the 101 is sent, in one atomic step: counting
+    // it later, when the socket task starts, let a burst of upgrades overshoot the limit.
+    let m = &shared.metrics;
+    if m.connections.fetch_add(1, Relaxed) >= shared.cfg.max_connections as i64 {
+        m.connections.fetch_sub(1, Relaxed);
+        m.connections_over_limit_total.fetch_add(1, Relaxed);
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            &Refusal::ConnectionRateLimitReached.text(),
+        );
+    }
     let on_upgrade = hyper::upgrade::on(&mut req);
     let shared2 = shared.clone();
     tokio::spawn(async move {
@@ -299,7 +300,10 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
                 .await;
                 connection::serve(ws, shared2, vsn, claims, headers).await;
             }
-            Err(e) => tracing::debug!(error = %e, "upgrade failed"),
+            Err(e) => {
+                shared2.metrics.connections.fetch_sub(1, Relaxed);
+                tracing::debug!(error = %e, "upgrade failed");
+            }
         }
     });
     let mut r = Response::new(Full::new(Bytes::new()));
