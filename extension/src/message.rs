@@ -81,7 +81,7 @@ pub fn record_len(topic: &str, event: &str, payload_len: usize) -> usize {
 }
 
 /// Appends one pending record to `out`. Lengths must already have been checked by the caller
-/// against the limits in `xact::enqueue`.
+/// against the limits in `xact::append`.
 pub fn encode_record(
     out: &mut Vec<u8>,
     topic: &str,

@@ -53,10 +53,10 @@ fn send(fcinfo: pg_sys::FunctionCallInfo) {
         );
         let text = std::ffi::CStr::from_ptr(text).to_string_lossy();
         if has_id {
-            xact::enqueue(topic, event, text.as_bytes(), flags(private), id, 0);
+            xact::append(topic, event, text.as_bytes(), flags(private), id, 0);
         } else {
             let with_id = payload::inject_id(&text, &id);
-            xact::enqueue(topic, event, with_id.as_bytes(), flags(private), id, 0);
+            xact::append(topic, event, with_id.as_bytes(), flags(private), id, 0);
         }
     }
 }
@@ -86,7 +86,7 @@ fn send_binary(fcinfo: pg_sys::FunctionCallInfo) {
         let topic = args::required_text(fcinfo, 2, "topic");
         let private = args::bool_or(fcinfo, 3, true);
         let bytes = args::varlena_bytes(d);
-        xact::enqueue(
+        xact::append(
             topic,
             event,
             bytes,
@@ -115,7 +115,7 @@ fn relay(fcinfo: pg_sys::FunctionCallInfo) {
         let private = args::bool_or(fcinfo, 3, false);
         let id = payload::new_id();
         match (args::datum(fcinfo, 4), args::datum(fcinfo, 5)) {
-            (Some(json), None) => xact::enqueue(
+            (Some(json), None) => xact::append(
                 topic,
                 event,
                 args::varlena_bytes(json),
@@ -123,7 +123,7 @@ fn relay(fcinfo: pg_sys::FunctionCallInfo) {
                 id,
                 origin,
             ),
-            (None, Some(bin)) => xact::enqueue(
+            (None, Some(bin)) => xact::append(
                 topic,
                 event,
                 args::varlena_bytes(bin),
@@ -177,6 +177,6 @@ fn broadcast_changes(fcinfo: pg_sys::FunctionCallInfo) {
         let old = args::datum(fcinfo, 6).map(|d| payload::row_json(d));
         let id = payload::new_id();
         let body = payload::changes_payload(&id, table, schema, op, new, old);
-        xact::enqueue(topic, event, body.as_bytes(), FLAG_PRIVATE, id, 0);
+        xact::append(topic, event, body.as_bytes(), FLAG_PRIVATE, id, 0);
     }
 }

@@ -96,7 +96,7 @@ fn broadcast_trigger(fcinfo: pg_sys::FunctionCallInfo) {
         let id = payload::new_id();
         let body = payload::changes_payload(&id, Some(&table), Some(&schema), op, new, old);
         let flags = if private { FLAG_PRIVATE } else { 0 };
-        xact::enqueue(&topic, event, body.as_bytes(), flags, id, 0);
+        xact::append(&topic, event, body.as_bytes(), flags, id, 0);
     }
 }
 

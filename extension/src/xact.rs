@@ -33,10 +33,11 @@ thread_local! {
     static BUFFER: RefCell<TxnBuffer> = RefCell::new(TxnBuffer::default());
 }
 
-/// Adds one message to the current transaction. Refuses, with an error, anything that could
+/// Appends one message to the current transaction's buffer (it reaches the queue at
+/// commit, in `pre_commit`, or never). Refuses, with an error, anything that could
 /// not be delivered: an empty or over-long topic or event, a message over
 /// `realtime.max_message_size`, or a transaction whose messages would not fit in the queue.
-pub fn enqueue(topic: &str, event: &str, payload: &[u8], flags: u8, id: [u8; 16], origin: u64) {
+pub fn append(topic: &str, event: &str, payload: &[u8], flags: u8, id: [u8; 16], origin: u64) {
     if topic.is_empty() {
         errors::invalid("topic must not be empty", None);
     }

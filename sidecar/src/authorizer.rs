@@ -8,8 +8,8 @@
 //! the database itself (connection lost, call timed out) is a `Verdict::Failed`, never a
 //! denial: a re-check keeps the channel and retries.
 
-use crate::batch;
 use crate::config::Config;
+use crate::db_worker;
 use crate::metrics::Metrics;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -180,16 +180,20 @@ pub async fn run(
     loop {
         let fail = |r: AuthRequest| drop(r.reply.send(Verdict::Failed(DbFailure::Unreachable)));
         let Some(client) =
-            batch::connect(&cfg, "authorization", &mut rx, &mut shutdown, fail).await
+            db_worker::connect(&cfg, "authorization", &mut rx, &mut shutdown, fail).await
         else {
             return;
         };
-        while let Some(batch) = batch::next(&mut rx, BATCH, &mut shutdown).await {
+        while let Some(batch) = db_worker::next_batch(&mut rx, BATCH, &mut shutdown).await {
             metrics.auth_batches_total.fetch_add(1, Relaxed);
             metrics
                 .auth_requests_total
                 .fetch_add(batch.len() as u64, Relaxed);
-            if !answer(&client, &cfg, batch, &metrics).await {
+            let db = Db {
+                client: &client,
+                cfg: &cfg,
+            };
+            if !answer(&db, batch, &metrics).await {
                 break;
             }
         }
@@ -201,15 +205,10 @@ pub async fn run(
 
 /// Answers every request of `batch`, splitting it when a call fails. False when the
 /// connection is no longer usable (the requests left are answered `Failed`).
-async fn answer(
-    client: &tokio_postgres::Client,
-    cfg: &Config,
-    batch: Vec<AuthRequest>,
-    metrics: &Metrics,
-) -> bool {
+async fn answer(db: &impl Call, batch: Vec<AuthRequest>, metrics: &Metrics) -> bool {
     let mut work = vec![batch];
     while let Some(mut part) = work.pop() {
-        match call(client, cfg, &part).await {
+        match db.call(&part).await {
             Ok(verdicts) => {
                 for (r, v) in part.into_iter().zip(verdicts) {
                     if let Verdict::Denied(Some(e)) = &v {
@@ -245,6 +244,24 @@ async fn answer(
         }
     }
     true
+}
+
+/// One `realtime.authorize` call over a batch: a trait so that the batching and splitting
+/// above are tested without a database.
+trait Call {
+    async fn call(&self, batch: &[AuthRequest]) -> Result<Vec<Verdict>, CallError>;
+}
+
+/// The real call, on the authorizer's connection.
+struct Db<'a> {
+    client: &'a tokio_postgres::Client,
+    cfg: &'a Config,
+}
+
+impl Call for Db<'_> {
+    async fn call(&self, batch: &[AuthRequest]) -> Result<Vec<Verdict>, CallError> {
+        call(self.client, self.cfg, batch).await
+    }
 }
 
 enum CallError {
@@ -294,8 +311,8 @@ async fn call(
     };
     let mut verdicts = vec![Verdict::Denied(Some("no verdict".into())); batch.len()];
     for row in rows {
-        let i = row.get::<_, i32>(0) as usize - 1;
-        let (allowed, error): (bool, Option<String>) = (row.get(1), row.get(2));
+        let i = row.get::<_, i32>("ordinality") as usize - 1;
+        let (allowed, error): (bool, Option<String>) = (row.get("allowed"), row.get("error"));
         verdicts[i] = if allowed {
             Verdict::Allowed
         } else {
@@ -317,5 +334,172 @@ fn log_policy_error(metrics: &Metrics, r: &AuthRequest, error: &str) {
         tracing::warn!(role = %r.role, topic = %r.topic, error, "RlsPolicyError: the sidecar may not act as this role");
     } else {
         tracing::info!(role = %r.role, topic = %r.topic, error, "RlsPolicyError");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A database that refuses any call holding the topic "poison" (as one holding a NUL
+    /// was refused), cancels one holding "slow", and loses the connection on a call of at
+    /// most four requests holding "gone" (it dies while a batch is being split).
+    #[derive(Default)]
+    struct Fake {
+        calls: Mutex<Vec<usize>>,
+    }
+
+    impl Call for Fake {
+        async fn call(&self, batch: &[AuthRequest]) -> Result<Vec<Verdict>, CallError> {
+            self.calls.lock().unwrap().push(batch.len());
+            let has = |t: &str| batch.iter().any(|r| r.topic == t);
+            if has("gone") && batch.len() <= 4 {
+                return Err(CallError::Lost);
+            }
+            if has("poison") || has("slow") {
+                return Err(CallError::Failed {
+                    canceled: has("slow"),
+                    message: "invalid byte sequence".into(),
+                });
+            }
+            Ok(batch
+                .iter()
+                .map(|r| match r.role.as_str() {
+                    "authenticated" => Verdict::Allowed,
+                    _ => Verdict::Denied(None),
+                })
+                .collect())
+        }
+    }
+
+    fn requests(topics: &[&str]) -> (Vec<AuthRequest>, Vec<oneshot::Receiver<Verdict>>) {
+        topics
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let (reply, rx) = oneshot::channel();
+                let req = AuthRequest {
+                    // Every fifth asks as anon, whom the fake denies.
+                    role: if i % 5 == 4 { "anon" } else { "authenticated" }.into(),
+                    claims: "{}".into(),
+                    headers: "{}".into(),
+                    topic: (*t).into(),
+                    extension: "broadcast",
+                    write: false,
+                    reply,
+                };
+                (req, rx)
+            })
+            .unzip()
+    }
+
+    fn verdicts(rxs: Vec<oneshot::Receiver<Verdict>>) -> Vec<Verdict> {
+        rxs.into_iter()
+            .map(|mut rx| rx.try_recv().expect("every request is answered"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn one_call_answers_a_whole_batch_in_order() {
+        let (db, metrics) = (Fake::default(), Metrics::default());
+        let topics: Vec<String> = (0..10).map(|i| format!("room:{i}")).collect();
+        let (batch, rxs) = requests(&topics.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(answer(&db, batch, &metrics).await);
+        let got = verdicts(rxs);
+        for (i, v) in got.iter().enumerate() {
+            assert_eq!(v.allowed(), i % 5 != 4, "request {i}");
+        }
+        assert_eq!(*db.calls.lock().unwrap(), vec![10]);
+    }
+
+    #[tokio::test]
+    async fn a_poisoned_request_is_split_out_and_denied_alone() {
+        let (db, metrics) = (Fake::default(), Metrics::default());
+        let mut topics = vec!["room"; 16];
+        topics[11] = "poison";
+        let (batch, rxs) = requests(&topics);
+        assert!(answer(&db, batch, &metrics).await);
+        let got = verdicts(rxs);
+        assert_eq!(
+            got[11],
+            Verdict::Denied(Some("invalid byte sequence".into()))
+        );
+        for (i, v) in got.iter().enumerate().filter(|(i, _)| *i != 11) {
+            assert_eq!(v.allowed(), i % 5 != 4, "request {i}: {v:?}");
+        }
+        // Halving down to the one bad request: 16, 8, 8, 4, 4, 2, 2, 1, 1 calls' sizes.
+        let calls = db.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 9, "{calls:?}");
+        assert_eq!(metrics.auth_isolations_total.load(Relaxed), 4);
+        assert_eq!(metrics.auth_policy_errors_total.load(Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_call_is_a_failure_not_a_denial() {
+        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (batch, rxs) = requests(&["room", "slow"]);
+        assert!(answer(&db, batch, &metrics).await);
+        let got = verdicts(rxs);
+        assert_eq!(got[0], Verdict::Allowed);
+        assert_eq!(got[1], Verdict::Failed(DbFailure::QueryCanceled));
+    }
+
+    #[tokio::test]
+    async fn a_lost_connection_fails_every_request_left_and_is_reported() {
+        let (db, metrics) = (Fake::default(), Metrics::default());
+        let mut topics = vec!["room"; 8];
+        topics[2] = "poison";
+        topics[6] = "gone";
+        let (batch, rxs) = requests(&topics);
+        // The first half is split and answered; the connection dies on the second half,
+        // which is answered Failed (not denied), and the connection is given up.
+        assert!(!answer(&db, batch, &metrics).await);
+        let got = verdicts(rxs);
+        assert_eq!(&got[..2], &[Verdict::Allowed, Verdict::Allowed]);
+        assert_eq!(
+            got[2],
+            Verdict::Denied(Some("invalid byte sequence".into()))
+        );
+        assert_eq!(got[3], Verdict::Allowed);
+        for v in &got[4..] {
+            assert_eq!(v, &Verdict::Failed(DbFailure::Unreachable));
+        }
+        assert_eq!(*db.calls.lock().unwrap(), vec![8, 4, 2, 2, 1, 1, 4]);
+    }
+
+    #[tokio::test]
+    async fn a_join_asks_read_and_write_and_presence_only_when_enabled() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let who = Identity {
+            role: "authenticated".into(),
+            claims: r#"{"sub":"u1"}"#.into(),
+            headers: "{}".into(),
+        };
+        let asked = tokio::spawn(async move { channel_access(&tx, &who, "room", true).await });
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let r = rx.recv().await.unwrap();
+            seen.push((r.extension, r.write));
+            let v = match (r.extension, r.write) {
+                ("broadcast", false) => Verdict::Denied(None),
+                ("presence", false) => Verdict::Allowed,
+                _ => Verdict::Denied(Some("role \"x\" is refused".into())),
+            };
+            r.reply.send(v).unwrap();
+        }
+        seen.sort();
+        assert_eq!(
+            seen,
+            vec![
+                ("broadcast", false),
+                ("broadcast", true),
+                ("presence", false)
+            ]
+        );
+        let access = asked.await.unwrap();
+        // Admitted on presence read alone, as Supabase admits it.
+        assert!(access.readable() && !access.broadcast_read.allowed());
+        assert_eq!(access.failure(), None);
     }
 }

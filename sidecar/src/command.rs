@@ -2,9 +2,9 @@
 //! `Command`: the connection dispatches on the type, never on event strings, and a binary
 //! broadcast push arrives as the same command as a text one.
 
-use crate::channel::{self, JoinConfig};
 use crate::frame::{self, DecodeError, Inbound, Vsn};
 use crate::hub::Payload;
+use crate::join_config::{self, JoinConfig};
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -52,7 +52,7 @@ pub fn from_text(vsn: Vsn, text: &str) -> Result<Frame, DecodeError> {
     let payload = std::mem::take(&mut head.payload);
     let command = match (head.topic.as_str(), head.event.as_str()) {
         ("phoenix", "heartbeat") => Command::Heartbeat,
-        (_, "phx_join") => Command::Join(channel::parse_join(&payload)),
+        (_, "phx_join") => Command::Join(join_config::parse_join(&payload)),
         (_, "phx_leave") => Command::Leave,
         (_, "access_token") => Command::AccessToken(
             payload

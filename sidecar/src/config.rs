@@ -92,18 +92,30 @@ pub struct Config {
     pub db_connect_timeout_secs: u64,
 }
 
+/// A setting the sidecar refuses to start with; the text names it. (Exit status 2.)
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidConfig(pub String);
+
+impl std::fmt::Display for InvalidConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InvalidConfig {}
+
 /// The shortest `API_JWT_SECRET` accepted: HS256 wants a key of at least 256 bits.
 pub const MIN_SECRET_BYTES: usize = 32;
 
 impl Config {
     /// Refuses settings that would fail later (or never make sense), with a message naming
     /// the setting.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
         if self.jwt_secret.len() < MIN_SECRET_BYTES {
-            return Err(format!(
+            return Err(InvalidConfig(format!(
                 "API_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes long (it has {})",
                 self.jwt_secret.len()
-            ));
+            )));
         }
         let ranges: [(&str, u64, u64, u64); 13] = [
             ("DRAIN_LINGER_MS", self.drain_linger_ms as u64, 0, 10_000),
@@ -167,22 +179,26 @@ impl Config {
         ];
         for (name, value, low, high) in ranges {
             if !(low..=high).contains(&value) {
-                return Err(format!(
+                return Err(InvalidConfig(format!(
                     "{name} must be between {low} and {high} (it is {value})"
-                ));
+                )));
             }
         }
         if self.max_policy_header_bytes > self.max_frame_size {
-            return Err("MAX_POLICY_HEADER_BYTES must not exceed MAX_FRAME_SIZE".into());
+            return Err(InvalidConfig(
+                "MAX_POLICY_HEADER_BYTES must not exceed MAX_FRAME_SIZE".into(),
+            ));
         }
         self.pg_config().map(|_| ())
     }
 
     /// The Postgres connection settings, with a connect timeout and TCP keepalives so that
     /// a database that vanishes without closing the socket is noticed.
-    pub fn pg_config(&self) -> Result<tokio_postgres::Config, String> {
+    pub fn pg_config(&self) -> Result<tokio_postgres::Config, InvalidConfig> {
         let mut c: tokio_postgres::Config = self.dsn().parse().map_err(|e| {
-            format!("DATABASE_URL / DB_* settings are not a valid connection string: {e}")
+            InvalidConfig(format!(
+                "DATABASE_URL / DB_* settings are not a valid connection string: {e}"
+            ))
         })?;
         c.connect_timeout(Duration::from_secs(self.db_connect_timeout_secs))
             .keepalives(true)
@@ -246,6 +262,7 @@ mod tests {
         assert!(short
             .validate()
             .unwrap_err()
+            .0
             .starts_with("API_JWT_SECRET must be at least 32 bytes"));
         let empty = Config::try_parse_from(["realtime-sidecar", "--jwt-secret", ""]).unwrap();
         assert!(empty.validate().is_err());
@@ -257,13 +274,14 @@ mod tests {
             ("--max-outbound-frames", "0", "MAX_OUTBOUND_FRAMES"),
             ("--db-statement-timeout-ms", "1", "DB_STATEMENT_TIMEOUT_MS"),
         ] {
-            let err = parse(&[flag, value]).validate().unwrap_err();
+            let err = parse(&[flag, value]).validate().unwrap_err().0;
             assert!(err.starts_with(name), "{flag} {value}: {err}");
         }
         let bad_dsn = parse(&["--database-url", "host=x port=notaport"]);
         assert!(bad_dsn
             .validate()
             .unwrap_err()
+            .0
             .contains("not a valid connection string"));
     }
 }

@@ -6,7 +6,7 @@
 //! when it comes back with a new epoch (it restarted) they are told that messages were lost.
 
 use crate::config::Config;
-use crate::hub::{DbMessage, Hub, Payload};
+use crate::hub::{Hub, Payload, QueueMessage};
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use std::sync::atomic::Ordering::Relaxed;
@@ -15,8 +15,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
-const DRAIN_SQL: &str = "SELECT seq, kind, topic, event, payload::text, binary_payload, private, \
-     (extract(epoch FROM committed_at) * 1000000)::int8, id::text, lost_first, lost_last, origin \
+/// Rows are read by these column names, never by position.
+const DRAIN_SQL: &str =
+    "SELECT seq, kind, topic, event, payload::text AS payload, binary_payload, \
+     private, (extract(epoch FROM committed_at) * 1000000)::int8 AS committed_us, id::text AS id, \
+     lost_first, lost_last, origin \
      FROM realtime.drain($1, $2, $3, $4, $5)";
 
 /// Runs until `shutdown` turns true; then confirms the position and returns.
@@ -116,7 +119,8 @@ async fn within<T>(
 /// How often the queue's statistics (held-back commits, retention) are read into metrics.
 const STATS_EVERY: Duration = Duration::from_secs(1);
 const STATS_SQL: &str = "SELECT pending_bytes, \
-     coalesce(extract(epoch FROM clock_timestamp() - oldest_pending_since), 0)::float8, oldest_seq \
+     coalesce(extract(epoch FROM clock_timestamp() - oldest_pending_since), 0)::float8 \
+     AS oldest_pending_secs, oldest_seq \
      FROM realtime.stats()";
 
 /// One connected session: resume the slot and drain until an error or shutdown.
@@ -132,17 +136,20 @@ async fn session(
     let mut pos: i64 = within(
         setup,
         "create_consumer",
-        client.query_one("SELECT realtime.create_consumer($1)", &[&cfg.consumer]),
+        client.query_one(
+            "SELECT realtime.create_consumer($1) AS position",
+            &[&cfg.consumer],
+        ),
     )
     .await?
-    .get(0);
+    .get("position");
     let now_epoch: String = within(
         setup,
         "stats",
-        client.query_one("SELECT epoch::text FROM realtime.stats()", &[]),
+        client.query_one("SELECT epoch::text AS epoch FROM realtime.stats()", &[]),
     )
     .await?
-    .get(0);
+    .get("epoch");
     match epoch.as_deref() {
         Some(old) if old != now_epoch => {
             tracing::warn!(old, new = %now_epoch, "database restarted; undelivered messages were lost");
@@ -178,9 +185,11 @@ async fn session(
         if stats_at.elapsed() >= STATS_EVERY {
             stats_at = Instant::now();
             let row = within(setup, "stats", client.query_one(&stats, &[])).await?;
-            metrics.pending_bytes.store(row.get(0), Relaxed);
-            metrics.set_oldest_pending_age(row.get(1));
-            metrics.oldest_seq.store(row.get(2), Relaxed);
+            metrics
+                .pending_bytes
+                .store(row.get("pending_bytes"), Relaxed);
+            metrics.set_oldest_pending_age(row.get("oldest_pending_secs"));
+            metrics.oldest_seq.store(row.get("oldest_seq"), Relaxed);
         }
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
             [&cfg.consumer, &pos, &batch, &timeout_ms, &linger];
@@ -199,10 +208,10 @@ async fn session(
         metrics.drain_batches_total.fetch_add(1, Relaxed);
         let now_us = unix_micros();
         for row in rows {
-            let seq: i64 = row.get(0);
-            let kind: &str = row.get(1);
+            let seq: i64 = row.get("seq");
+            let kind: &str = row.get("kind");
             if kind == "gap" {
-                let (first, last): (i64, i64) = (row.get(9), row.get(10));
+                let (first, last): (i64, i64) = (row.get("lost_first"), row.get("lost_last"));
                 metrics.drain_gaps_total.fetch_add(1, Relaxed);
                 metrics
                     .drain_lost_messages_total
@@ -219,23 +228,27 @@ async fn session(
                 pos = seq;
                 continue;
             }
-            let payload = match row.get::<_, Option<Vec<u8>>>(5) {
+            let payload = match row.get::<_, Option<Vec<u8>>>("binary_payload") {
                 Some(b) => Payload::Binary(Bytes::from(b)),
                 None => Payload::Json(
-                    row.get::<_, Option<String>>(4)
+                    row.get::<_, Option<String>>("payload")
                         .unwrap_or_else(|| "null".into()),
                 ),
             };
-            let committed_us: i64 = row.get(7);
+            let committed_us: i64 = row.get("committed_us");
             metrics.record_latency_us((now_us - committed_us).max(0) as u64);
-            let origin: Option<i64> = row.get(11);
-            hub.dispatch(&DbMessage {
-                topic: row.get(2),
-                event: row.get(3),
+            let origin: Option<i64> = row.get("origin");
+            hub.dispatch(&QueueMessage {
+                topic: row.get("topic"),
+                event: row.get("event"),
                 payload,
-                private: row.get(6),
+                private: row.get("private"),
                 // Client broadcasts carry no meta.id, as in Supabase.
-                id: if origin.is_some() { None } else { row.get(8) },
+                id: if origin.is_some() {
+                    None
+                } else {
+                    row.get("id")
+                },
                 origin,
             });
             metrics.drain_messages_total.fetch_add(1, Relaxed);

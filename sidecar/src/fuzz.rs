@@ -11,7 +11,7 @@
 
 use crate::command::{self, Command};
 use crate::frame::Vsn;
-use crate::{channel, jwt, rest, server};
+use crate::{join_config, jwt, rest, server};
 use arbitrary::{Arbitrary, Unstructured};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -201,8 +201,8 @@ fn text_frames_of_both_serializers() {
         match command::from_text(vsn, &String::from_utf8_lossy(text)) {
             Ok(f) => {
                 if let Some(sub) = f.head.topic.strip_prefix("realtime:") {
-                    if let Err(e) = channel::validate_sub_topic(sub) {
-                        reason(&e)?;
+                    if let Err(e) = join_config::validate_sub_topic(sub) {
+                        reason(&e.text())?;
                     }
                 }
                 match f.command {
@@ -245,11 +245,11 @@ fn join_payloads() {
     fuzz("join payload", &seeds, |data| {
         // Both the bytes as JSON text and a structured value `arbitrary` builds from them.
         if let Ok(v) = serde_json::from_slice::<Value>(data) {
-            let _ = channel::parse_join(&v);
+            let _ = join_config::parse_join(&v);
         }
         if let Ok(j) = J::arbitrary(&mut Unstructured::new(data)) {
-            let config = channel::parse_join(&json!({"config": j.value()}));
-            let _ = channel::parse_join(&j.value());
+            let config = join_config::parse_join(&json!({"config": j.value()}));
+            let _ = join_config::parse_join(&j.value());
             if config.access_token.is_some() {
                 return Err("a token appeared from nowhere".into());
             }
@@ -266,7 +266,7 @@ fn rest_bodies() {
     fuzz("REST body", &seeds, |data| match rest::parse(data) {
         Ok(messages) => messages
             .iter()
-            .try_for_each(|m| channel::validate_sub_topic(&m.topic)),
+            .try_for_each(|m| join_config::validate_sub_topic(&m.topic).map_err(|e| e.text())),
         Err((status, body)) if status.is_client_error() => {
             reason(&body.map(|b| b.to_string()).unwrap_or_default())
         }
@@ -313,8 +313,8 @@ fn jwts() {
 fn topics_and_query_strings() {
     fuzz("topic and query", &[b"room:1%2Fa+b%zz".to_vec()], |data| {
         let text = String::from_utf8_lossy(data);
-        if let Err(e) = channel::validate_sub_topic(&text) {
-            reason(&e)?;
+        if let Err(e) = join_config::validate_sub_topic(&text) {
+            reason(&e.text())?;
         }
         let decoded = server::percent_decode(&text);
         if decoded.len() > 3 * text.len() + 3 {

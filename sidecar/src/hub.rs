@@ -36,8 +36,9 @@ pub struct Subscriber {
     pub too_slow: Arc<Notify>,
 }
 
-/// A message from the queue, ready for fan-out.
-pub struct DbMessage {
+/// A message drained from the queue, ready for fan-out: sent in the database
+/// (`realtime.send`, `broadcast_changes`) or a client broadcast relayed through it.
+pub struct QueueMessage {
     pub topic: String,
     pub event: String,
     pub payload: Payload,
@@ -128,7 +129,7 @@ impl Hub {
     }
 
     /// Fans a queue message out to the subscribers of its topic.
-    pub fn dispatch(&self, m: &DbMessage) {
+    pub fn dispatch(&self, m: &QueueMessage) {
         let key = TopicKey {
             private: m.private,
             topic: m.topic.clone(),
@@ -219,8 +220,8 @@ mod tests {
         (s, rx)
     }
 
-    fn message(topic: &str, origin: Option<i64>) -> DbMessage {
-        DbMessage {
+    fn message(topic: &str, origin: Option<i64>) -> QueueMessage {
+        QueueMessage {
             topic: topic.into(),
             event: "ev".into(),
             payload: Payload::Json("{}".into()),
@@ -275,5 +276,27 @@ mod tests {
         hub.unsubscribe(&key("t"), 2);
         hub.unsubscribe(&key("t"), 2);
         assert!(hub.topics.read().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_full_queue_cuts_its_connection_off_without_holding_up_the_others() {
+        use futures_util::FutureExt;
+        let hub = Hub::new(Arc::new(Metrics::default()));
+        let (tx, mut slow_rx) = mpsc::channel(1);
+        let (mut slow, _) = sub(1);
+        slow.tx = tx;
+        let too_slow = slow.too_slow.clone();
+        let (fast, mut fast_rx) = sub(2);
+        hub.subscribe(key("t"), slow);
+        hub.subscribe(key("t"), fast);
+        hub.dispatch(&message("t", None));
+        assert!(too_slow.notified().now_or_never().is_none());
+        hub.dispatch(&message("t", None));
+        // The second message found the slow queue full: that connection is told to close,
+        // the other got both.
+        assert!(too_slow.notified().now_or_never().is_some());
+        assert_eq!(std::iter::from_fn(|| fast_rx.try_recv().ok()).count(), 2);
+        assert_eq!(std::iter::from_fn(|| slow_rx.try_recv().ok()).count(), 1);
+        assert_eq!(hub.metrics.deliveries_total.load(Relaxed), 3);
     }
 }

@@ -55,8 +55,13 @@ pub enum Refusal {
     /// At upgrade, past MAX_CONNECTIONS (HTTP 429).
     ConnectionRateLimitReached,
     TopicNameRequired,
-    /// The topic breaks `realtime.send`'s rules; the text says which.
-    InvalidTopic(String),
+    /// The topic breaks `realtime.send`'s rules.
+    InvalidTopic(InvalidTopic),
+    /// The request headers passed to policies are over MAX_POLICY_HEADER_BYTES (HTTP 431).
+    RequestHeadersTooLarge {
+        bytes: usize,
+        limit: usize,
+    },
     ChannelRateLimitReached,
     ClientJoinRateLimitReached,
     JoinInProgress,
@@ -85,7 +90,10 @@ impl Refusal {
                 "ConnectionRateLimitReached: Too many connected users".into()
             }
             Refusal::TopicNameRequired => "TopicNameRequired: You must provide a topic name".into(),
-            Refusal::InvalidTopic(why) => why.clone(),
+            Refusal::InvalidTopic(why) => why.text(),
+            Refusal::RequestHeadersTooLarge { bytes, limit } => format!(
+                "RequestHeadersTooLarge: the request headers passed to policies take {bytes} bytes; the limit is {limit} (MAX_POLICY_HEADER_BYTES)"
+            ),
             Refusal::ChannelRateLimitReached => "ChannelRateLimitReached: Too many channels".into(),
             Refusal::ClientJoinRateLimitReached => Disconnect::JoinRateLimit.text().into(),
             Refusal::JoinInProgress => {
@@ -110,6 +118,29 @@ impl Refusal {
                 format!("UnknownEvent: this server does not handle event \"{event}\"")
             }
             Refusal::UnableToBroadcast(why) => format!("UnableToBroadcast: {why}"),
+        }
+    }
+}
+
+/// Why a topic cannot be used: the rules `realtime.send` applies, checked before a topic
+/// reaches a batched database call it could fail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InvalidTopic {
+    /// A NUL is valid JSON but not valid Postgres text.
+    Nul,
+    TooLong {
+        bytes: usize,
+        limit: usize,
+    },
+}
+
+impl InvalidTopic {
+    pub fn text(&self) -> String {
+        match self {
+            InvalidTopic::Nul => "InvalidTopic: the topic must not contain a NUL character".into(),
+            InvalidTopic::TooLong { bytes, limit } => {
+                format!("InvalidTopic: the topic is {bytes} bytes long; the limit is {limit} bytes")
+            }
         }
     }
 }

@@ -4,8 +4,8 @@
 
 use crate::authorizer::{self, Identity, Verdict};
 use crate::hub::Payload;
-use crate::publish::{AckTo, Failure, Publish};
 use crate::reason::Refusal;
+use crate::relay::{self, AckTo, Failure};
 use crate::state::Shared;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -57,12 +57,12 @@ pub(crate) fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
         let topic = text("topic");
         let event = text("event");
         let payload = m.get("payload").filter(|p| p.is_object()).cloned();
-        match topic.as_deref().map(crate::channel::validate_sub_topic) {
+        match topic.as_deref().map(crate::join_config::validate_sub_topic) {
             None => {
                 errors.insert("topic".into(), json!(["can't be blank"]));
             }
             Some(Err(why)) => {
-                errors.insert("topic".into(), json!([why]));
+                errors.insert("topic".into(), json!([why.text()]));
             }
             Some(Ok(())) => {}
         }
@@ -115,7 +115,7 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
     if let Err(why) = crate::server::policy_headers_fit(&headers_json, shared) {
         return (
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Some(json!({ "message": why })),
+            Some(json!({ "message": why.text() })),
         );
     }
     let who = Identity {
@@ -171,7 +171,7 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
     let mut waits = Vec::with_capacity(messages.len());
     for m in messages {
         let (tx, rx) = oneshot::channel();
-        let publish = Publish {
+        let broadcast = relay::Broadcast {
             origin: shared.origin(u64::from(u32::MAX)),
             topic: m.topic,
             event: m.event,
@@ -179,7 +179,7 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
             payload: Payload::Json(m.payload.to_string()),
             reply: AckTo::Http(tx),
         };
-        if shared.publish.send(publish).await.is_err() {
+        if shared.relay.send(broadcast).await.is_err() {
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Some(json!({"message": "Server is shutting down"})),

@@ -2,10 +2,10 @@
 //! metrics endpoints, and the static demo page. Connect-time failures are HTTP errors with a
 //! JSON body, as Supabase's.
 
-use crate::connection;
 use crate::frame::Vsn;
 use crate::reason::Refusal;
 use crate::rest;
+use crate::socket;
 use crate::state::Shared;
 
 use bytes::Bytes;
@@ -174,13 +174,13 @@ async fn route(
 
 /// Headers reach policies as `request.headers` and are copied into every authorization
 /// request of the connection: their size is bounded.
-pub fn policy_headers_fit(headers_json: &str, shared: &Shared) -> Result<(), String> {
+pub fn policy_headers_fit(headers_json: &str, shared: &Shared) -> Result<(), Refusal> {
     let limit = shared.cfg.max_policy_header_bytes;
     if headers_json.len() > limit {
-        return Err(format!(
-            "RequestHeadersTooLarge: the request headers passed to policies take {} bytes; the limit is {limit} (MAX_POLICY_HEADER_BYTES)",
-            headers_json.len()
-        ));
+        return Err(Refusal::RequestHeadersTooLarge {
+            bytes: headers_json.len(),
+            limit,
+        });
     }
     Ok(())
 }
@@ -267,7 +267,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
         .collect();
     let headers = serde_json::Value::Object(x_headers).to_string();
     if let Err(why) = policy_headers_fit(&headers, &shared) {
-        return refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, &why);
+        return refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, &why.text());
     }
     let accept = derive_accept_key(key.as_bytes());
     let cfg = &shared.cfg;
@@ -298,7 +298,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
                     Some(ws_config),
                 )
                 .await;
-                connection::serve(ws, shared2, vsn, claims, headers).await;
+                socket::serve(ws, shared2, vsn, claims, headers).await;
             }
             Err(e) => {
                 shared2.metrics.connections.fetch_sub(1, Relaxed);

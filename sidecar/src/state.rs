@@ -4,7 +4,7 @@ use crate::config::Config;
 use crate::hub::Hub;
 use crate::jwt::Verifier;
 use crate::metrics::Metrics;
-use crate::publish::Publish;
+use crate::relay;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
@@ -17,8 +17,8 @@ pub struct Shared {
     pub shutdown: watch::Receiver<bool>,
     /// Private-channel authorization requests, batched into `realtime.authorize`.
     pub authorize: mpsc::Sender<crate::authorizer::AuthRequest>,
-    /// Client broadcasts waiting to be relayed through the database.
-    pub publish: mpsc::Sender<Publish>,
+    /// Client broadcasts waiting to be relayed through the database (`relay`).
+    pub relay: mpsc::Sender<relay::Broadcast>,
     /// Random per process: the high half of this sidecar's relay origins.
     pub instance: u32,
 }
@@ -37,4 +37,56 @@ pub fn instance_id() -> u32 {
         .map_or(0, |d| d.subsec_nanos());
     let mixed = (std::process::id().wrapping_mul(2_654_435_761)) ^ nanos;
     (mixed & 0x7fff_ffff) | 1
+}
+
+/// A `Shared` for in-process tests, with the far ends of its request queues: the test
+/// plays the authorizer and the relay.
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+    use crate::authorizer::AuthRequest;
+    use clap::Parser;
+    use serde_json::Value;
+
+    pub const SECRET: &str = "a-test-secret-of-at-least-thirty-two-bytes";
+
+    pub struct Backends {
+        pub authorize: mpsc::Receiver<AuthRequest>,
+        pub relay: mpsc::Receiver<relay::Broadcast>,
+        /// Kept so that `shutdown` stays open.
+        pub stop: watch::Sender<bool>,
+    }
+
+    /// A sidecar's shared state with settings `args` (flags, as on the command line).
+    pub fn shared(args: &[&str]) -> (Arc<Shared>, Backends) {
+        let mut all = vec!["realtime-sidecar", "--jwt-secret", SECRET];
+        all.extend_from_slice(args);
+        let cfg = Arc::new(Config::try_parse_from(all).expect("test settings"));
+        let metrics = Arc::new(Metrics::default());
+        let (stop, shutdown) = watch::channel(false);
+        let (authorize, authorize_rx) = mpsc::channel(64);
+        let (relay, relay_rx) = mpsc::channel(64);
+        let shared = Shared {
+            hub: Arc::new(Hub::new(metrics.clone())),
+            verifier: Verifier::new(SECRET),
+            cfg,
+            metrics,
+            shutdown,
+            authorize,
+            relay,
+            instance: 7,
+        };
+        let backends = Backends {
+            authorize: authorize_rx,
+            relay: relay_rx,
+            stop,
+        };
+        (Arc::new(shared), backends)
+    }
+
+    /// A token signed with `SECRET`.
+    pub fn token(claims: &Value) -> String {
+        let key = jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes());
+        jsonwebtoken::encode(&jsonwebtoken::Header::default(), claims, &key).unwrap()
+    }
 }

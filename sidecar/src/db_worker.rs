@@ -1,6 +1,6 @@
-//! What the publisher and the authorizer share: a Postgres connection kept up with backoff,
-//! and batches made of whatever requests are waiting (no timer: a batch holds what arrived
-//! while the previous one was in the database).
+//! What the two database workers (the relay and the authorizer) share: a Postgres
+//! connection kept up with backoff, and batches made of whatever requests are waiting (no
+//! timer: a batch holds what arrived while the previous one was in the database).
 
 use crate::config::Config;
 use std::time::Duration;
@@ -50,7 +50,7 @@ pub async fn connect<T>(
 
 /// Waits for a request, then takes what else is waiting, up to `max`. None on shutdown or
 /// when every sender is gone.
-pub async fn next<T>(
+pub async fn next_batch<T>(
     rx: &mut mpsc::Receiver<T>,
     max: usize,
     shutdown: &mut watch::Receiver<bool>,

@@ -1,0 +1,116 @@
+//! The broadcast extension of a channel: whether the hub delivers to it (the read verdict),
+//! whether the client may send on it (the write verdict), and the client's `broadcast`
+//! pushes, relayed through the database (`relay`) so every sidecar sees them in the
+//! queue's one order, then fanned out like any message, minus the sender unless it joined
+//! with `self: true`. With `ack: true` the reply comes once the push has committed.
+
+use crate::channels::{Channel, Link};
+use crate::command::ClientBroadcast;
+use crate::frame::Inbound;
+use crate::hub::{Hub, TopicKey};
+use crate::join_config::JoinConfig;
+use crate::reason::Refusal;
+use crate::relay::{self, AckTo, Failure};
+use crate::state::Shared;
+use tokio::sync::mpsc;
+
+/// One channel's broadcast settings and verdicts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct State {
+    /// Reply to the client's broadcasts once they are committed (`config.broadcast.ack`).
+    pub ack: bool,
+    /// Deliver the client's own broadcasts back to it (`config.broadcast.self`).
+    pub self_broadcast: bool,
+    /// Read verdict: the channel is subscribed in the hub only while it holds. (A private
+    /// join may be admitted on presence read alone; it then gets no broadcasts.)
+    pub read: bool,
+    /// Write verdict of a private channel (public channels: anyone may send).
+    pub write: bool,
+}
+
+impl State {
+    pub fn new(config: &JoinConfig, read: bool, write: bool) -> Self {
+        State {
+            ack: config.ack,
+            self_broadcast: config.self_broadcast,
+            read,
+            write,
+        }
+    }
+
+    /// Starts delivery to the channel, if it may read.
+    pub fn start(&self, hub: &Hub, link: &Link, key: &TopicKey, join_ref: Option<String>) {
+        if self.read {
+            hub.subscribe(key.clone(), link.subscriber(join_ref, self.self_broadcast));
+        }
+    }
+
+    /// Stops delivery to the channel.
+    pub fn stop(&self, hub: &Hub, link: &Link, key: &TopicKey) {
+        if self.read {
+            hub.unsubscribe(key, link.id);
+        }
+    }
+
+    /// Applies re-checked verdicts: delivery starts or stops when the read verdict changed.
+    pub fn apply(
+        &mut self,
+        verdicts: (bool, bool),
+        hub: &Hub,
+        link: &Link,
+        key: &TopicKey,
+        join_ref: &Option<String>,
+    ) {
+        let (read, write) = verdicts;
+        self.write = write;
+        if read == self.read {
+            return;
+        }
+        if read {
+            self.read = true;
+            self.start(hub, link, key, join_ref.clone());
+        } else {
+            self.stop(hub, link, key);
+            self.read = false;
+        }
+    }
+}
+
+/// A client's broadcast push on channel `ch`: handed to the relay, or refused.
+pub fn push(
+    shared: &Shared,
+    link: &Link,
+    ch: &Channel,
+    m: &Inbound,
+    b: ClientBroadcast,
+) -> Result<(), Refusal> {
+    let ClientBroadcast { event, payload } = b;
+    if ch.key.private && !ch.broadcast.write {
+        // Supabase drops these silently; an error reply says why instead.
+        return Err(Refusal::WriteDenied {
+            topic: ch.key.topic.clone(),
+        });
+    }
+    let reply = AckTo::Socket {
+        tx: link.tx.clone(),
+        vsn: link.vsn,
+        join_ref: m.join_ref.clone(),
+        reference: m.reference.clone(),
+        topic: m.topic.clone(),
+        ack: ch.broadcast.ack,
+    };
+    let broadcast = relay::Broadcast {
+        origin: link.origin,
+        topic: ch.key.topic.clone(),
+        event,
+        private: ch.key.private,
+        payload,
+        reply,
+    };
+    if let Err(mpsc::error::TrySendError::Full(b)) = shared.relay.try_send(broadcast) {
+        // Answered like any failed relay (an error reply, or a system message without ack).
+        let busy = Failure::Unavailable("too many broadcasts are waiting for the database; retry");
+        relay::settle(vec![b], Err(busy), &shared.metrics);
+    }
+    Ok(())
+}

@@ -1,0 +1,895 @@
+//! One connection's channels and their lifecycle: join (public at once, private once the
+//! batched verdicts are back), re-checks (every AUTHORIZATION_TTL_SECS and on a new token),
+//! token expiry, and leave. Each client command is dispatched here; what an extension does
+//! on a channel lives in its own file (`broadcast`; presence and postgres_changes next).
+//!
+//! Everything runs in the connection's own task (`socket`): verdicts come back on a channel
+//! (`AuthDone`) instead of being applied by the task that asked, so a channel's table entry,
+//! its hub subscription and the frames sent about it change in one place, in order.
+
+use crate::authorizer::{self, Access, Identity};
+use crate::broadcast;
+use crate::command::{Command, Frame};
+use crate::frame::{self, Inbound, Vsn};
+use crate::hub::{ConnId, Subscriber, TopicKey};
+use crate::join_config::{self, JoinConfig};
+use crate::jwt::{self, Claims, JwtError};
+use crate::metrics::Metrics;
+use crate::reason::{ChannelClosed, Disconnect, Refusal};
+use crate::state::Shared;
+use serde_json::json;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify};
+use tokio_tungstenite::tungstenite::Message;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// How the hub and the relay reach this connection.
+pub struct Link {
+    pub id: ConnId,
+    pub vsn: Vsn,
+    /// The connection as `realtime.relay` origins name it.
+    pub origin: i64,
+    /// The bounded outbound queue the socket writes from.
+    pub tx: mpsc::Sender<Message>,
+    /// Notified when the queue overflowed: the connection must close.
+    pub too_slow: Arc<Notify>,
+}
+
+impl Link {
+    pub fn subscriber(&self, join_ref: Option<String>, self_broadcast: bool) -> Subscriber {
+        Subscriber {
+            conn: self.id,
+            vsn: self.vsn,
+            join_ref,
+            origin: self.origin,
+            self_broadcast,
+            tx: self.tx.clone(),
+            too_slow: self.too_slow.clone(),
+        }
+    }
+}
+
+/// A joined channel.
+pub struct Channel {
+    pub key: TopicKey,
+    pub join_ref: Option<String>,
+    /// The identity its verdicts are for (the socket's token, or the join's or a refresh's).
+    pub claims: Claims,
+    pub broadcast: broadcast::State,
+    /// Presence was enabled on the join: its read verdict is asked for too.
+    pub presence: bool,
+    /// The private channel's re-checks; see `Checks`.
+    checks: Checks,
+}
+
+/// At most one authorization check is in flight per channel, and a verdict applies only to
+/// the identity it was computed for. Token refreshes and TTL ticks that arrive meanwhile
+/// coalesce into one more check after it; a late verdict for an older token is discarded.
+#[derive(Default)]
+struct Checks {
+    /// Changes whenever the channel's identity (token) changes; verdicts carry it.
+    generation: u64,
+    in_flight: bool,
+    again: bool,
+    /// Delay before retrying after the database failed to answer (doubles, up to 30 s).
+    backoff: Option<Duration>,
+}
+
+/// Verdicts for a private channel, back from the batched authorizer.
+pub enum AuthDone {
+    /// A private join and its verdicts.
+    Join(Box<PendingJoin>, Access),
+    Recheck {
+        topic: String,
+        generation: u64,
+        access: Access,
+    },
+    /// A re-check that failed for want of the database is due again.
+    Retry { topic: String, generation: u64 },
+}
+
+/// A private join waiting for its verdicts.
+pub struct PendingJoin {
+    m: Inbound,
+    config: JoinConfig,
+    claims: Claims,
+    sub_topic: String,
+}
+
+/// Per-second counter for the connection's rate limits.
+struct Rate {
+    window: Instant,
+    count: u32,
+}
+
+impl Rate {
+    fn new() -> Self {
+        Rate {
+            window: Instant::now(),
+            count: 0,
+        }
+    }
+
+    /// Counts one event; false once more than `limit` happened within the current second.
+    fn allow(&mut self, limit: u32) -> bool {
+        if self.window.elapsed() >= Duration::from_secs(1) {
+            self.window = Instant::now();
+            self.count = 0;
+        }
+        self.count += 1;
+        self.count <= limit
+    }
+}
+
+pub struct Channels {
+    link: Link,
+    shared: Arc<Shared>,
+    socket_claims: Claims,
+    channels: HashMap<String, Channel>,
+    joins: Rate,
+    events: Rate,
+    /// Replies and pushes produced while handling commands and verdicts; the socket writes
+    /// them before anything the hub queued after.
+    pub out: Vec<Message>,
+    /// The socket's `x-` request headers as JSON, for `request.headers` in policies.
+    headers: String,
+    auth_done: mpsc::UnboundedSender<AuthDone>,
+    /// Topics of private joins waiting for their verdicts (they count against the channel
+    /// limit; a second join of the same topic meanwhile is refused).
+    pending_joins: HashSet<String>,
+    /// Source of check generations, unique within the connection.
+    next_generation: u64,
+}
+
+impl Channels {
+    /// A new connection's (empty) channels, and where its verdicts arrive: the socket
+    /// passes each to `on_auth`.
+    pub fn new(
+        shared: Arc<Shared>,
+        vsn: Vsn,
+        socket_claims: Claims,
+        headers: String,
+        tx: mpsc::Sender<Message>,
+    ) -> (Self, mpsc::UnboundedReceiver<AuthDone>) {
+        let (auth_done, auth_rx) = mpsc::unbounded_channel();
+        let id = NEXT_ID.fetch_add(1, Relaxed);
+        let link = Link {
+            id,
+            vsn,
+            origin: shared.origin(id),
+            tx,
+            too_slow: Arc::new(Notify::new()),
+        };
+        let channels = Channels {
+            link,
+            shared,
+            socket_claims,
+            channels: HashMap::new(),
+            joins: Rate::new(),
+            events: Rate::new(),
+            out: Vec::new(),
+            headers,
+            auth_done,
+            pending_joins: HashSet::new(),
+            next_generation: 1,
+        };
+        (channels, auth_rx)
+    }
+
+    pub fn id(&self) -> ConnId {
+        self.link.id
+    }
+
+    pub fn too_slow(&self) -> Arc<Notify> {
+        self.link.too_slow.clone()
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    pub fn has_channels(&self) -> bool {
+        !self.channels.is_empty()
+    }
+
+    /// The joined channel of a topic (`realtime:...`).
+    pub fn get(&self, topic: &str) -> Option<&Channel> {
+        self.channels.get(topic)
+    }
+
+    /// The soonest `exp` (unix seconds) among the channels' tokens.
+    pub fn soonest_expiry(&self) -> i64 {
+        self.channels
+            .values()
+            .map(|c| c.claims.exp)
+            .min()
+            .unwrap_or(i64::MAX)
+    }
+
+    fn push_text(&mut self, text: String) {
+        self.out.push(Message::text(text));
+    }
+
+    fn push_system(&mut self, topic: &str, join_ref: Option<&str>, status: &str, message: &str) {
+        self.push_text(frame::system(
+            self.link.vsn,
+            join_ref,
+            topic,
+            status,
+            message,
+        ));
+    }
+
+    fn push_close(&mut self, topic: &str, join_ref: Option<&str>) {
+        self.push_text(frame::encode(
+            self.link.vsn,
+            join_ref,
+            None,
+            topic,
+            "phx_close",
+            &json!({}),
+        ));
+    }
+
+    /// Closes channels whose token expired, as Supabase does: a system error, then phx_close.
+    pub fn expire_tokens(&mut self) {
+        let now = jwt::now();
+        let expired: Vec<String> = self
+            .channels
+            .iter()
+            .filter(|(_, c)| c.claims.exp <= now)
+            .map(|(t, _)| t.clone())
+            .collect();
+        for topic in expired {
+            let why = ChannelClosed::TokenExpired {
+                seconds_ago: now - self.channels[&topic].claims.exp,
+            };
+            self.leave(&topic, Some(why));
+        }
+    }
+
+    /// Stops everything the channel receives and gives back its place in the counts.
+    fn unsubscribe(&self, ch: &Channel) {
+        ch.broadcast.stop(&self.shared.hub, &self.link, &ch.key);
+        self.shared.metrics.channels.fetch_sub(1, Relaxed);
+    }
+
+    /// Leaves every channel without a word (the socket is closing).
+    pub fn leave_all(&mut self) {
+        for (_, ch) in std::mem::take(&mut self.channels) {
+            self.unsubscribe(&ch);
+        }
+    }
+
+    /// Handles one client command. Err ends the connection with that reason.
+    pub fn handle(&mut self, f: Frame) -> Result<(), Disconnect> {
+        let Frame { head: m, command } = f;
+        let command = match command {
+            Command::Heartbeat => {
+                self.push_text(frame::reply(self.link.vsn, &m, "ok", json!({})));
+                return Ok(());
+            }
+            Command::Join(config) => return self.join(m, config),
+            other => other,
+        };
+        if !self.channels.contains_key(&m.topic) {
+            self.refuse(&m, Refusal::UnmatchedTopic);
+            return Ok(());
+        }
+        if !self.events.allow(self.shared.cfg.max_events_per_second) {
+            self.leave(&m.topic, Some(ChannelClosed::TooManyMessages));
+            return Ok(());
+        }
+        match command {
+            Command::Heartbeat | Command::Join(_) => unreachable!("handled above"),
+            Command::Leave => {
+                self.push_text(frame::reply(self.link.vsn, &m, "ok", json!({})));
+                self.leave(&m.topic, None);
+            }
+            Command::AccessToken(token) => self.refresh_token(&m, token),
+            // A missing or stale join_ref is accepted, as Supabase's patched Phoenix accepts
+            // it: SDK clients send such pushes.
+            Command::Broadcast(Ok(b)) => {
+                let ch = &self.channels[&m.topic];
+                if let Err(why) = broadcast::push(&self.shared, &self.link, ch, &m, b) {
+                    self.refuse(&m, why);
+                }
+            }
+            Command::Broadcast(Err(why)) => self.refuse(&m, Refusal::UnableToBroadcast(why.into())),
+            Command::Presence => self.refuse(&m, Refusal::PresenceNotSupported),
+            Command::Unknown(other) => self.refuse(&m, Refusal::UnknownEvent(other)),
+        }
+        Ok(())
+    }
+
+    /// An error reply to a push, with its reason.
+    fn refuse(&mut self, m: &Inbound, why: Refusal) {
+        self.push_text(frame::reply(
+            self.link.vsn,
+            m,
+            "error",
+            json!({ "reason": why.text() }),
+        ));
+    }
+
+    fn join_error(&mut self, m: &Inbound, why: Refusal) {
+        self.shared.metrics.join_errors_total.fetch_add(1, Relaxed);
+        self.refuse(m, why);
+    }
+
+    fn join(&mut self, m: Inbound, config: JoinConfig) -> Result<(), Disconnect> {
+        if !self.joins.allow(self.shared.cfg.max_joins_per_second) {
+            self.join_error(&m, Refusal::ClientJoinRateLimitReached);
+            return Err(Disconnect::JoinRateLimit);
+        }
+        let Some(sub_topic) = m.topic.strip_prefix("realtime:").filter(|s| !s.is_empty()) else {
+            self.join_error(&m, Refusal::TopicNameRequired);
+            return Ok(());
+        };
+        // Checked as realtime.send checks it: a topic the database cannot take (a NUL, over
+        // 246 bytes) would otherwise fail the batched authorization call it joins.
+        if let Err(why) = join_config::validate_sub_topic(sub_topic) {
+            self.join_error(&m, Refusal::InvalidTopic(why));
+            return Ok(());
+        }
+        let sub_topic = sub_topic.to_owned();
+        let claims = match config.access_token.as_deref() {
+            Some(t) if !t.starts_with("sb_") => match self.shared.verifier.verify(t) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.join_error(&m, Refusal::Jwt(e));
+                    return Ok(());
+                }
+            },
+            _ => self.socket_claims.clone(),
+        };
+        if claims.exp <= jwt::now() {
+            let seconds_ago = jwt::now() - claims.exp;
+            self.join_error(&m, Refusal::Jwt(JwtError::Expired { seconds_ago }));
+            return Ok(());
+        }
+        if config.has_postgres_changes {
+            self.join_error(&m, Refusal::PostgresChangesNotSupported);
+            return Ok(());
+        }
+        if self.pending_joins.contains(&m.topic) {
+            self.join_error(&m, Refusal::JoinInProgress);
+            return Ok(());
+        }
+        let rejoin = self.channels.contains_key(&m.topic);
+        let in_use = self.channels.len() + self.pending_joins.len();
+        if !rejoin && in_use >= self.shared.cfg.max_channels_per_client {
+            self.join_error(&m, Refusal::ChannelRateLimitReached);
+            return Ok(());
+        }
+        if config.private {
+            // Answered when the batched verdicts arrive (`on_auth`), in this same task.
+            self.pending_joins.insert(m.topic.clone());
+            let who = self.identity(&claims);
+            let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
+            tokio::spawn(async move {
+                let access =
+                    authorizer::channel_access(&auth, &who, &sub_topic, config.presence).await;
+                let join = PendingJoin {
+                    m,
+                    config,
+                    claims,
+                    sub_topic,
+                };
+                let _ = done.send(AuthDone::Join(Box::new(join), access));
+            });
+            return Ok(());
+        }
+        self.complete_join(m, config, claims, sub_topic, (true, true));
+        Ok(())
+    }
+
+    /// Admits a join with its broadcast (read, write) verdicts.
+    fn complete_join(
+        &mut self,
+        m: Inbound,
+        config: JoinConfig,
+        claims: Claims,
+        sub_topic: String,
+        (read, write): (bool, bool),
+    ) {
+        let key = TopicKey {
+            private: config.private,
+            topic: sub_topic,
+        };
+        if let Some(old) = self.channels.remove(&m.topic) {
+            self.unsubscribe(&old);
+        }
+        let broadcast = broadcast::State::new(&config, read, write);
+        broadcast.start(&self.shared.hub, &self.link, &key, m.join_ref.clone());
+        self.shared.metrics.channels.fetch_add(1, Relaxed);
+        self.shared.metrics.joins_total.fetch_add(1, Relaxed);
+        self.push_text(frame::reply(
+            self.link.vsn,
+            &m,
+            "ok",
+            json!({"postgres_changes": []}),
+        ));
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let channel = Channel {
+            key,
+            join_ref: m.join_ref.clone(),
+            broadcast,
+            presence: config.presence,
+            claims,
+            checks: Checks {
+                generation,
+                ..Checks::default()
+            },
+        };
+        self.channels.insert(m.topic, channel);
+    }
+
+    fn identity(&self, claims: &Claims) -> Identity {
+        Identity {
+            role: claims.role.clone(),
+            claims: claims.all.to_string(),
+            headers: self.headers.clone(),
+        }
+    }
+
+    /// Re-checks every private channel (the TTL passed).
+    pub fn recheck_all(&mut self) {
+        let topics: Vec<String> = self.channels.keys().cloned().collect();
+        for t in topics {
+            self.recheck(&t);
+        }
+    }
+
+    /// Checks a private channel's verdicts again (new token, the TTL passed, or a retry),
+    /// unless a check is in flight: then one more runs after it.
+    fn recheck(&mut self, topic: &str) {
+        let Some(ch) = self.channels.get_mut(topic) else {
+            return;
+        };
+        if !ch.key.private {
+            return;
+        }
+        if ch.checks.in_flight {
+            ch.checks.again = true;
+            return;
+        }
+        ch.checks.in_flight = true;
+        let generation = ch.checks.generation;
+        let (sub_topic, presence, claims) = (ch.key.topic.clone(), ch.presence, ch.claims.clone());
+        let who = self.identity(&claims);
+        let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
+        let topic = topic.to_owned();
+        tokio::spawn(async move {
+            let access = authorizer::channel_access(&auth, &who, &sub_topic, presence).await;
+            let _ = done.send(AuthDone::Recheck {
+                topic,
+                generation,
+                access,
+            });
+        });
+    }
+
+    /// Applies verdicts that came back from the authorizer.
+    pub fn on_auth(&mut self, done: AuthDone) {
+        match done {
+            AuthDone::Join(join, access) => {
+                let PendingJoin {
+                    m,
+                    config,
+                    claims,
+                    sub_topic,
+                } = *join;
+                self.pending_joins.remove(&m.topic);
+                if let Some(f) = access.failure() {
+                    // The database could not answer: not a denial, and said as Supabase says it.
+                    self.join_error(&m, Refusal::Database(f.clone()));
+                } else if access.readable() {
+                    let verdicts = (access.broadcast_read.allowed(), access.write.allowed());
+                    self.complete_join(m, config, claims, sub_topic, verdicts);
+                } else {
+                    let role_refusal = access.role_refusal().map(str::to_owned);
+                    let why = Refusal::ReadDenied {
+                        topic: sub_topic,
+                        role_refusal,
+                    };
+                    self.join_error(&m, why);
+                }
+            }
+            AuthDone::Recheck {
+                topic,
+                generation,
+                access,
+            } => self.apply_recheck(&topic, generation, access),
+            AuthDone::Retry { topic, generation } => {
+                if self
+                    .channels
+                    .get(&topic)
+                    .is_some_and(|c| c.checks.generation == generation)
+                {
+                    self.recheck(&topic);
+                }
+            }
+        }
+    }
+
+    fn apply_recheck(&mut self, topic: &str, generation: u64, access: Access) {
+        let Some(ch) = self.channels.get_mut(topic) else {
+            return;
+        };
+        ch.checks.in_flight = false;
+        let again = std::mem::take(&mut ch.checks.again);
+        if generation != ch.checks.generation {
+            // Computed for a token the channel no longer holds: never applied. The token that
+            // replaced it has not been checked yet (its refresh found this check in flight).
+            self.recheck(topic);
+            return;
+        }
+        if let Some(f) = access.failure() {
+            // A database blip is not a revocation: keep the channel, say so, retry later.
+            let backoff = ch.checks.backoff.map_or(Duration::from_secs(1), |b| {
+                (b * 2).min(Duration::from_secs(30))
+            });
+            ch.checks.backoff = Some(backoff);
+            let join_ref = ch.join_ref.clone();
+            let msg = format!(
+                "Realtime could not re-check this channel's permissions ({}); retrying in {} s",
+                f.reason(),
+                backoff.as_secs()
+            );
+            self.push_system(topic, join_ref.as_deref(), "error", &msg);
+            let done = self.auth_done.clone();
+            let topic = topic.to_owned();
+            tokio::spawn(async move {
+                tokio::time::sleep(backoff).await;
+                let _ = done.send(AuthDone::Retry { topic, generation });
+            });
+            return;
+        }
+        ch.checks.backoff = None;
+        if !access.readable() {
+            let why = ChannelClosed::NoLongerPermitted {
+                topic: ch.key.topic.clone(),
+            };
+            self.leave(topic, Some(why));
+            return;
+        }
+        let verdicts = (access.broadcast_read.allowed(), access.write.allowed());
+        let hub = &self.shared.hub;
+        ch.broadcast
+            .apply(verdicts, hub, &self.link, &ch.key, &ch.join_ref);
+        if again {
+            self.recheck(topic);
+        }
+    }
+
+    /// Leaves a channel; with a reason, tells the client first (system error).
+    fn leave(&mut self, topic: &str, reason: Option<ChannelClosed>) {
+        if let Some(ch) = self.channels.remove(topic) {
+            if let Some(r) = reason {
+                self.push_system(topic, ch.join_ref.as_deref(), "error", &r.text());
+            }
+            self.push_close(topic, ch.join_ref.as_deref());
+            self.unsubscribe(&ch);
+        }
+    }
+
+    fn refresh_token(&mut self, m: &Inbound, token: Option<String>) {
+        let Some(token) = token.as_deref() else {
+            return;
+        };
+        if token.starts_with("sb_") {
+            return;
+        }
+        match self.shared.verifier.verify(token) {
+            Ok(c) => {
+                let generation = self.next_generation;
+                if let Some(ch) = self.channels.get_mut(&m.topic) {
+                    if ch.claims != c {
+                        ch.claims = c;
+                        // Verdicts still in flight were for the old token.
+                        ch.checks.generation = generation;
+                        self.next_generation += 1;
+                        self.recheck(&m.topic);
+                    }
+                }
+            }
+            Err(e) => self.leave(&m.topic, Some(ChannelClosed::TokenRefused(e))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authorizer::{AuthRequest, DbFailure, Verdict};
+    use crate::command;
+    use crate::hub::{Payload, QueueMessage};
+    use crate::state::testing::{self, Backends};
+    use serde_json::Value;
+
+    /// One connection's channels, with the hub's queue to it and the verdicts' way back.
+    struct Conn {
+        c: Channels,
+        verdicts: mpsc::UnboundedReceiver<AuthDone>,
+        hub_rx: mpsc::Receiver<Message>,
+        be: Backends,
+    }
+
+    fn claims(sub: &str) -> Claims {
+        let all = json!({"role": "authenticated", "sub": sub, "exp": jwt::now() + 3600});
+        Claims {
+            role: "authenticated".into(),
+            exp: jwt::now() + 3600,
+            sub: Some(sub.into()),
+            all,
+        }
+    }
+
+    fn conn() -> Conn {
+        let (shared, be) = testing::shared(&[]);
+        let (tx, hub_rx) = mpsc::channel(16);
+        let (c, verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
+        Conn {
+            c,
+            verdicts,
+            hub_rx,
+            be,
+        }
+    }
+
+    impl Conn {
+        fn send(&mut self, frame: Value) -> Result<(), Disconnect> {
+            let f = command::from_text(Vsn::V2, &frame.to_string()).expect("a valid frame");
+            self.c.handle(f)
+        }
+
+        /// What the connection wrote since last asked, as (topic, event, payload).
+        fn written(&mut self) -> Vec<(String, String, Value)> {
+            std::mem::take(&mut self.c.out)
+                .into_iter()
+                .map(|m| {
+                    let v: Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                    let s = |i: usize| v[i].as_str().unwrap_or_default().to_owned();
+                    (s(2), s(3), v[4].clone())
+                })
+                .collect()
+        }
+
+        /// Plays the authorizer: answers the next `n` requests with `verdict`, then hands
+        /// the verdicts that came back to the channels, as the socket loop does.
+        async fn authorize(&mut self, n: usize, verdict: impl Fn(&AuthRequest) -> Verdict) {
+            for _ in 0..n {
+                let r = self.be.authorize.recv().await.expect("a request");
+                let v = verdict(&r);
+                r.reply.send(v).unwrap();
+            }
+            let done = self.verdicts.recv().await.expect("verdicts");
+            self.c.on_auth(done);
+        }
+
+        /// Whether a message sent to `topic` now reaches this connection through the hub.
+        fn delivered(&mut self, topic: &str, private: bool) -> bool {
+            self.c.shared.hub.dispatch(&QueueMessage {
+                topic: topic.into(),
+                event: "e".into(),
+                payload: Payload::Json("{}".into()),
+                private,
+                id: None,
+                origin: None,
+            });
+            std::iter::from_fn(|| self.hub_rx.try_recv().ok()).count() > 0
+        }
+    }
+
+    fn join(topic: &str, private: bool) -> Value {
+        json!(["1", "1", topic, "phx_join", {"config": {"private": private, "broadcast": {"ack": true}}}])
+    }
+
+    fn status(payload: &Value) -> (&str, &str) {
+        (
+            payload["status"].as_str().unwrap_or_default(),
+            payload["response"]["reason"].as_str().unwrap_or_default(),
+        )
+    }
+
+    /// Read allowed, write as given.
+    fn reader(write: bool) -> impl Fn(&AuthRequest) -> Verdict {
+        move |r| match r.write && !write {
+            true => Verdict::Denied(None),
+            false => Verdict::Allowed,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_public_join_is_answered_at_once_and_delivered_to_until_left() {
+        let mut t = conn();
+        t.send(join("realtime:room", false)).unwrap();
+        let w = t.written();
+        assert_eq!(w.len(), 1);
+        assert_eq!(
+            (w[0].1.as_str(), status(&w[0].2)),
+            ("phx_reply", ("ok", ""))
+        );
+        assert_eq!(w[0].2["response"], json!({"postgres_changes": []}));
+        assert!(
+            t.be.authorize.try_recv().is_err(),
+            "public joins ask no one"
+        );
+        assert!(t.delivered("room", false));
+        assert!(!t.delivered("room", true), "private messages stay private");
+        assert_eq!(t.c.metrics().channels.load(Relaxed), 1);
+        t.send(json!(["1", "2", "realtime:room", "phx_leave", {}]))
+            .unwrap();
+        let events: Vec<String> = t.written().into_iter().map(|w| w.1).collect();
+        assert_eq!(events, vec!["phx_reply", "phx_close"]);
+        assert!(!t.delivered("room", false));
+        assert_eq!(t.c.metrics().channels.load(Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_private_join_waits_for_its_verdicts_and_write_is_enforced() {
+        let mut t = conn();
+        t.send(join("realtime:room", true)).unwrap();
+        assert!(t.written().is_empty(), "answered only with the verdicts");
+        // Meanwhile a second join of the topic is refused, not queued twice.
+        t.send(join("realtime:room", true)).unwrap();
+        let w = t.written();
+        assert!(status(&w[0].2).1.starts_with("JoinInProgress"), "{w:?}");
+        t.authorize(2, |r| {
+            assert_eq!(
+                (r.role.as_str(), r.topic.as_str()),
+                ("authenticated", "room")
+            );
+            assert!(r.claims.contains(r#""sub":"u1""#));
+            reader(false)(r)
+        })
+        .await;
+        let w = t.written();
+        assert_eq!(status(&w[0].2), ("ok", ""));
+        assert!(t.delivered("room", true));
+        assert!(!t.delivered("room", false));
+        let push = json!(["1", "3", "realtime:room", "broadcast", {"event": "e", "payload": {}}]);
+        t.send(push).unwrap();
+        let w = t.written();
+        assert_eq!(
+            status(&w[0].2),
+            (
+                "error",
+                "Unauthorized: You do not have permissions to write to this Channel topic: room"
+            )
+        );
+        assert!(
+            t.be.relay.try_recv().is_err(),
+            "a refused push is not relayed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_denied_join_and_a_failed_one_are_told_apart() {
+        let mut t = conn();
+        t.send(join("realtime:a", true)).unwrap();
+        t.authorize(2, |_| Verdict::Denied(None)).await;
+        let w = t.written();
+        assert_eq!(
+            status(&w[0].2),
+            (
+                "error",
+                "Unauthorized: You do not have permissions to read from this Channel topic: a"
+            )
+        );
+        t.send(join("realtime:b", true)).unwrap();
+        t.authorize(2, |_| Verdict::Failed(DbFailure::Unreachable))
+            .await;
+        let w = t.written();
+        assert!(
+            status(&w[0].2).1.starts_with("UnableToConnectToProject"),
+            "{w:?}"
+        );
+        assert!(!t.c.has_channels());
+        assert_eq!(t.c.metrics().join_errors_total.load(Relaxed), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_revoked_read_closes_the_channel_and_a_blip_does_not() {
+        let mut t = conn();
+        t.send(join("realtime:room", true)).unwrap();
+        t.authorize(2, reader(true)).await;
+        t.written();
+        // The database cannot answer the re-check: the channel stays and is told.
+        t.c.recheck_all();
+        t.authorize(2, |_| Verdict::Failed(DbFailure::QueryCanceled))
+            .await;
+        let w = t.written();
+        assert_eq!(w[0].1, "system");
+        assert!(w[0].2["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not re-check"));
+        assert!(t.delivered("room", true));
+        // The retry is due after the backoff (1 s; the test's clock skips it), and this
+        // time read is revoked.
+        let retry = t.verdicts.recv().await.unwrap();
+        assert!(matches!(retry, AuthDone::Retry { .. }));
+        t.c.on_auth(retry);
+        t.authorize(2, |_| Verdict::Denied(None)).await;
+        let w = t.written();
+        let events: Vec<&str> = w.iter().map(|w| w.1.as_str()).collect();
+        assert_eq!(events, vec!["system", "phx_close"]);
+        assert_eq!(
+            w[0].2["message"],
+            "You no longer have permission to read from this Channel topic: room"
+        );
+        assert!(!t.delivered("room", true));
+        assert!(!t.c.has_channels());
+    }
+
+    #[tokio::test]
+    async fn a_verdict_for_a_replaced_token_is_never_applied() {
+        let mut t = conn();
+        t.send(join("realtime:room", true)).unwrap();
+        t.authorize(2, reader(true)).await;
+        t.written();
+        t.c.recheck_all();
+        // A new token arrives while the re-check for the old one is in flight.
+        let new = testing::token(
+            &json!({"role": "authenticated", "sub": "u2", "exp": jwt::now() + 3600}),
+        );
+        t.send(json!(["1", "4", "realtime:room", "access_token", {"access_token": new}]))
+            .unwrap();
+        // The old token's check says no: discarded, and the new token is checked instead.
+        t.authorize(2, |r| {
+            assert!(r.claims.contains("u1"));
+            Verdict::Denied(None)
+        })
+        .await;
+        assert!(t.written().is_empty(), "{:?}", t.c.out);
+        assert!(t.c.get("realtime:room").is_some());
+        t.authorize(2, |r| {
+            assert!(r.claims.contains("u2"), "the replacing token is checked");
+            Verdict::Allowed
+        })
+        .await;
+        assert!(t.delivered("room", true));
+    }
+
+    #[tokio::test]
+    async fn a_push_without_join_ref_is_relayed_as_this_connection() {
+        let mut t = conn();
+        t.send(join("realtime:room", false)).unwrap();
+        t.written();
+        // realtime-js sends pushes with a missing or stale join_ref: accepted.
+        t.send(
+            json!([null, "5", "realtime:room", "broadcast", {"event": "e", "payload": {"n": 1}}]),
+        )
+        .unwrap();
+        assert!(t.written().is_empty(), "answered when the relay settles it");
+        let b = t.be.relay.try_recv().expect("relayed");
+        assert_eq!((b.topic.as_str(), b.event.as_str()), ("room", "e"));
+        assert_eq!(b.payload, Payload::Json(r#"{"n":1}"#.into()));
+        assert_eq!(b.origin, t.c.shared.origin(t.c.id()));
+        // A push on a topic not joined is refused.
+        t.send(json!(["1", "6", "realtime:other", "broadcast", {"event": "e"}]))
+            .unwrap();
+        assert_eq!(status(&t.written()[0].2), ("error", "unmatched topic"));
+    }
+
+    #[tokio::test]
+    async fn too_many_joins_a_second_close_the_socket() {
+        let (shared, _be) = testing::shared(&["--max-joins-per-second", "2"]);
+        let (tx, _hub_rx) = mpsc::channel(16);
+        let (mut c, _verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
+        let mut send = |topic: &str| {
+            let f = command::from_text(Vsn::V2, &join(topic, false).to_string()).unwrap();
+            c.handle(f)
+        };
+        assert_eq!(send("realtime:a"), Ok(()));
+        assert_eq!(send("realtime:b"), Ok(()));
+        assert_eq!(send("realtime:c"), Err(Disconnect::JoinRateLimit));
+    }
+}

@@ -1,0 +1,147 @@
+//! The realtime sidecar: Supabase Realtime's WebSocket protocol (and its REST broadcast)
+//! served from pg_realtime's shared-memory queue.
+//!
+//! # What it is for
+//!
+//! The extension puts every message a transaction sends into its queue at commit, in commit
+//! order, numbered by a gapless sequence (`extension/src/queue.rs` tells how). The sidecar
+//! moves those messages to WebSocket subscribers and moves clients' own broadcasts into the
+//! queue; the database stays the judge of who may read and write a topic. It keeps no
+//! message longer than one fan-out: what it has not delivered, the queue still holds.
+//!
+//! # A message's way: drain → hub → socket
+//!
+//! 1. `drainer` holds one Postgres connection and calls `realtime.drain(consumer, pos, ...)`
+//!    in a loop. The call confirms `pos` (the last sequence handed to the hub) and returns
+//!    what was committed after it, waiting up to a second when there is nothing. After a
+//!    reconnect the consumer slot resumes from the confirmed position, so nothing within
+//!    the queue's capacity is lost (the last batch may be delivered twice). A gap the queue
+//!    reports (messages evicted before they were read), an outage and a restart (a new
+//!    epoch) each reach every subscriber as a `system` message.
+//! 2. Each row becomes a `hub::QueueMessage`; `Hub::dispatch` looks its topic up under one
+//!    read lock, encodes the frame at most once per serializer and `try_send`s the same
+//!    bytes into each subscriber's bounded outbound queue. The hub never waits on a socket:
+//!    a full queue notifies the connection `too_slow`, and it closes with that reason.
+//! 3. `socket` (one task per connection) writes what is queued, up to 256 frames a flush.
+//!
+//! # A private join's way: socket → channels → authorizer → channels
+//!
+//! `socket` parses each client frame once into a `command::Command` and hands it to the
+//! connection's `channels::Channels`, which own the channel lifecycle. A join of a private
+//! channel is answered later: its questions (broadcast read and write, presence read when
+//! presence is enabled) go to the `authorizer` task, which puts whatever every connection
+//! asked meanwhile into one `realtime.authorize` call. The database evaluates the RLS
+//! policies on `realtime.messages` as the JWT's role with its claims and the socket's
+//! headers. The verdicts come back to the connection's own task (`channels::AuthDone`); a
+//! call that fails is split until only the bad request is denied, and a database that
+//! cannot answer is never a denial. Verdicts are checked again every
+//! AUTHORIZATION_TTL_SECS and on a new token; a read no longer allowed closes the channel.
+//!
+//! # A client broadcast's way: socket → relay → queue → every sidecar
+//!
+//! A `broadcast` push on a channel the client may write (`broadcast::push`), or a message
+//! of `POST /api/broadcast` (`rest`), goes to the `relay` task, which writes whatever is
+//! waiting with one `realtime.relay(origin, ...)` statement. Committed, the messages are in
+//! the queue like any other: every sidecar delivers them in the one order the queue gives,
+//! and the hub skips the sending connection (named by `origin`) unless it joined with
+//! `self: true`. The sender hears how it ended (with `ack: true` a reply; a failure always).
+//!
+//! # Tasks and their shared state
+//!
+//! One task each for the listener (`server`), the drainer, the authorizer and the relay,
+//! and one per connection. They share `state::Shared` (settings, the hub, the token
+//! verifier, the metrics, the two request queues) and nothing else; a connection's channels
+//! are touched only by its own task. On SIGTERM the listener stops, every socket is sent
+//! a close frame with its reason (`reason::Disconnect`) and the drainer confirms its
+//! position, so a restarted sidecar resumes where this one stopped (`shutdown`).
+//!
+//! # Files
+//!
+//! `server` listener, HTTP and upgrades · `rest` the REST broadcast · `socket` one
+//! connection's loop · `command` a client frame parsed into what it asks · `frame` the wire
+//! format of both serializers · `channels` the channel lifecycle · `join_config` what a
+//! join asks for · `broadcast` the broadcast extension · `hub` topics and fan-out ·
+//! `drainer` the queue side · `authorizer` batched `realtime.authorize` · `relay` batched
+//! `realtime.relay` · `db_worker` what those two share (reconnects, batches) · `reason`
+//! every reason a client can be given · `jwt` · `metrics` · `config` · `state` · `shutdown`.
+
+pub mod authorizer;
+pub mod broadcast;
+pub mod channels;
+pub mod command;
+pub mod config;
+pub mod db_worker;
+pub mod drainer;
+pub mod frame;
+#[cfg(test)]
+mod fuzz;
+pub mod hub;
+pub mod join_config;
+pub mod jwt;
+pub mod metrics;
+pub mod reason;
+pub mod relay;
+pub mod rest;
+pub mod server;
+pub mod shutdown;
+pub mod socket;
+pub mod state;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Serves until `stop` completes, then shuts down gracefully.
+pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io::Result<()> {
+    let cfg = Arc::new(cfg);
+    let addr = SocketAddr::new(cfg.bind, cfg.port);
+    let listener = server::bind(addr)?;
+    let (trigger, shutdown) = tokio::sync::watch::channel(false);
+    let metrics = Arc::new(metrics::Metrics::default());
+    let hub = Arc::new(hub::Hub::new(metrics.clone()));
+    let (relay_tx, relay_rx) = tokio::sync::mpsc::channel(10_000);
+    // Bounded: a flood of joins waits here (backpressure) rather than timing out.
+    let (authorize_tx, authorize_rx) = tokio::sync::mpsc::channel(20_000);
+    let shared = Arc::new(state::Shared {
+        cfg: cfg.clone(),
+        hub: hub.clone(),
+        verifier: jwt::Verifier::new(&cfg.jwt_secret),
+        metrics: metrics.clone(),
+        shutdown: shutdown.clone(),
+        relay: relay_tx,
+        authorize: authorize_tx,
+        instance: state::instance_id(),
+    });
+    tracing::info!(%addr, consumer = %cfg.consumer, "listening");
+    let drainer = tokio::spawn(drainer::run(
+        cfg.clone(),
+        hub,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    let relay = tokio::spawn(relay::run(
+        cfg.clone(),
+        relay_rx,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    let authorizer = tokio::spawn(authorizer::run(
+        cfg.clone(),
+        authorize_rx,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    let accept = tokio::spawn(server::serve(listener, shared));
+
+    stop.await;
+    tracing::info!("shutting down: closing connections and confirming the queue position");
+    let _ = trigger.send(true);
+    let _ = accept.await;
+    let grace = Duration::from_secs(5);
+    let _ = tokio::time::timeout(grace, drainer).await;
+    let _ = tokio::time::timeout(grace, relay).await;
+    let _ = tokio::time::timeout(grace, authorizer).await;
+    shutdown::wait_for_connections(&metrics, grace).await;
+    Ok(())
+}

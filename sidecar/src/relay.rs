@@ -1,0 +1,370 @@
+//! The relay: client broadcasts (WebSocket `broadcast` pushes and `POST /api/broadcast`)
+//! written into the queue through `realtime.relay`, a batch per statement, so that every
+//! sidecar delivers them in the one order the queue gives; each sender hears how its
+//! broadcast ended once the batch has committed (or failed).
+
+use crate::config::Config;
+use crate::db_worker;
+use crate::frame::{self, Vsn};
+use crate::hub::Payload;
+use crate::metrics::Metrics;
+use serde_json::json;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_tungstenite::tungstenite::Message;
+
+/// Most broadcasts relayed in one statement.
+const BATCH: usize = 1000;
+
+const RELAY_SQL: &str = "SELECT count(realtime.relay(o, t, e, p, j::json, b)) \
+     FROM unnest($1::int8[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::bytea[]) AS u(o, t, e, p, j, b)";
+
+/// Why a broadcast was not relayed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Failure {
+    /// The database refused this message (too large, say).
+    Refused(String),
+    /// The database could not be reached, or too many broadcasts are waiting for it.
+    Unavailable(&'static str),
+}
+
+impl Failure {
+    pub fn reason(&self) -> String {
+        match self {
+            Failure::Refused(why) => format!("UnableToBroadcast: {why}"),
+            Failure::Unavailable(why) => format!("UnableToBroadcast: {why}"),
+        }
+    }
+}
+
+pub const DB_UNAVAILABLE: Failure = Failure::Unavailable("the database is unavailable");
+
+/// Who hears how a broadcast ended: a broadcast is never dropped silently.
+pub enum AckTo {
+    /// A WebSocket push: with `ack: true` answered with a `phx_reply` either way; without
+    /// it, only a failure is reported, as a `system` message on the channel (realtime-js
+    /// ignores replies to pushes it sent without ack, but apps see system messages).
+    Socket {
+        tx: mpsc::Sender<Message>,
+        vsn: Vsn,
+        join_ref: Option<String>,
+        reference: Option<String>,
+        topic: String,
+        ack: bool,
+    },
+    /// A REST request, answered once all its messages are settled.
+    Http(oneshot::Sender<Result<(), Failure>>),
+}
+
+impl AckTo {
+    pub fn settle(self, result: Result<(), Failure>) {
+        let AckTo::Socket {
+            tx,
+            vsn,
+            join_ref,
+            reference,
+            topic,
+            ack,
+        } = self
+        else {
+            if let AckTo::Http(tx) = self {
+                let _ = tx.send(result);
+            }
+            return;
+        };
+        let text = match (result, ack) {
+            (Ok(()), false) => return,
+            (Ok(()), true) => frame::encode(
+                vsn,
+                join_ref.as_deref(),
+                reference.as_deref(),
+                &topic,
+                "phx_reply",
+                &json!({"status": "ok", "response": {}}),
+            ),
+            (Err(f), true) => frame::encode(
+                vsn,
+                join_ref.as_deref(),
+                reference.as_deref(),
+                &topic,
+                "phx_reply",
+                &json!({"status": "error", "response": {"reason": f.reason()}}),
+            ),
+            (Err(f), false) => {
+                frame::system(vsn, join_ref.as_deref(), &topic, "error", &f.reason())
+            }
+        };
+        // A full queue means the client is being cut off as too slow anyway.
+        let _ = tx.try_send(Message::text(text));
+    }
+}
+
+/// A client broadcast on its way to the database.
+pub struct Broadcast {
+    pub origin: i64,
+    pub topic: String,
+    pub event: String,
+    pub private: bool,
+    pub payload: Payload,
+    pub reply: AckTo,
+}
+
+/// Runs until shutdown, relaying what connections queue on `rx`.
+pub async fn run(
+    cfg: Arc<Config>,
+    mut rx: mpsc::Receiver<Broadcast>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let unavailable = || Err(DB_UNAVAILABLE);
+    loop {
+        let fail = |m: Broadcast| settle(vec![m], unavailable(), &metrics);
+        let Some(client) = db_worker::connect(&cfg, "relay", &mut rx, &mut shutdown, fail).await
+        else {
+            return;
+        };
+        while let Some(batch) = db_worker::next_batch(&mut rx, BATCH, &mut shutdown).await {
+            let db = Db {
+                client: &client,
+                deadline: cfg.db_call_deadline(),
+            };
+            if !relay_batch(&db, batch, &metrics).await {
+                break;
+            }
+        }
+        if *shutdown.borrow() || rx.is_closed() {
+            return;
+        }
+    }
+}
+
+/// Relays one batch and tells each sender how it ended. False when the connection is no
+/// longer usable (every broadcast left is answered `DB_UNAVAILABLE`).
+async fn relay_batch(db: &impl Call, batch: Vec<Broadcast>, metrics: &Metrics) -> bool {
+    let why = match db.relay(&batch).await {
+        Ok(()) => {
+            settle(batch, Ok(()), metrics);
+            return true;
+        }
+        Err(CallError::Lost) => {
+            settle(batch, Err(DB_UNAVAILABLE), metrics);
+            return false;
+        }
+        Err(CallError::Refused(why)) => why,
+    };
+    // One bad message must not sink the others (the statement failed as a whole, so none
+    // of them was relayed): relay them one at a time.
+    tracing::debug!(error = %why, "relay batch failed; isolating");
+    let mut rest = batch.into_iter();
+    while let Some(m) = rest.next() {
+        match db.relay(std::slice::from_ref(&m)).await {
+            Ok(()) => settle(vec![m], Ok(()), metrics),
+            Err(CallError::Refused(why)) => settle(vec![m], Err(Failure::Refused(why)), metrics),
+            Err(CallError::Lost) => {
+                settle(
+                    std::iter::once(m).chain(rest).collect(),
+                    Err(DB_UNAVAILABLE),
+                    metrics,
+                );
+                return false;
+            }
+        }
+    }
+    true
+}
+
+enum CallError {
+    /// The connection is gone, or a call hung (its state is unknown): it is replaced.
+    Lost,
+    /// The database refused the statement; the text is the reason a client sees.
+    Refused(String),
+}
+
+/// One `realtime.relay` statement over a batch: a trait so that the batching and the
+/// isolation above are tested without a database.
+trait Call {
+    async fn relay(&self, batch: &[Broadcast]) -> Result<(), CallError>;
+}
+
+/// The real statement, on the relay's connection.
+struct Db<'a> {
+    client: &'a tokio_postgres::Client,
+    deadline: std::time::Duration,
+}
+
+impl Call for Db<'_> {
+    async fn relay(&self, batch: &[Broadcast]) -> Result<(), CallError> {
+        match tokio::time::timeout(self.deadline, relay(self.client, batch)).await {
+            Ok(Ok(())) => Ok(()),
+            Err(_) => Err(CallError::Lost),
+            Ok(Err(_)) if self.client.is_closed() => Err(CallError::Lost),
+            Ok(Err(e)) => Err(CallError::Refused(
+                e.as_db_error()
+                    .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+            )),
+        }
+    }
+}
+
+/// Tells each sender how its broadcast ended, and counts it.
+pub fn settle(batch: Vec<Broadcast>, result: Result<(), Failure>, metrics: &Metrics) {
+    let counter = match result {
+        Ok(()) => &metrics.client_broadcasts_total,
+        Err(_) => &metrics.client_broadcast_failures_total,
+    };
+    counter.fetch_add(batch.len() as u64, Relaxed);
+    for m in batch {
+        m.reply.settle(result.clone());
+    }
+}
+
+async fn relay(
+    client: &tokio_postgres::Client,
+    batch: &[Broadcast],
+) -> Result<(), tokio_postgres::Error> {
+    let origins: Vec<i64> = batch.iter().map(|m| m.origin).collect();
+    let topics: Vec<&str> = batch.iter().map(|m| m.topic.as_str()).collect();
+    let events: Vec<&str> = batch.iter().map(|m| m.event.as_str()).collect();
+    let privates: Vec<bool> = batch.iter().map(|m| m.private).collect();
+    let json: Vec<Option<&str>> = batch
+        .iter()
+        .map(|m| match &m.payload {
+            Payload::Json(j) => Some(j.as_str()),
+            Payload::Binary(_) => None,
+        })
+        .collect();
+    let binary: Vec<Option<&[u8]>> = batch
+        .iter()
+        .map(|m| match &m.payload {
+            Payload::Binary(b) => Some(&b[..]),
+            Payload::Json(_) => None,
+        })
+        .collect();
+    client
+        .execute(
+            RELAY_SQL,
+            &[&origins, &topics, &events, &privates, &json, &binary],
+        )
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A database that refuses any statement holding the event "too_big", and loses the
+    /// connection on one holding "gone" alone.
+    #[derive(Default)]
+    struct Fake {
+        relayed: Mutex<Vec<String>>,
+        calls: Mutex<usize>,
+    }
+
+    impl Call for Fake {
+        async fn relay(&self, batch: &[Broadcast]) -> Result<(), CallError> {
+            *self.calls.lock().unwrap() += 1;
+            if batch.len() == 1 && batch[0].event == "gone" {
+                return Err(CallError::Lost);
+            }
+            if batch.iter().any(|b| b.event == "too_big") {
+                return Err(CallError::Refused("payload too large".into()));
+            }
+            let events = batch.iter().map(|b| b.event.clone());
+            self.relayed.lock().unwrap().extend(events);
+            Ok(())
+        }
+    }
+
+    fn socket(event: &str, ack: bool) -> (Broadcast, mpsc::Receiver<Message>) {
+        let (tx, rx) = mpsc::channel(4);
+        let reply = AckTo::Socket {
+            tx,
+            vsn: Vsn::V1,
+            join_ref: Some("1".into()),
+            reference: Some(event.into()),
+            topic: "realtime:room".into(),
+            ack,
+        };
+        (broadcast(event, reply), rx)
+    }
+
+    fn broadcast(event: &str, reply: AckTo) -> Broadcast {
+        Broadcast {
+            origin: 1,
+            topic: "room".into(),
+            event: event.into(),
+            private: false,
+            payload: Payload::Json("{}".into()),
+            reply,
+        }
+    }
+
+    fn text(rx: &mut mpsc::Receiver<Message>) -> Option<String> {
+        rx.try_recv()
+            .ok()
+            .map(|m| m.into_text().unwrap().to_string())
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_one_statement_and_only_acked_pushes_are_answered() {
+        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (a, mut rx_a) = socket("a", true);
+        let (b, mut rx_b) = socket("b", false);
+        assert!(relay_batch(&db, vec![a, b], &metrics).await);
+        assert_eq!(*db.calls.lock().unwrap(), 1);
+        assert_eq!(*db.relayed.lock().unwrap(), vec!["a", "b"]);
+        let ack = text(&mut rx_a).expect("ack: true is answered");
+        assert!(
+            ack.contains(r#""phx_reply""#) && ack.contains(r#""status":"ok""#),
+            "{ack}"
+        );
+        assert_eq!(text(&mut rx_b), None, "without ack, success is silent");
+        assert_eq!(metrics.client_broadcasts_total.load(Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn a_refused_broadcast_is_isolated_and_reported_to_its_sender_only() {
+        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (a, mut rx_a) = socket("a", false);
+        let (bad, mut rx_bad) = socket("too_big", false);
+        let (http_tx, http_rx) = oneshot::channel();
+        let c = broadcast("c", AckTo::Http(http_tx));
+        assert!(relay_batch(&db, vec![a, bad, c], &metrics).await);
+        // The batch, then each message alone.
+        assert_eq!(*db.calls.lock().unwrap(), 4);
+        assert_eq!(*db.relayed.lock().unwrap(), vec!["a", "c"]);
+        assert_eq!(text(&mut rx_a), None);
+        // Without ack the failure still reaches the sender, as a system message.
+        let report = text(&mut rx_bad).expect("a failure is never silent");
+        assert!(
+            report.contains(r#""system""#)
+                && report.contains("UnableToBroadcast: payload too large"),
+            "{report}"
+        );
+        assert_eq!(http_rx.await.unwrap(), Ok(()));
+        assert_eq!(metrics.client_broadcast_failures_total.load(Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lost_connection_answers_everything_left_unavailable() {
+        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (a, mut rx_a) = socket("a", true);
+        let (bad, _rx_bad) = socket("too_big", true);
+        let (gone, mut rx_gone) = socket("gone", true);
+        let (http_tx, http_rx) = oneshot::channel();
+        let d = broadcast("d", AckTo::Http(http_tx));
+        assert!(!relay_batch(&db, vec![a, bad, gone, d], &metrics).await);
+        assert!(text(&mut rx_a).unwrap().contains(r#""status":"ok""#));
+        let lost = text(&mut rx_gone).unwrap();
+        assert!(
+            lost.contains(r#""status":"error""#) && lost.contains(&DB_UNAVAILABLE.reason()),
+            "{lost}"
+        );
+        // The one after it was never tried, and is answered too.
+        assert_eq!(http_rx.await.unwrap(), Err(DB_UNAVAILABLE));
+        assert_eq!(*db.relayed.lock().unwrap(), vec!["a"]);
+    }
+}
