@@ -11,7 +11,6 @@
 use crate::config::Config;
 use crate::db_worker;
 use crate::metrics::Metrics;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -185,10 +184,8 @@ pub async fn run(
             return;
         };
         while let Some(batch) = db_worker::next_batch(&mut rx, BATCH, &mut shutdown).await {
-            metrics.auth_batches_total.fetch_add(1, Relaxed);
-            metrics
-                .auth_requests_total
-                .fetch_add(batch.len() as u64, Relaxed);
+            metrics.auth_batches_total.increment(1);
+            metrics.auth_requests_total.increment(batch.len() as u64);
             let db = Db {
                 client: &client,
                 cfg: &cfg,
@@ -235,7 +232,7 @@ async fn answer(db: &impl Call, batch: Vec<AuthRequest>, metrics: &Metrics) -> b
                 let _ = r.reply.send(v);
             }
             Err(CallError::Failed { message, .. }) => {
-                metrics.auth_isolations_total.fetch_add(1, Relaxed);
+                metrics.auth_isolations_total.increment(1);
                 tracing::debug!(error = %message, requests = part.len(), "authorization call failed; splitting the batch");
                 let back = part.split_off(part.len() / 2);
                 work.push(back);
@@ -325,7 +322,7 @@ async fn call(
 /// A policy that raised, a missing privilege, or a role the sidecar may not act as: logged
 /// at WARNING with the fix when it is one the operator can make, and counted.
 fn log_policy_error(metrics: &Metrics, r: &AuthRequest, error: &str) {
-    metrics.auth_policy_errors_total.fetch_add(1, Relaxed);
+    metrics.auth_policy_errors_total.increment(1);
     if error.starts_with("permission denied for schema realtime") {
         tracing::warn!(role = %r.role, topic = %r.topic, error,
             "RlsPolicyError: role \"{}\" has no USAGE on schema realtime (roles created after CREATE EXTENSION get none): GRANT USAGE ON SCHEMA realtime TO \"{}\"; GRANT SELECT, INSERT ON realtime.messages TO \"{}\"",
@@ -431,8 +428,11 @@ mod tests {
         // Halving down to the one bad request: 16, 8, 8, 4, 4, 2, 2, 1, 1 calls' sizes.
         let calls = db.calls.lock().unwrap().clone();
         assert_eq!(calls.len(), 9, "{calls:?}");
-        assert_eq!(metrics.auth_isolations_total.load(Relaxed), 4);
-        assert_eq!(metrics.auth_policy_errors_total.load(Relaxed), 1);
+        assert_eq!(metrics.value("realtime_auth_isolations_total"), Some(4.0));
+        assert_eq!(
+            metrics.value("realtime_auth_policy_errors_total"),
+            Some(1.0)
+        );
     }
 
     #[tokio::test]

@@ -255,7 +255,7 @@ impl Channels {
     /// Stops everything the channel receives and gives back its place in the counts.
     fn unsubscribe(&self, ch: &Channel) {
         ch.broadcast.stop(&self.shared.hub, &self.link, &ch.key);
-        self.shared.metrics.channels.fetch_sub(1, Relaxed);
+        self.shared.metrics.channels.decrement(1.0);
     }
 
     /// Leaves every channel without a word (the socket is closing).
@@ -317,7 +317,7 @@ impl Channels {
     }
 
     fn join_error(&mut self, m: &Inbound, why: Refusal) {
-        self.shared.metrics.join_errors_total.fetch_add(1, Relaxed);
+        self.shared.metrics.join_errors_total.increment(1);
         self.refuse(m, why);
     }
 
@@ -406,8 +406,8 @@ impl Channels {
         }
         let broadcast = broadcast::State::new(&config, read, write);
         broadcast.start(&self.shared.hub, &self.link, &key, m.join_ref.clone());
-        self.shared.metrics.channels.fetch_add(1, Relaxed);
-        self.shared.metrics.joins_total.fetch_add(1, Relaxed);
+        self.shared.metrics.channels.increment(1.0);
+        self.shared.metrics.joins_total.increment(1);
         self.push_text(frame::reply(
             self.link.vsn,
             &m,
@@ -723,13 +723,13 @@ mod tests {
         );
         assert!(t.delivered("room", false));
         assert!(!t.delivered("room", true), "private messages stay private");
-        assert_eq!(t.c.metrics().channels.load(Relaxed), 1);
+        assert_eq!(t.c.metrics().value("realtime_channels"), Some(1.0));
         t.send(json!(["1", "2", "realtime:room", "phx_leave", {}]))
             .unwrap();
         let events: Vec<String> = t.written().into_iter().map(|w| w.1).collect();
         assert_eq!(events, vec!["phx_reply", "phx_close"]);
         assert!(!t.delivered("room", false));
-        assert_eq!(t.c.metrics().channels.load(Relaxed), 0);
+        assert_eq!(t.c.metrics().value("realtime_channels"), Some(0.0));
     }
 
     #[tokio::test]
@@ -792,7 +792,7 @@ mod tests {
             "{w:?}"
         );
         assert!(!t.c.has_channels());
-        assert_eq!(t.c.metrics().join_errors_total.load(Relaxed), 2);
+        assert_eq!(t.c.metrics().value("realtime_join_errors_total"), Some(2.0));
     }
 
     #[tokio::test(start_paused = true)]

@@ -43,7 +43,7 @@ pub async fn run(
         }
         if was_up {
             backoff = Duration::from_millis(100);
-            metrics.db_reconnects_total.fetch_add(1, Relaxed);
+            metrics.db_reconnects_total.increment(1);
             hub.system_all(
                 "error",
                 "The database is unavailable; reconnecting. Messages are kept and delivered when it returns, unless it restarts.",
@@ -185,11 +185,12 @@ async fn session(
         if stats_at.elapsed() >= STATS_EVERY {
             stats_at = Instant::now();
             let row = within(setup, "stats", client.query_one(&stats, &[])).await?;
+            let (pending, oldest): (i64, i64) = (row.get("pending_bytes"), row.get("oldest_seq"));
+            metrics.pending_bytes.set(pending as f64);
             metrics
-                .pending_bytes
-                .store(row.get("pending_bytes"), Relaxed);
-            metrics.set_oldest_pending_age(row.get("oldest_pending_secs"));
-            metrics.oldest_seq.store(row.get("oldest_seq"), Relaxed);
+                .oldest_pending_seconds
+                .set(row.get::<_, f64>("oldest_pending_secs"));
+            metrics.oldest_seq.set(oldest as f64);
         }
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
             [&cfg.consumer, &pos, &batch, &timeout_ms, &linger];
@@ -205,17 +206,17 @@ async fn session(
         if rows.is_empty() {
             continue;
         }
-        metrics.drain_batches_total.fetch_add(1, Relaxed);
+        metrics.drain_batches_total.increment(1);
         let now_us = unix_micros();
         for row in rows {
             let seq: i64 = row.get("seq");
             let kind: &str = row.get("kind");
             if kind == "gap" {
                 let (first, last): (i64, i64) = (row.get("lost_first"), row.get("lost_last"));
-                metrics.drain_gaps_total.fetch_add(1, Relaxed);
+                metrics.drain_gaps_total.increment(1);
                 metrics
                     .drain_lost_messages_total
-                    .fetch_add((last - first + 1) as u64, Relaxed);
+                    .increment((last - first + 1) as u64);
                 tracing::warn!(
                     first,
                     last,
@@ -236,7 +237,9 @@ async fn session(
                 ),
             };
             let committed_us: i64 = row.get("committed_us");
-            metrics.record_latency_us((now_us - committed_us).max(0) as u64);
+            metrics
+                .commit_to_dispatch
+                .record((now_us - committed_us).max(0) as f64 / 1e6);
             let origin: Option<i64> = row.get("origin");
             hub.dispatch(&QueueMessage {
                 topic: row.get("topic"),
@@ -251,9 +254,9 @@ async fn session(
                 },
                 origin,
             });
-            metrics.drain_messages_total.fetch_add(1, Relaxed);
+            metrics.drain_messages_total.increment(1);
             pos = seq;
         }
-        metrics.last_seq.store(pos, Relaxed);
+        metrics.last_seq.set(pos as f64);
     }
 }

@@ -6,7 +6,6 @@ use crate::frame::{self, Vsn};
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock, RwLock};
 use tokio::sync::{mpsc, Notify};
 use tokio_tungstenite::tungstenite::Message;
@@ -120,7 +119,7 @@ impl Hub {
     fn deliver(&self, sub: &Subscriber, msg: Message) {
         match sub.tx.try_send(msg) {
             Ok(()) => {
-                self.metrics.deliveries_total.fetch_add(1, Relaxed);
+                self.metrics.deliveries_total.increment(1);
             }
             Err(mpsc::error::TrySendError::Full(_)) => sub.too_slow.notify_one(),
             // The connection is closing and will unsubscribe itself.
@@ -297,6 +296,6 @@ mod tests {
         assert!(too_slow.notified().now_or_never().is_some());
         assert_eq!(std::iter::from_fn(|| fast_rx.try_recv().ok()).count(), 2);
         assert_eq!(std::iter::from_fn(|| slow_rx.try_recv().ok()).count(), 1);
-        assert_eq!(hub.metrics.deliveries_total.load(Relaxed), 3);
+        assert_eq!(hub.metrics.value("realtime_deliveries_total"), Some(3.0));
     }
 }

@@ -133,6 +133,16 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         shutdown.clone(),
     ));
     let accept = tokio::spawn(server::serve(listener, shared));
+    let upkeep = tokio::spawn({
+        let metrics = metrics.clone();
+        async move {
+            let mut every = tokio::time::interval(metrics::UPKEEP_EVERY);
+            loop {
+                every.tick().await;
+                metrics.run_upkeep();
+            }
+        }
+    });
 
     stop.await;
     tracing::info!("shutting down: closing connections and confirming the queue position");
@@ -143,5 +153,6 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let _ = tokio::time::timeout(grace, relay).await;
     let _ = tokio::time::timeout(grace, authorizer).await;
     shutdown::wait_for_connections(&metrics, grace).await;
+    upkeep.abort();
     Ok(())
 }

@@ -1,55 +1,210 @@
-//! Counters and the commit-to-dispatch latency histogram, rendered for Prometheus.
+//! The sidecar's metrics: counters, gauges and the commit-to-dispatch latency summary, kept
+//! by the `metrics` crate and rendered for Prometheus by `metrics-exporter-prometheus`.
+//!
+//! Each sidecar has its own recorder (never the process-wide one), so tests can run several
+//! in one process; every metric is registered here once, with its help text, and the rest of
+//! the code holds typed handles (`Counter`, `Gauge`, `Histogram`). Two values are also read
+//! by the code itself, and so are kept in atomics mirrored into their gauges when rendered:
+//! the open connections (MAX_CONNECTIONS is enforced on it) and whether the drain
+//! connection is up (`/healthz`).
 
-use hdrhistogram::Histogram;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Level, Metadata, Recorder, Unit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::Mutex;
+use std::time::Duration;
 
-#[derive(Default)]
+/// How often samples of the latency summary are folded in, keeping their memory bounded
+/// when nobody scrapes.
+pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
 pub struct Metrics {
+    handle: PrometheusHandle,
+    /// Open connections, counted at upgrade (MAX_CONNECTIONS is enforced on this).
     pub connections: AtomicI64,
-    pub connections_total: AtomicU64,
-    pub connections_refused: AtomicU64,
-    pub channels: AtomicI64,
-    pub joins_total: AtomicU64,
-    pub join_errors_total: AtomicU64,
-    pub deliveries_total: AtomicU64,
-    pub client_broadcasts_total: AtomicU64,
-    pub auth_batches_total: AtomicU64,
-    pub auth_requests_total: AtomicU64,
-    pub slow_disconnects_total: AtomicU64,
-    pub malformed_frames_total: AtomicU64,
-    pub drain_batches_total: AtomicU64,
-    pub drain_messages_total: AtomicU64,
-    pub drain_gaps_total: AtomicU64,
-    pub drain_lost_messages_total: AtomicU64,
-    pub db_reconnects_total: AtomicU64,
+    /// 1 while the drain connection is up.
     pub db_up: AtomicI64,
+    connections_gauge: Gauge,
+    db_up_gauge: Gauge,
+
+    pub connections_total: Counter,
+    pub connections_refused: Counter,
+    pub connections_over_limit_total: Counter,
+    pub slow_requests_closed_total: Counter,
+    pub channels: Gauge,
+    pub joins_total: Counter,
+    pub join_errors_total: Counter,
+    pub deliveries_total: Counter,
+    pub slow_disconnects_total: Counter,
+    pub malformed_frames_total: Counter,
+    pub client_broadcasts_total: Counter,
+    pub client_broadcast_failures_total: Counter,
+    pub auth_batches_total: Counter,
+    pub auth_requests_total: Counter,
+    pub auth_isolations_total: Counter,
+    pub auth_policy_errors_total: Counter,
+    pub drain_batches_total: Counter,
+    pub drain_messages_total: Counter,
+    pub drain_gaps_total: Counter,
+    pub drain_lost_messages_total: Counter,
+    pub db_reconnects_total: Counter,
     /// Sequence of the last message this sidecar drained.
-    pub last_seq: AtomicI64,
-    pub auth_isolations_total: AtomicU64,
-    pub auth_policy_errors_total: AtomicU64,
-    pub client_broadcast_failures_total: AtomicU64,
-    pub connections_over_limit_total: AtomicU64,
-    pub slow_requests_closed_total: AtomicU64,
+    pub last_seq: Gauge,
     /// Bytes of the queue held back behind a transaction that is still committing.
-    pub pending_bytes: AtomicI64,
-    /// How long (µs) the oldest of those has been committing.
-    oldest_pending_age_us: AtomicI64,
+    pub pending_bytes: Gauge,
+    /// How long (seconds) the oldest of those has been committing.
+    pub oldest_pending_seconds: Gauge,
     /// Oldest sequence the queue still retains.
-    pub oldest_seq: AtomicI64,
+    pub oldest_seq: Gauge,
+    /// Seconds from commit to fan-out.
+    pub commit_to_dispatch: Histogram,
+
     /// When (unix ms) the last drain call answered; /healthz fails when it is too old.
     drain_answered_ms: AtomicI64,
     /// Why the drain connection last failed, for /healthz.
     down_reason: Mutex<String>,
-    /// Microseconds from commit to dispatch (1 µs .. 60 s).
-    latency: Mutex<Option<Histogram<u64>>>,
 }
 
 /// A drain call that has not answered for this long means the database is stuck. A drain
 /// waits at most a second for messages, so this is three missed answers; it is shorter than
 /// the drain call's deadline, after which the connection is given up and replaced.
 pub const DRAIN_STUCK_MS: i64 = 3_000;
+
+/// Registers every metric with its help text on one recorder.
+struct Registry {
+    recorder: PrometheusRecorder,
+}
+
+static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
+
+impl Registry {
+    fn counter(&self, name: &'static str, help: &'static str) -> Counter {
+        self.recorder
+            .describe_counter(KeyName::from_const_str(name), None, help.into());
+        self.recorder
+            .register_counter(&Key::from_static_name(name), &METADATA)
+    }
+
+    fn gauge(&self, name: &'static str, help: &'static str) -> Gauge {
+        self.recorder
+            .describe_gauge(KeyName::from_const_str(name), None, help.into());
+        self.recorder
+            .register_gauge(&Key::from_static_name(name), &METADATA)
+    }
+
+    fn summary(&self, name: &'static str, unit: Unit, help: &'static str) -> Histogram {
+        self.recorder
+            .describe_histogram(KeyName::from_const_str(name), Some(unit), help.into());
+        self.recorder
+            .register_histogram(&Key::from_static_name(name), &METADATA)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        // Histograms are rendered as summaries with these quantiles, over a sliding window
+        // of the last minute (three 20-second buckets, the exporter's default).
+        let recorder = PrometheusBuilder::new()
+            .set_quantiles(&[0.5, 0.9, 0.99, 0.999])
+            .expect("valid quantiles")
+            .build_recorder();
+        let handle = recorder.handle();
+        let r = Registry { recorder };
+        Metrics {
+            handle,
+            connections: AtomicI64::new(0),
+            db_up: AtomicI64::new(0),
+            connections_gauge: r.gauge("realtime_connections", "open WebSocket connections"),
+            db_up_gauge: r.gauge("realtime_db_up", "1 while the drain connection is up"),
+            connections_total: r.counter(
+                "realtime_connections_total",
+                "WebSocket connections accepted",
+            ),
+            connections_refused: r.counter(
+                "realtime_connections_refused_total",
+                "connections refused at upgrade (bad apikey or parameters)",
+            ),
+            connections_over_limit_total: r.counter(
+                "realtime_connections_over_limit_total",
+                "upgrades refused because MAX_CONNECTIONS were open",
+            ),
+            slow_requests_closed_total: r.counter(
+                "realtime_slow_requests_closed_total",
+                "HTTP connections closed for not sending their request in time",
+            ),
+            channels: r.gauge("realtime_channels", "joined channels"),
+            joins_total: r.counter("realtime_joins_total", "channel joins accepted"),
+            join_errors_total: r.counter("realtime_join_errors_total", "channel joins refused"),
+            deliveries_total: r
+                .counter("realtime_deliveries_total", "frames queued to subscribers"),
+            slow_disconnects_total: r.counter(
+                "realtime_slow_disconnects_total",
+                "connections closed for not keeping up",
+            ),
+            malformed_frames_total: r.counter(
+                "realtime_malformed_frames_total",
+                "client frames that could not be decoded",
+            ),
+            client_broadcasts_total: r.counter(
+                "realtime_client_broadcasts_total",
+                "client broadcasts relayed through the database",
+            ),
+            client_broadcast_failures_total: r.counter(
+                "realtime_client_broadcast_failures_total",
+                "client broadcasts that could not be relayed (each reported to its sender)",
+            ),
+            auth_batches_total: r
+                .counter("realtime_auth_batches_total", "realtime.authorize calls"),
+            auth_requests_total: r.counter(
+                "realtime_auth_requests_total",
+                "authorization verdicts asked for",
+            ),
+            auth_isolations_total: r.counter(
+                "realtime_auth_isolations_total",
+                "authorization batches split after a failed call",
+            ),
+            auth_policy_errors_total: r.counter(
+                "realtime_auth_policy_errors_total",
+                "verdicts denied by an error (a raising policy, a missing grant, a refused role)",
+            ),
+            drain_batches_total: r.counter(
+                "realtime_drain_batches_total",
+                "drain calls that returned messages",
+            ),
+            drain_messages_total: r.counter(
+                "realtime_drain_messages_total",
+                "messages drained from the queue",
+            ),
+            drain_gaps_total: r.counter("realtime_drain_gaps_total", "gaps reported by the queue"),
+            drain_lost_messages_total: r.counter(
+                "realtime_drain_lost_messages_total",
+                "messages lost in gaps",
+            ),
+            db_reconnects_total: r
+                .counter("realtime_db_reconnects_total", "reconnections to Postgres"),
+            last_seq: r.gauge("realtime_last_seq", "sequence of the last drained message"),
+            pending_bytes: r.gauge(
+                "realtime_queue_pending_bytes",
+                "queue bytes held back behind transactions still committing",
+            ),
+            oldest_pending_seconds: r.gauge(
+                "realtime_queue_oldest_pending_seconds",
+                "how long the oldest transaction still committing has held back later messages",
+            ),
+            oldest_seq: r.gauge(
+                "realtime_queue_oldest_seq",
+                "oldest sequence the queue retains",
+            ),
+            commit_to_dispatch: r.summary(
+                "realtime_commit_to_dispatch_seconds",
+                Unit::Seconds,
+                "time from commit to fan-out",
+            ),
+            drain_answered_ms: AtomicI64::new(0),
+            down_reason: Mutex::new(String::new()),
+        }
+    }
+}
 
 impl Metrics {
     pub fn drain_answered(&self, now_ms: i64) {
@@ -58,11 +213,6 @@ impl Metrics {
 
     pub fn set_down_reason(&self, why: String) {
         *self.down_reason.lock().unwrap() = why;
-    }
-
-    pub fn set_oldest_pending_age(&self, secs: f64) {
-        self.oldest_pending_age_us
-            .store((secs * 1e6) as i64, Relaxed);
     }
 
     /// Healthy while the drain connection is up and its calls answer; else the reason.
@@ -84,175 +234,118 @@ impl Metrics {
         Ok(())
     }
 
-    pub fn record_latency_us(&self, us: u64) {
-        let mut h = self.latency.lock().unwrap();
-        let h = h.get_or_insert_with(|| Histogram::new_with_bounds(1, 60_000_000, 3).unwrap());
-        h.saturating_record(us.max(1));
+    /// Folds recent latency samples into the summary (see `UPKEEP_EVERY`).
+    pub fn run_upkeep(&self) {
+        self.handle.run_upkeep();
     }
 
+    /// The exposition text.
     pub fn render(&self) -> String {
-        let mut s = String::with_capacity(4096);
-        let counters: [(&str, &str, u64); 20] = [
-            (
-                "realtime_auth_batches_total",
-                "realtime.authorize calls",
-                self.auth_batches_total.load(Relaxed),
-            ),
-            (
-                "realtime_auth_requests_total",
-                "authorization verdicts asked for",
-                self.auth_requests_total.load(Relaxed),
-            ),
-            (
-                "realtime_client_broadcasts_total",
-                "client broadcasts relayed through the database",
-                self.client_broadcasts_total.load(Relaxed),
-            ),
-            (
-                "realtime_connections_total",
-                "WebSocket connections accepted",
-                self.connections_total.load(Relaxed),
-            ),
-            (
-                "realtime_connections_refused_total",
-                "connections refused at upgrade (bad apikey or parameters)",
-                self.connections_refused.load(Relaxed),
-            ),
-            (
-                "realtime_joins_total",
-                "channel joins accepted",
-                self.joins_total.load(Relaxed),
-            ),
-            (
-                "realtime_join_errors_total",
-                "channel joins refused",
-                self.join_errors_total.load(Relaxed),
-            ),
-            (
-                "realtime_deliveries_total",
-                "frames queued to subscribers",
-                self.deliveries_total.load(Relaxed),
-            ),
-            (
-                "realtime_slow_disconnects_total",
-                "connections closed for not keeping up",
-                self.slow_disconnects_total.load(Relaxed),
-            ),
-            (
-                "realtime_malformed_frames_total",
-                "client frames that could not be decoded",
-                self.malformed_frames_total.load(Relaxed),
-            ),
-            (
-                "realtime_drain_batches_total",
-                "drain calls that returned messages",
-                self.drain_batches_total.load(Relaxed),
-            ),
-            (
-                "realtime_drain_messages_total",
-                "messages drained from the queue",
-                self.drain_messages_total.load(Relaxed),
-            ),
-            (
-                "realtime_drain_gaps_total",
-                "gaps reported by the queue",
-                self.drain_gaps_total.load(Relaxed),
-            ),
-            (
-                "realtime_drain_lost_messages_total",
-                "messages lost in gaps",
-                self.drain_lost_messages_total.load(Relaxed),
-            ),
-            (
-                "realtime_db_reconnects_total",
-                "reconnections to Postgres",
-                self.db_reconnects_total.load(Relaxed),
-            ),
-            (
-                "realtime_auth_isolations_total",
-                "authorization batches split after a failed call",
-                self.auth_isolations_total.load(Relaxed),
-            ),
-            (
-                "realtime_auth_policy_errors_total",
-                "verdicts denied by an error (a raising policy, a missing grant, a refused role)",
-                self.auth_policy_errors_total.load(Relaxed),
-            ),
-            (
-                "realtime_client_broadcast_failures_total",
-                "client broadcasts that could not be relayed (each reported to its sender)",
-                self.client_broadcast_failures_total.load(Relaxed),
-            ),
-            (
-                "realtime_connections_over_limit_total",
-                "upgrades refused because MAX_CONNECTIONS were open",
-                self.connections_over_limit_total.load(Relaxed),
-            ),
-            (
-                "realtime_slow_requests_closed_total",
-                "HTTP connections closed for not sending their request in time",
-                self.slow_requests_closed_total.load(Relaxed),
-            ),
-        ];
-        for (name, help, v) in counters {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        self.connections_gauge
+            .set(self.connections.load(Relaxed) as f64);
+        self.db_up_gauge.set(self.db_up.load(Relaxed) as f64);
+        self.handle.render()
+    }
+
+    /// One unlabelled metric's value as rendered, for tests.
+    #[cfg(test)]
+    pub fn value(&self, name: &str) -> Option<f64> {
+        self.render().lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(' '))
+                .and_then(|v| v.parse().ok())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names and types the hand-written exposition had; dashboards and the test suite
+    /// read them.
+    const COUNTERS: [&str; 20] = [
+        "realtime_auth_batches_total",
+        "realtime_auth_requests_total",
+        "realtime_client_broadcasts_total",
+        "realtime_connections_total",
+        "realtime_connections_refused_total",
+        "realtime_joins_total",
+        "realtime_join_errors_total",
+        "realtime_deliveries_total",
+        "realtime_slow_disconnects_total",
+        "realtime_malformed_frames_total",
+        "realtime_drain_batches_total",
+        "realtime_drain_messages_total",
+        "realtime_drain_gaps_total",
+        "realtime_drain_lost_messages_total",
+        "realtime_db_reconnects_total",
+        "realtime_auth_isolations_total",
+        "realtime_auth_policy_errors_total",
+        "realtime_client_broadcast_failures_total",
+        "realtime_connections_over_limit_total",
+        "realtime_slow_requests_closed_total",
+    ];
+    const GAUGES: [&str; 7] = [
+        "realtime_connections",
+        "realtime_channels",
+        "realtime_db_up",
+        "realtime_last_seq",
+        "realtime_queue_pending_bytes",
+        "realtime_queue_oldest_seq",
+        "realtime_queue_oldest_pending_seconds",
+    ];
+
+    #[test]
+    fn every_metric_keeps_its_name_and_type_and_is_rendered_before_any_event() {
+        let m = Metrics::default();
+        let text = m.render();
+        for name in COUNTERS {
+            assert!(
+                text.contains(&format!("# TYPE {name} counter\n")),
+                "{name}\n{text}"
+            );
+            assert_eq!(m.value(name), Some(0.0), "{name}");
         }
-        let gauges: [(&str, &str, i64); 6] = [
-            (
-                "realtime_connections",
-                "open WebSocket connections",
-                self.connections.load(Relaxed),
-            ),
-            (
-                "realtime_channels",
-                "joined channels",
-                self.channels.load(Relaxed),
-            ),
-            (
-                "realtime_db_up",
-                "1 while the drain connection is up",
-                self.db_up.load(Relaxed),
-            ),
-            (
-                "realtime_last_seq",
-                "sequence of the last drained message",
-                self.last_seq.load(Relaxed),
-            ),
-            (
-                "realtime_queue_pending_bytes",
-                "queue bytes held back behind transactions still committing",
-                self.pending_bytes.load(Relaxed),
-            ),
-            (
-                "realtime_queue_oldest_seq",
-                "oldest sequence the queue retains",
-                self.oldest_seq.load(Relaxed),
-            ),
-        ];
-        for (name, help, v) in gauges {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        for name in GAUGES {
+            assert!(
+                text.contains(&format!("# TYPE {name} gauge\n")),
+                "{name}\n{text}"
+            );
+            assert_eq!(m.value(name), Some(0.0), "{name}");
         }
-        let name = "realtime_queue_oldest_pending_seconds";
-        let _ = writeln!(
-            s,
-            "# HELP {name} how long the oldest transaction still committing has held back later messages\n# TYPE {name} gauge\n{name} {}",
-            self.oldest_pending_age_us.load(Relaxed) as f64 / 1e6
+        assert!(
+            text.contains("# TYPE realtime_commit_to_dispatch_seconds summary\n"),
+            "{text}"
         );
-        let name = "realtime_commit_to_dispatch_seconds";
-        let _ = writeln!(
-            s,
-            "# HELP {name} time from commit to fan-out\n# TYPE {name} summary"
-        );
-        if let Some(h) = self.latency.lock().unwrap().as_ref() {
-            for q in [0.5, 0.9, 0.99, 0.999] {
-                let _ = writeln!(
-                    s,
-                    "{name}{{quantile=\"{q}\"}} {}",
-                    h.value_at_quantile(q) as f64 / 1e6
-                );
-            }
-            let _ = writeln!(s, "{name}_count {}", h.len());
+    }
+
+    #[test]
+    fn values_reach_the_exposition() {
+        let m = Metrics::default();
+        m.joins_total.increment(3);
+        m.channels.increment(2.0);
+        m.channels.decrement(1.0);
+        m.connections.store(5, Relaxed);
+        m.last_seq.set(123_456_789_012.0);
+        for ms in 1..=100 {
+            m.commit_to_dispatch.record(ms as f64 / 1000.0);
         }
-        s
+        m.run_upkeep();
+        assert_eq!(m.value("realtime_joins_total"), Some(3.0));
+        assert_eq!(m.value("realtime_channels"), Some(1.0));
+        assert_eq!(m.value("realtime_connections"), Some(5.0));
+        assert_eq!(m.value("realtime_last_seq"), Some(123_456_789_012.0));
+        let text = m.render();
+        let p99 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("realtime_commit_to_dispatch_seconds{quantile=\"0.99\"} "))
+            .unwrap_or_else(|| panic!("no p99\n{text}"));
+        let p99: f64 = p99.parse().unwrap();
+        assert!((0.097..=0.101).contains(&p99), "p99 {p99}");
+        assert_eq!(
+            m.value("realtime_commit_to_dispatch_seconds_count"),
+            Some(100.0)
+        );
     }
 }

@@ -9,7 +9,6 @@ use crate::frame::{self, Vsn};
 use crate::hub::Payload;
 use crate::metrics::Metrics;
 use serde_json::json;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::Message;
@@ -213,7 +212,7 @@ pub fn settle(batch: Vec<Broadcast>, result: Result<(), Failure>, metrics: &Metr
         Ok(()) => &metrics.client_broadcasts_total,
         Err(_) => &metrics.client_broadcast_failures_total,
     };
-    counter.fetch_add(batch.len() as u64, Relaxed);
+    counter.increment(batch.len() as u64);
     for m in batch {
         m.reply.settle(result.clone());
     }
@@ -322,7 +321,7 @@ mod tests {
             "{ack}"
         );
         assert_eq!(text(&mut rx_b), None, "without ack, success is silent");
-        assert_eq!(metrics.client_broadcasts_total.load(Relaxed), 2);
+        assert_eq!(metrics.value("realtime_client_broadcasts_total"), Some(2.0));
     }
 
     #[tokio::test]
@@ -345,7 +344,10 @@ mod tests {
             "{report}"
         );
         assert_eq!(http_rx.await.unwrap(), Ok(()));
-        assert_eq!(metrics.client_broadcast_failures_total.load(Relaxed), 1);
+        assert_eq!(
+            metrics.value("realtime_client_broadcast_failures_total"),
+            Some(1.0)
+        );
     }
 
     #[tokio::test]

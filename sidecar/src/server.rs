@@ -70,7 +70,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
                 .with_upgrades();
             if let Err(e) = conn.await {
                 if e.is_timeout() {
-                    metrics.slow_requests_closed_total.fetch_add(1, Relaxed);
+                    metrics.slow_requests_closed_total.increment(1);
                 }
                 tracing::debug!(error = %e, "http connection error");
             }
@@ -216,7 +216,7 @@ async fn static_file(shared: &Shared, path: &str) -> Resp {
 
 fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
     let refuse = |status, message: &str| {
-        shared.metrics.connections_refused.fetch_add(1, Relaxed);
+        shared.metrics.connections_refused.increment(1);
         json_error(status, message)
     };
     let is_upgrade = req
@@ -281,7 +281,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
     let m = &shared.metrics;
     if m.connections.fetch_add(1, Relaxed) >= shared.cfg.max_connections as i64 {
         m.connections.fetch_sub(1, Relaxed);
-        m.connections_over_limit_total.fetch_add(1, Relaxed);
+        m.connections_over_limit_total.increment(1);
         return refuse(
             StatusCode::TOO_MANY_REQUESTS,
             &Refusal::ConnectionRateLimitReached.text(),

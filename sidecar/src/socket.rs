@@ -43,7 +43,7 @@ pub async fn serve<S>(
     let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
     let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);
     // `connections` was counted at upgrade (server.rs); it is given back when this ends.
-    shared.metrics.connections_total.fetch_add(1, Relaxed);
+    shared.metrics.connections_total.increment(1);
     let (mut sink, mut stream) = ws.split();
     let mut shutdown = shared.shutdown.clone();
     let idle_timeout = shared.cfg.idle_timeout();
@@ -156,7 +156,7 @@ pub async fn serve<S>(
 }
 
 fn too_slow_close(shared: &Shared) -> Disconnect {
-    shared.metrics.slow_disconnects_total.fetch_add(1, Relaxed);
+    shared.metrics.slow_disconnects_total.increment(1);
     Disconnect::TooSlow
 }
 
@@ -182,7 +182,7 @@ fn read(conn: &Channels, vsn: Vsn, msg: Message) -> Read {
     match parsed {
         Ok(f) => Read::Frame(f),
         Err(e) => {
-            conn.metrics().malformed_frames_total.fetch_add(1, Relaxed);
+            conn.metrics().malformed_frames_total.increment(1);
             tracing::debug!(conn = conn.id(), error = %e, "malformed frame");
             Read::Nothing
         }
