@@ -23,6 +23,14 @@ pub unsafe fn varlena_bytes<'a>(d: pg_sys::Datum) -> &'a [u8] {
     }
 }
 
+/// A 4-byte-header varlena datum's bytes, header included (a composite datum, say).
+pub unsafe fn varlena_bytes_with_header<'a>(d: pg_sys::Datum) -> &'a [u8] {
+    unsafe {
+        let p = d.cast_mut_ptr::<pg_sys::varlena>();
+        std::slice::from_raw_parts(p.cast::<u8>(), pgrx::varlena::varsize_any(p))
+    }
+}
+
 /// A text datum as UTF-8.
 pub unsafe fn text<'a>(d: pg_sys::Datum, what: &str) -> &'a str {
     match std::str::from_utf8(unsafe { varlena_bytes(d) }) {

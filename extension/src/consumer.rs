@@ -179,7 +179,9 @@ type DrainRow = (
 /// Returns the messages after `after_seq` (default: the consumer's confirmed position),
 /// waiting up to `timeout_ms` for the first one, then up to `linger_ms` for more to batch
 /// with it. Passing `after_seq` also confirms it.
-/// A first row of kind 'gap' reports messages evicted before this consumer read them.
+/// A first row of kind 'gap' reports messages evicted before this consumer read them. A row
+/// of kind 'change' is a captured row change: topic is its table, event its type (INSERT,
+/// UPDATE, DELETE), payload the `data` of Supabase's Postgres Changes event (`change.rs`).
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."drain"(consumer text, after_seq bigint DEFAULT NULL, max_messages integer DEFAULT 10000, timeout_ms integer DEFAULT 1000, linger_ms integer DEFAULT 0)
 RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, origin bigint, lost_first bigint, lost_last bigint)
@@ -317,9 +319,29 @@ fn drain(
         ));
     }
     let mut at = 0;
+    let mut changes = crate::change::Decoder::default();
     for _ in 0..batch.count {
         let m = MessageView::parse(&buf[at..]);
         at += m.header.len as usize;
+        if m.is_change() {
+            // Decoded here, once per consumer, so that the writer only copied its row.
+            let data = changes.decode(m.payload, m.topic, m.event, m.header.committed_at);
+            rows.push((
+                m.header.seq as i64,
+                "change",
+                Some(m.topic.to_owned()),
+                Some(m.event.to_owned()),
+                Some(data),
+                None,
+                None,
+                TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
+                None,
+                None,
+                None,
+                None,
+            ));
+            continue;
+        }
         let (payload, binary) = if m.is_binary() {
             (None, Some(m.payload.to_vec()))
         } else {

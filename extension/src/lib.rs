@@ -3,6 +3,8 @@
 
 mod args;
 mod authorize;
+mod capture;
+mod change;
 mod consumer;
 mod errors;
 mod gucs;
@@ -20,6 +22,11 @@ use pgrx::prelude::*;
 pgrx::pg_module_magic!();
 
 extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
+extension_sql_file!(
+    "../../sql/capture.sql",
+    name = "capture",
+    requires = [capture]
+);
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]

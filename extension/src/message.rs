@@ -14,6 +14,8 @@ pub const STATE_ABORTED: u8 = 3;
 
 pub const FLAG_PRIVATE: u8 = 1;
 pub const FLAG_BINARY: u8 = 2;
+/// A captured row change (`capture.rs`), decoded when drained (`change.rs`).
+pub const FLAG_CHANGE: u8 = 4;
 
 pub const HEADER_LEN: usize = 56;
 /// Where `committed_at` sits in an encoded header.
@@ -139,6 +141,10 @@ impl<'a> MessageView<'a> {
 
     pub fn is_binary(&self) -> bool {
         self.header.flags & FLAG_BINARY != 0
+    }
+
+    pub fn is_change(&self) -> bool {
+        self.header.flags & FLAG_CHANGE != 0
     }
 }
 

@@ -4,10 +4,9 @@
 //! queue's one order, then fanned out like any message, minus the sender unless it joined
 //! with `self: true`. With `ack: true` the reply comes once the push has committed.
 
-use crate::channels::{Channel, Link};
 use crate::command::ClientBroadcast;
 use crate::frame::Inbound;
-use crate::hub::{Hub, TopicKey};
+use crate::hub::{Hub, Link, TopicKey};
 use crate::join_config::JoinConfig;
 use crate::reason::Refusal;
 use crate::relay::{self, AckTo, Failure};
@@ -76,19 +75,20 @@ impl State {
     }
 }
 
-/// A client's broadcast push on channel `ch`: handed to the relay, or refused.
+/// A client's broadcast push on the channel of `key`: handed to the relay, or refused.
 pub fn push(
     shared: &Shared,
     link: &Link,
-    ch: &Channel,
+    key: &TopicKey,
+    state: &State,
     m: &Inbound,
     b: ClientBroadcast,
 ) -> Result<(), Refusal> {
     let ClientBroadcast { event, payload } = b;
-    if ch.key.private && !ch.broadcast.write {
+    if key.private && !state.write {
         // Supabase drops these silently; an error reply says why instead.
         return Err(Refusal::WriteDenied {
-            topic: ch.key.topic.clone(),
+            topic: key.topic.clone(),
         });
     }
     let reply = AckTo::Socket {
@@ -97,13 +97,13 @@ pub fn push(
         join_ref: m.join_ref.clone(),
         reference: m.reference.clone(),
         topic: m.topic.clone(),
-        ack: ch.broadcast.ack,
+        ack: state.ack,
     };
     let broadcast = relay::Broadcast {
         origin: link.origin,
-        topic: ch.key.topic.clone(),
+        topic: key.topic.clone(),
         event,
-        private: ch.key.private,
+        private: key.private,
         payload,
         reply,
     };

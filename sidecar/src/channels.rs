@@ -11,7 +11,7 @@ use crate::authorizer::{self, Access, Identity};
 use crate::broadcast;
 use crate::command::{Command, Frame};
 use crate::frame::{self, Inbound, Vsn};
-use crate::hub::{ConnId, Subscriber, TopicKey};
+use crate::hub::{ConnId, Link, TopicKey};
 use crate::join_config::{self, JoinConfig};
 use crate::jwt::{self, Claims, JwtError};
 use crate::metrics::Metrics;
@@ -26,32 +26,6 @@ use tokio::sync::{mpsc, Notify};
 use tokio_tungstenite::tungstenite::Message;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// How the hub and the relay reach this connection.
-pub struct Link {
-    pub id: ConnId,
-    pub vsn: Vsn,
-    /// The connection as `realtime.relay` origins name it.
-    pub origin: i64,
-    /// The bounded outbound queue the socket writes from.
-    pub tx: mpsc::Sender<Message>,
-    /// Notified when the queue overflowed: the connection must close.
-    pub too_slow: Arc<Notify>,
-}
-
-impl Link {
-    pub fn subscriber(&self, join_ref: Option<String>, self_broadcast: bool) -> Subscriber {
-        Subscriber {
-            conn: self.id,
-            vsn: self.vsn,
-            join_ref,
-            origin: self.origin,
-            self_broadcast,
-            tx: self.tx.clone(),
-            too_slow: self.too_slow.clone(),
-        }
-    }
-}
 
 /// A joined channel.
 pub struct Channel {
@@ -295,7 +269,8 @@ impl Channels {
             // it: SDK clients send such pushes.
             Command::Broadcast(Ok(b)) => {
                 let ch = &self.channels[&m.topic];
-                if let Err(why) = broadcast::push(&self.shared, &self.link, ch, &m, b) {
+                let (key, state) = (&ch.key, &ch.broadcast);
+                if let Err(why) = broadcast::push(&self.shared, &self.link, key, state, &m, b) {
                     self.refuse(&m, why);
                 }
             }

@@ -133,6 +133,9 @@ async fn session(
 ) -> Result<(), SessionError> {
     let setup = Duration::from_secs(cfg.db_connect_timeout_secs);
     let client = within(setup, "connecting", connect(cfg)).await?;
+    // Timestamps in drained Postgres Changes are rendered in the session's zone: UTC, as
+    // Supabase's are, whatever the server's default.
+    within(setup, "setup", client.batch_execute("SET TimeZone = 'UTC'")).await?;
     let mut pos: i64 = within(
         setup,
         "create_consumer",
@@ -226,6 +229,13 @@ async fn session(
                     "error",
                     &format!("Messages {first} to {last} were lost: this server fell behind the database's queue."),
                 );
+                pos = seq;
+                continue;
+            }
+            if kind == "change" {
+                // A captured row change: Postgres Changes subscribers are not served yet,
+                // and a change is never a broadcast (it would reach a topic named after
+                // its table).
                 pos = seq;
                 continue;
             }

@@ -35,6 +35,32 @@ pub struct Subscriber {
     pub too_slow: Arc<Notify>,
 }
 
+/// How the hub and the relay reach this connection.
+pub struct Link {
+    pub id: ConnId,
+    pub vsn: Vsn,
+    /// The connection as `realtime.relay` origins name it.
+    pub origin: i64,
+    /// The bounded outbound queue the socket writes from.
+    pub tx: mpsc::Sender<Message>,
+    /// Notified when the queue overflowed: the connection must close.
+    pub too_slow: Arc<Notify>,
+}
+
+impl Link {
+    pub fn subscriber(&self, join_ref: Option<String>, self_broadcast: bool) -> Subscriber {
+        Subscriber {
+            conn: self.id,
+            vsn: self.vsn,
+            join_ref,
+            origin: self.origin,
+            self_broadcast,
+            tx: self.tx.clone(),
+            too_slow: self.too_slow.clone(),
+        }
+    }
+}
+
 /// A message drained from the queue, ready for fan-out: sent in the database
 /// (`realtime.send`, `broadcast_changes`) or a client broadcast relayed through it.
 pub struct QueueMessage {

@@ -112,7 +112,7 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
         })
         .collect();
     let headers_json = Value::Object(all_headers).to_string();
-    if let Err(why) = crate::server::policy_headers_fit(&headers_json, shared) {
+    if let Err(why) = shared.policy_headers_fit(&headers_json) {
         return (
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Some(json!({ "message": why.text() })),

@@ -172,19 +172,6 @@ async fn route(
     })
 }
 
-/// Headers reach policies as `request.headers` and are copied into every authorization
-/// request of the connection: their size is bounded.
-pub fn policy_headers_fit(headers_json: &str, shared: &Shared) -> Result<(), Refusal> {
-    let limit = shared.cfg.max_policy_header_bytes;
-    if headers_json.len() > limit {
-        return Err(Refusal::RequestHeadersTooLarge {
-            bytes: headers_json.len(),
-            limit,
-        });
-    }
-    Ok(())
-}
-
 /// A file from `WEB_ROOT`, by a plain name only (no directories, no dot-dot).
 async fn static_file(shared: &Shared, path: &str) -> Resp {
     let not_found = || json_error(StatusCode::NOT_FOUND, "Not found");
@@ -266,7 +253,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
         })
         .collect();
     let headers = serde_json::Value::Object(x_headers).to_string();
-    if let Err(why) = policy_headers_fit(&headers, &shared) {
+    if let Err(why) = shared.policy_headers_fit(&headers) {
         return refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, &why.text());
     }
     let accept = derive_accept_key(key.as_bytes());

@@ -4,6 +4,7 @@ use crate::config::Config;
 use crate::hub::Hub;
 use crate::jwt::Verifier;
 use crate::metrics::Metrics;
+use crate::reason::Refusal;
 use crate::relay;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
@@ -27,6 +28,19 @@ impl Shared {
     /// The origin that names connection `conn` of this process in `realtime.relay`.
     pub fn origin(&self, conn: u64) -> i64 {
         ((self.instance as i64) << 32) | (conn & 0xffff_ffff) as i64
+    }
+
+    /// Headers reach policies as `request.headers` and are copied into every authorization
+    /// request of the connection: their size is bounded.
+    pub fn policy_headers_fit(&self, headers_json: &str) -> Result<(), Refusal> {
+        let limit = self.cfg.max_policy_header_bytes;
+        if headers_json.len() > limit {
+            return Err(Refusal::RequestHeadersTooLarge {
+                bytes: headers_json.len(),
+                limit,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -96,6 +96,30 @@ async fn trigger_broadcast_changes_payload_arrives() {
     assert_eq!(p["old_record"], Value::Null);
 }
 
+/// A captured row change is drained like a message but is never a broadcast: it must not
+/// reach a channel named after its table (Postgres Changes subscribers get it instead).
+#[tokio::test]
+async fn a_captured_change_is_never_delivered_as_a_broadcast() {
+    let sidecar = Sidecar::start("t_change_not_broadcast", &[]).await;
+    let db = db().await;
+    db.batch_execute(
+        "CREATE TABLE IF NOT EXISTS change_leak (id int PRIMARY KEY, secret text);
+         ALTER PUBLICATION supabase_realtime ADD TABLE change_leak;",
+    )
+    .await
+    .unwrap();
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public("realtime:change_leak").await;
+    db.execute("INSERT INTO change_leak VALUES (1, 'row data')", &[])
+        .await
+        .unwrap();
+    send(&db, json!({"after": true}), "marker", "change_leak").await;
+    // Messages arrive in queue order: the marker is the first thing the channel gets.
+    let m = c.next_json(5).await.expect("the marker");
+    assert_eq!(m["payload"]["event"], "marker", "{m}");
+    db.batch_execute("DROP TABLE change_leak").await.unwrap();
+}
+
 #[tokio::test]
 async fn binary_payloads_reach_v2_only_and_private_stays_apart() {
     let sidecar = Sidecar::start("t_binary", &[]).await;

@@ -1,0 +1,376 @@
+//! A captured row change (`capture.rs`) turned into the `data` of Supabase's Postgres
+//! Changes event, when a consumer drains it:
+//!
+//! ```json
+//! {"schema": "public", "table": "todos", "commit_timestamp": "2026-01-02T03:04:05.678Z",
+//!  "type": "UPDATE", "columns": [{"name": "id", "type": "int8"}, ...],
+//!  "record": {...}, "old_record": {...}, "errors": null}
+//! ```
+//!
+//! Values are rendered by Postgres's own `row_to_json`, as Supabase renders them through
+//! `to_jsonb`; `columns[].type` is the type's name (`int8`, `timestamptz`, `_text`), which
+//! realtime-js converts by. `record` is absent for DELETE and `old_record` for INSERT.
+//! `old_record` holds what the table's REPLICA IDENTITY names, as Supabase's does: the
+//! primary key by default, the whole row with FULL, nothing with NOTHING, the index's
+//! columns with USING INDEX. A table without a primary key (and no other identity) gets
+//! Supabase's "Error 400: Bad Request, no primary key" in `errors`.
+//!
+//! A change whose table was dropped, or altered in a way that changes what its stored row
+//! means, before it was drained is reported in `errors` without its rows: never misread.
+
+use crate::capture;
+use crate::payload::{push_json_str, row_json};
+use pgrx::pg_sys;
+use std::collections::HashMap;
+use std::ffi::CStr;
+
+/// What a drain call learned about one table, looked up once per call.
+struct Table {
+    schema: String,
+    name: String,
+    layout: u32,
+    /// `[{"name": ..., "type": ...}, ...]`
+    columns: String,
+    identity: Identity,
+}
+
+enum Identity {
+    Full,
+    Nothing,
+    /// These columns (1-based), with the blessed descriptor of a row made of them.
+    Columns(Vec<usize>, pg_sys::TupleDesc),
+    /// Replica identity DEFAULT on a table without a primary key.
+    NoPrimaryKey,
+}
+
+/// Decodes the changes of one drain call (so table lookups are shared within it).
+#[derive(Default)]
+pub struct Decoder {
+    tables: HashMap<u32, Option<Table>>,
+}
+
+impl Decoder {
+    /// The JSON `data` of a change record: `table` and `op` are the record's topic and
+    /// event, `committed_at` its commit time (Postgres µs since 2000-01-01).
+    pub fn decode(&mut self, payload: &[u8], table: &str, op: &str, committed_at: i64) -> String {
+        let Some(c) = Captured::parse(payload) else {
+            return failed(
+                table,
+                op,
+                committed_at,
+                "Error 500: the change record is damaged",
+            );
+        };
+        let t = self
+            .tables
+            .entry(c.relid)
+            .or_insert_with(|| unsafe { Table::load(c.relid) });
+        let Some(t) = t else {
+            return failed(
+                table,
+                op,
+                committed_at,
+                "Error 410: the table was dropped before this change was delivered",
+            );
+        };
+        if t.layout != c.layout {
+            return failed(
+                &t.name,
+                op,
+                committed_at,
+                "Error 409: the table's columns changed before this change was delivered",
+            );
+        }
+        let mut out = String::with_capacity(256 + c.new.map_or(0, <[u8]>::len) * 2);
+        out.push_str("{\"schema\":");
+        push_json_str(&mut out, &t.schema);
+        out.push_str(",\"table\":");
+        push_json_str(&mut out, &t.name);
+        out.push_str(",\"commit_timestamp\":\"");
+        push_iso_millis(&mut out, committed_at);
+        out.push_str("\",\"type\":");
+        push_json_str(&mut out, op);
+        out.push_str(",\"columns\":");
+        out.push_str(&t.columns);
+        if let Some(new) = c.new {
+            out.push_str(",\"record\":");
+            out.push_str(&unsafe { row_text(new) });
+        }
+        if let Some(old) = c.old {
+            out.push_str(",\"old_record\":");
+            // The identity the change was made under; its key columns as the table has them.
+            let identity = match c.identity {
+                b'f' => &Identity::Full,
+                b'n' => &Identity::Nothing,
+                _ => &t.identity,
+            };
+            match identity {
+                Identity::Full => out.push_str(&unsafe { row_text(old) }),
+                Identity::Nothing | Identity::NoPrimaryKey => out.push_str("{}"),
+                Identity::Columns(cols, desc) => {
+                    out.push_str(&unsafe { projected_text(old, cols, *desc, c.relid) })
+                }
+            }
+        }
+        out.push_str(",\"errors\":");
+        match t.identity {
+            Identity::NoPrimaryKey => out.push_str("[\"Error 400: Bad Request, no primary key\"]"),
+            _ => out.push_str("null"),
+        }
+        out.push('}');
+        out
+    }
+}
+
+/// The parts of a change record's payload (layout in `capture.rs`).
+struct Captured<'a> {
+    relid: u32,
+    layout: u32,
+    /// REPLICA IDENTITY when the change was made.
+    identity: u8,
+    new: Option<&'a [u8]>,
+    old: Option<&'a [u8]>,
+}
+
+impl<'a> Captured<'a> {
+    fn parse(p: &'a [u8]) -> Option<Self> {
+        let u32_at = |i: usize| Some(u32::from_le_bytes(p.get(i..i + 4)?.try_into().ok()?));
+        let (relid, layout, identity) = (u32_at(0)?, u32_at(4)?, *p.get(8)?);
+        let mut at = 9;
+        let mut row = || {
+            let len = u32_at(at)? as usize;
+            at += 4;
+            let bytes = p.get(at..at + len)?;
+            at += len;
+            Some((len > 0).then_some(bytes))
+        };
+        let (new, old) = (row()?, row()?);
+        Some(Captured {
+            relid,
+            layout,
+            identity,
+            new,
+            old,
+        })
+    }
+}
+
+fn failed(table: &str, op: &str, committed_at: i64, error: &str) -> String {
+    let mut out = String::from("{\"schema\":null,\"table\":");
+    push_json_str(&mut out, table);
+    out.push_str(",\"commit_timestamp\":\"");
+    push_iso_millis(&mut out, committed_at);
+    out.push_str("\",\"type\":");
+    push_json_str(&mut out, op);
+    out.push_str(",\"columns\":[],\"errors\":[");
+    push_json_str(&mut out, error);
+    out.push_str("]}");
+    out
+}
+
+impl Table {
+    /// None when the table no longer exists.
+    unsafe fn load(relid: u32) -> Option<Table> {
+        unsafe {
+            let rel = pg_sys::try_relation_open(
+                pg_sys::Oid::from(relid),
+                pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+            );
+            if rel.is_null() {
+                return None;
+            }
+            let desc = (*rel).rd_att;
+            let form = &*(*rel).rd_rel;
+            let name = CStr::from_ptr(form.relname.data.as_ptr())
+                .to_string_lossy()
+                .into_owned();
+            let schema = CStr::from_ptr(pg_sys::get_namespace_name(form.relnamespace))
+                .to_string_lossy()
+                .into_owned();
+            let natts = (*desc).natts as usize;
+            let attrs = (*desc).attrs.as_slice(natts);
+            let mut columns = String::from("[");
+            for a in attrs.iter().filter(|a| !a.attisdropped) {
+                if columns.len() > 1 {
+                    columns.push(',');
+                }
+                columns.push_str("{\"name\":");
+                push_json_str(
+                    &mut columns,
+                    &CStr::from_ptr(a.attname.data.as_ptr()).to_string_lossy(),
+                );
+                columns.push_str(",\"type\":");
+                push_json_str(&mut columns, &type_name(a.atttypid));
+                columns.push('}');
+            }
+            columns.push(']');
+            let identity = match form.relreplident as u8 {
+                b'f' => Identity::Full,
+                b'n' => Identity::Nothing,
+                _ => {
+                    let kind = pg_sys::IndexAttrBitmapKind::INDEX_ATTR_BITMAP_IDENTITY_KEY;
+                    let set = pg_sys::RelationGetIndexAttrBitmap(rel, kind);
+                    let mut cols = Vec::new();
+                    let mut m = -1;
+                    loop {
+                        m = pg_sys::bms_next_member(set, m);
+                        if m < 0 {
+                            break;
+                        }
+                        let attno = m + pg_sys::FirstLowInvalidHeapAttributeNumber;
+                        if attno > 0 {
+                            cols.push(attno as usize);
+                        }
+                    }
+                    if cols.is_empty() {
+                        Identity::NoPrimaryKey
+                    } else {
+                        let sub = pg_sys::CreateTemplateTupleDesc(cols.len() as i32);
+                        for (j, &attno) in cols.iter().enumerate() {
+                            pg_sys::TupleDescCopyEntry(sub, (j + 1) as i16, desc, attno as i16);
+                        }
+                        Identity::Columns(cols, pg_sys::BlessTupleDesc(sub))
+                    }
+                }
+            };
+            let table = Table {
+                schema,
+                name,
+                layout: capture::layout(desc),
+                columns,
+                identity,
+            };
+            pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+            Some(table)
+        }
+    }
+}
+
+/// A type's name as realtime-js knows it (`int8`, `_text`).
+unsafe fn type_name(oid: pg_sys::Oid) -> String {
+    unsafe {
+        let tup = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::TYPEOID as i32,
+            pg_sys::Datum::from(oid),
+        );
+        if tup.is_null() {
+            return "unknown".into();
+        }
+        let form = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_type>(tup);
+        let name = CStr::from_ptr(form.typname.data.as_ptr())
+            .to_string_lossy()
+            .into_owned();
+        pg_sys::ReleaseSysCache(tup);
+        name
+    }
+}
+
+/// A stored row (a composite datum's bytes) copied into aligned memory of this call.
+unsafe fn datum_of(bytes: &[u8]) -> pg_sys::Datum {
+    unsafe {
+        let p = pg_sys::palloc(bytes.len()).cast::<u8>();
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+        pg_sys::Datum::from(p)
+    }
+}
+
+/// The row as JSON, every column.
+unsafe fn row_text(bytes: &[u8]) -> String {
+    unsafe { String::from_utf8_lossy(row_json(datum_of(bytes))).into_owned() }
+}
+
+/// The row as JSON, only the columns `cols` (a row of the blessed descriptor `sub`).
+unsafe fn projected_text(
+    bytes: &[u8],
+    cols: &[usize],
+    sub: pg_sys::TupleDesc,
+    relid: u32,
+) -> String {
+    unsafe {
+        let datum = datum_of(bytes);
+        let header = datum.cast_mut_ptr::<pg_sys::HeapTupleHeaderData>();
+        let typeid = (*header).t_choice.t_datum.datum_typeid;
+        let desc = pg_sys::lookup_rowtype_tupdesc(typeid, -1);
+        let mut tuple = pg_sys::HeapTupleData {
+            t_len: bytes.len() as u32,
+            t_self: pg_sys::ItemPointerData::default(),
+            t_tableOid: pg_sys::Oid::from(relid),
+            t_data: header,
+        };
+        let natts = (*desc).natts as usize;
+        let mut values = vec![pg_sys::Datum::from(0usize); natts];
+        let mut nulls = vec![false; natts];
+        pg_sys::heap_deform_tuple(&mut tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        let mut pv: Vec<pg_sys::Datum> = cols.iter().map(|&c| values[c - 1]).collect();
+        let mut pn: Vec<bool> = cols.iter().map(|&c| nulls[c - 1]).collect();
+        let row = pg_sys::heap_form_tuple(sub, pv.as_mut_ptr(), pn.as_mut_ptr());
+        let text = String::from_utf8_lossy(row_json(pg_sys::heap_copy_tuple_as_datum(row, sub)))
+            .into_owned();
+        pg_sys::DecrTupleDescRefCount(desc);
+        text
+    }
+}
+
+/// Appends a Postgres timestamp (µs since 2000-01-01 UTC) as Supabase writes
+/// `commit_timestamp`: `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+fn push_iso_millis(out: &mut String, pg_micros: i64) {
+    const PG_EPOCH_DAYS: i64 = 10_957; // 1970-01-01 .. 2000-01-01
+    let millis = pg_micros.div_euclid(1000);
+    let (days, ms_of_day) = (millis.div_euclid(86_400_000), millis.rem_euclid(86_400_000));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + PG_EPOCH_DAYS + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (h, mi, s, ms) = (
+        ms_of_day / 3_600_000,
+        ms_of_day / 60_000 % 60,
+        ms_of_day / 1000 % 60,
+        ms_of_day % 1000,
+    );
+    use std::fmt::Write;
+    let _ = write!(out, "{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{ms:03}Z");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_timestamps_are_written_as_supabase_writes_them() {
+        let iso = |us: i64| {
+            let mut s = String::new();
+            push_iso_millis(&mut s, us);
+            s
+        };
+        assert_eq!(iso(0), "2000-01-01T00:00:00.000Z");
+        // 2026-01-02 03:04:05.678901 UTC, and a leap day, and before 2000.
+        assert_eq!(iso(820_638_245_678_901), "2026-01-02T03:04:05.678Z");
+        assert_eq!(iso(762_480_000_000_000), "2024-02-29T00:00:00.000Z");
+        assert_eq!(iso(-1_000), "1999-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn a_damaged_record_is_refused_not_misread() {
+        assert!(Captured::parse(&[1, 0, 0]).is_none());
+        let mut p = vec![7, 0, 0, 0, 9, 0, 0, 0, b'd'];
+        p.extend_from_slice(&3u32.to_le_bytes());
+        p.extend_from_slice(b"ab");
+        assert!(
+            Captured::parse(&p).is_none(),
+            "a row shorter than its length"
+        );
+        p.push(b'c');
+        p.extend_from_slice(&0u32.to_le_bytes());
+        let c = Captured::parse(&p).unwrap();
+        assert_eq!(
+            (c.relid, c.layout, c.identity, c.new, c.old),
+            (7, 9, b'd', Some(&b"abc"[..]), None)
+        );
+    }
+}

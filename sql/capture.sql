@@ -1,0 +1,74 @@
+-- Postgres Changes: which tables are captured. `extension/src/capture.rs` tells how a
+-- change travels; this file keeps a `realtime_capture` trigger on exactly the tables of
+-- publication `supabase_realtime`, as Supabase apps declare them:
+--     ALTER PUBLICATION supabase_realtime ADD TABLE public.todos;
+
+-- Supabase projects have this publication, empty at first; so does a database here.
+-- (Capture does not use logical decoding: Postgres's warning that wal_level is not
+-- `logical` does not concern it and is kept from the CREATE EXTENSION output.)
+DO $$
+DECLARE
+    level text := current_setting('client_min_messages');
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = 'supabase_realtime') THEN
+        PERFORM set_config('client_min_messages', 'error', true);
+        CREATE PUBLICATION supabase_realtime;
+        PERFORM set_config('client_min_messages', level, true);
+    END IF;
+END
+$$;
+
+-- Creates the capture trigger on every published table that lacks it and drops it from
+-- every table no longer published. Run by the event trigger below after any DDL that can
+-- change the set; callable by hand (it is idempotent).
+CREATE FUNCTION realtime.sync_capture() RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    rel regclass;
+BEGIN
+    FOR rel IN
+        SELECT c.oid::regclass
+        FROM pg_publication_tables pt
+        JOIN pg_namespace n ON n.nspname = pt.schemaname
+        JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+        WHERE pt.pubname = 'supabase_realtime' AND c.relkind IN ('r', 'p')
+          AND NOT EXISTS (SELECT 1 FROM pg_trigger t
+                          WHERE t.tgrelid = c.oid AND t.tgname = 'realtime_capture')
+    LOOP
+        EXECUTE format('CREATE TRIGGER realtime_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
+                       'FOR EACH ROW EXECUTE FUNCTION realtime.capture()', rel);
+    END LOOP;
+    FOR rel IN
+        SELECT t.tgrelid::regclass
+        FROM pg_trigger t
+        WHERE t.tgname = 'realtime_capture' AND NOT t.tgisinternal
+          AND t.tgfoid = 'realtime.capture()'::regprocedure
+          AND NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
+                          JOIN pg_namespace n ON n.nspname = pt.schemaname
+                          JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+                          WHERE pt.pubname = 'supabase_realtime' AND c.oid = t.tgrelid)
+    LOOP
+        EXECUTE format('DROP TRIGGER realtime_capture ON %s', rel);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION realtime.sync_capture_on_ddl() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM realtime.sync_capture();
+END
+$$;
+
+-- The commands that can add a table to the publication or take one out of it.
+CREATE EVENT TRIGGER realtime_sync_capture ON ddl_command_end
+    WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION', 'DROP PUBLICATION',
+                 'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE',
+                 'CREATE SCHEMA', 'ALTER SCHEMA')
+    EXECUTE FUNCTION realtime.sync_capture_on_ddl();
+
+REVOKE EXECUTE ON FUNCTION realtime.sync_capture() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.sync_capture_on_ddl() FROM PUBLIC;
+
+-- Tables published before the extension was created.
+SELECT realtime.sync_capture();
