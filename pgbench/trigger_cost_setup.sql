@@ -71,3 +71,8 @@ CREATE TRIGGER t_outbox_broadcast AFTER INSERT OR UPDATE OR DELETE ON t_outbox
     FOR EACH ROW EXECUTE FUNCTION t_outbox_broadcast();
 
 SELECT realtime.create_consumer('bench');
+
+-- Postgres Changes capture (profiled by `profile.py trigger --variant t_captured`; its own
+-- benchmark is capture_cost.py): a table in publication supabase_realtime.
+CREATE TABLE t_captured (LIKE t_plain INCLUDING ALL);
+ALTER PUBLICATION supabase_realtime ADD TABLE t_captured;

@@ -20,6 +20,7 @@ run() {
     python3 "pgbench/$name.py" "$@" 2> "$out/$name.log" | tee "$out/$name.md"
 }
 run trigger_cost --seconds 10 --rounds 3
+run capture_cost --seconds 10 --rounds 3
 run fanout
 run authorize
 run joins
