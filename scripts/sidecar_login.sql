@@ -23,5 +23,6 @@ GRANT SELECT, INSERT ON realtime.messages TO anon, authenticated, service_role;
 GRANT USAGE ON SCHEMA realtime TO realtime_sidecar;
 GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, bigint, integer, integer, integer),
     realtime.confirm(text, bigint), realtime.relay(bigint, text, text, boolean, json, bytea),
-    realtime.authorize(text[], text[], text[], text[], text[], text[]) TO realtime_sidecar;
+    realtime.authorize(text[], text[], text[], text[], text[], text[]),
+    realtime.visible(regclass, text[], text[], text[]) TO realtime_sidecar;
 GRANT anon, authenticated, service_role TO realtime_sidecar;

@@ -8,6 +8,7 @@ mod change;
 mod consumer;
 mod errors;
 mod gucs;
+mod identity;
 mod message;
 mod payload;
 mod queue;
@@ -15,6 +16,7 @@ mod send;
 mod shared;
 mod stats;
 mod trigger;
+mod visible;
 mod xact;
 
 use pgrx::prelude::*;

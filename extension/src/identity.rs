@@ -1,0 +1,151 @@
+//! Acting as a client's identity inside the database: the subtransactions that undo every
+//! setting, the role guard (which roles a sidecar may act as), and running prepared probes.
+//! Shared by the batched channel authorization (`authorize.rs`) and the batched visibility
+//! of Postgres Changes (`visible.rs`).
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::CString;
+
+/// A subtransaction that keeps the caller's memory context and resource owner, as PL/pgSQL's
+/// exception blocks do.
+pub(crate) struct SubXact {
+    pub(crate) ctx: pg_sys::MemoryContext,
+    pub(crate) owner: pg_sys::ResourceOwner,
+}
+
+impl SubXact {
+    pub(crate) unsafe fn begin() -> SubXact {
+        unsafe {
+            let s = SubXact {
+                ctx: pg_sys::CurrentMemoryContext,
+                owner: pg_sys::CurrentResourceOwner,
+            };
+            pg_sys::BeginInternalSubTransaction(std::ptr::null());
+            pg_sys::MemoryContextSwitchTo(s.ctx);
+            s
+        }
+    }
+
+    pub(crate) unsafe fn rollback(self) {
+        unsafe {
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            pg_sys::MemoryContextSwitchTo(self.ctx);
+            pg_sys::CurrentResourceOwner = self.owner;
+        }
+    }
+}
+
+pub(crate) unsafe fn set_local(name: &str, value: &str) {
+    let name = CString::new(name).expect("setting name");
+    let value = CString::new(value.replace('\0', "")).expect("no NUL");
+    unsafe {
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            true,
+            0,
+            false,
+        );
+    }
+}
+
+/// The settings policies read as `auth.jwt()`, `auth.uid()`, `auth.role()` and
+/// `request.headers`, as Supabase sets them for its probes (local to the subtransaction).
+pub(crate) unsafe fn set_identity(role: &str, claims: &str, headers: &str) {
+    let sub = serde_json::from_str::<serde_json::Value>(claims)
+        .ok()
+        .and_then(|c| c.get("sub").and_then(|s| s.as_str()).map(str::to_owned))
+        .unwrap_or_default();
+    unsafe {
+        set_local("request.jwt.claims", claims);
+        set_local("request.jwt.claim.sub", &sub);
+        set_local("request.jwt.claim.role", role);
+        set_local("request.headers", headers);
+    }
+}
+
+pub(crate) unsafe fn prepare(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
+    let sql = CString::new(sql).unwrap();
+    unsafe {
+        let plan = pg_sys::SPI_prepare(
+            sql.as_ptr(),
+            types.len() as i32,
+            types.as_ptr() as *mut pg_sys::Oid,
+        );
+        if plan.is_null() {
+            pgrx::error!("could not prepare a probe");
+        }
+        plan
+    }
+}
+
+pub(crate) fn text_datum(s: &str) -> pg_sys::Datum {
+    pg_sys::Datum::from(pgrx::varlena::rust_str_to_text_p(s).into_pg())
+}
+
+/// Runs one prepared probe; returns the number of rows it returned or inserted.
+pub(crate) unsafe fn run(plan: pg_sys::SPIPlanPtr, args: &[pg_sys::Datum]) -> u64 {
+    unsafe {
+        let rc = pg_sys::SPI_execute_plan(
+            plan,
+            args.as_ptr() as *mut pg_sys::Datum,
+            std::ptr::null(),
+            false,
+            1,
+        );
+        if rc < 0 {
+            pgrx::error!("a probe failed (SPI error {rc})");
+        }
+        pg_sys::SPI_processed
+    }
+}
+
+/// The role a request may run its probe as, or why not. As PostgREST's authenticator, the
+/// sidecar may act only as roles its login role (`session_user`, not this function's owner)
+/// has been granted, and never as a superuser: otherwise a JWT signed with the project's
+/// secret but naming `postgres` would open every private topic. Superuser logins get no
+/// shortcut here; they too need the grants.
+pub(crate) fn role_guard(name: &str) -> Result<pg_sys::Oid, String> {
+    let Ok(c_name) = CString::new(name) else {
+        return Err(format!("role \"{}\" does not exist", name.escape_default()));
+    };
+    unsafe {
+        let role = pg_sys::get_role_oid(c_name.as_ptr(), true);
+        if role == pg_sys::InvalidOid {
+            return Err(format!("role \"{name}\" does not exist"));
+        }
+        if pg_sys::superuser_arg(role) {
+            return Err(format!(
+                "role \"{name}\" is a superuser: realtime clients may not act as one"
+            ));
+        }
+        let login = pg_sys::GetSessionUserId();
+        if !pg_sys::is_member_of_role_nosuper(login, role) {
+            let login_name = std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(login, false))
+                .to_string_lossy()
+                .into_owned();
+            return Err(format!(
+                "role \"{name}\" is not granted to the sidecar's login role \"{login_name}\" (GRANT \"{name}\" TO \"{login_name}\" lets its clients act as it)"
+            ));
+        }
+        Ok(role)
+    }
+}
+
+/// Errors that end the whole call: the statement was cancelled or timed out, or the server
+/// is shutting down (SQLSTATE class 57).
+pub(crate) fn interrupts_call(code: PgSqlErrorCode) -> bool {
+    matches!(
+        code,
+        PgSqlErrorCode::ERRCODE_QUERY_CANCELED
+            | PgSqlErrorCode::ERRCODE_ADMIN_SHUTDOWN
+            | PgSqlErrorCode::ERRCODE_CRASH_SHUTDOWN
+            | PgSqlErrorCode::ERRCODE_OPERATOR_INTERVENTION
+            | PgSqlErrorCode::ERRCODE_CANNOT_CONNECT_NOW
+            | PgSqlErrorCode::ERRCODE_DATABASE_DROPPED
+    )
+}
