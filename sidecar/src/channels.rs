@@ -247,7 +247,7 @@ impl Channels {
                 self.push_text(frame::reply(self.link.vsn, &m, "ok", json!({})));
                 return Ok(());
             }
-            Command::Join(config) => return self.join(m, config),
+            Command::Join(config) => return self.join(m, *config),
             other => other,
         };
         if !self.channels.contains_key(&m.topic) {
@@ -327,7 +327,13 @@ impl Channels {
             self.join_error(&m, Refusal::Jwt(JwtError::Expired { seconds_ago }));
             return Ok(());
         }
-        if config.has_postgres_changes {
+        if let Some(why) = config.postgres_changes_error.clone() {
+            self.join_error(&m, Refusal::PostgresChanges(why));
+            return Ok(());
+        }
+        if !config.postgres_changes.is_empty() {
+            // The bindings are valid; delivering changes (with their RLS check) is not built
+            // yet, and a join is never answered with a promise it cannot keep.
             self.join_error(&m, Refusal::PostgresChangesNotSupported);
             return Ok(());
         }
@@ -852,6 +858,32 @@ mod tests {
         t.send(json!(["1", "6", "realtime:other", "broadcast", {"event": "e"}]))
             .unwrap();
         assert_eq!(status(&t.written()[0].2), ("error", "unmatched topic"));
+    }
+
+    #[tokio::test]
+    async fn postgres_changes_joins_are_refused_with_their_reason_until_served() {
+        let mut t = conn();
+        let with = |bindings: Value| json!(["1", "1", "realtime:db", "phx_join", {"config": {"postgres_changes": bindings}}]);
+        t.send(with(json!([{"event": "*", "schema": "public", "table": "todos", "filter": "title=like.%a%"}])))
+            .unwrap();
+        let w = t.written();
+        assert!(
+            status(&w[0].2)
+                .1
+                .starts_with("PostgresChangesFilterNotSupported: binding 1: operator \"like\""),
+            "{w:?}"
+        );
+        t.send(with(
+            json!([{"event": "INSERT", "schema": "public", "table": "todos"}]),
+        ))
+        .unwrap();
+        let w = t.written();
+        assert!(
+            status(&w[0].2).1.starts_with("PostgresChangesNotSupported"),
+            "{w:?}"
+        );
+        assert!(!t.c.has_channels());
+        assert!(!t.delivered("db", false));
     }
 
     #[tokio::test]

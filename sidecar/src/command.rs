@@ -23,7 +23,7 @@ pub struct Frame {
 pub enum Command {
     /// `heartbeat` on topic `phoenix`.
     Heartbeat,
-    Join(JoinConfig),
+    Join(Box<JoinConfig>),
     Leave,
     /// A new token for the channel (None when the payload has none).
     AccessToken(Option<String>),
@@ -52,7 +52,7 @@ pub fn from_text(vsn: Vsn, text: &str) -> Result<Frame, DecodeError> {
     let payload = std::mem::take(&mut head.payload);
     let command = match (head.topic.as_str(), head.event.as_str()) {
         ("phoenix", "heartbeat") => Command::Heartbeat,
-        (_, "phx_join") => Command::Join(join_config::parse_join(&payload)),
+        (_, "phx_join") => Command::Join(Box::new(join_config::parse_join(&payload))),
         (_, "phx_leave") => Command::Leave,
         (_, "access_token") => Command::AccessToken(
             payload

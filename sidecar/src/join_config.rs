@@ -1,6 +1,7 @@
 //! What a `phx_join` asks for: Supabase's join payload, read leniently as Supabase does
 //! (booleans may be strings; an invalid payload falls back to defaults).
 
+use crate::postgres_changes::{self, Binding, BindingError};
 use crate::reason::InvalidTopic;
 use serde_json::Value;
 
@@ -12,7 +13,10 @@ pub struct JoinConfig {
     pub ack: bool,
     pub private: bool,
     pub presence: bool,
-    pub has_postgres_changes: bool,
+    /// The `postgres_changes` bindings, in the client's order (`postgres_changes.rs`).
+    pub postgres_changes: Vec<Binding>,
+    /// Why the bindings cannot be served, if they cannot: the join is refused with it.
+    pub postgres_changes_error: Option<BindingError>,
     pub access_token: Option<String>,
 }
 
@@ -50,15 +54,18 @@ pub fn parse_join(payload: &Value) -> JoinConfig {
     let token = payload
         .get("access_token")
         .or_else(|| payload.get("user_token"));
+    let (postgres_changes, postgres_changes_error) =
+        match postgres_changes::parse_bindings(config.and_then(|c| c.get("postgres_changes"))) {
+            Ok(b) => (b, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
     JoinConfig {
         self_broadcast: flexible_bool(get("broadcast", "self")),
         ack: flexible_bool(get("broadcast", "ack")),
         private: flexible_bool(config.and_then(|c| c.get("private"))),
         presence: flexible_bool(get("presence", "enabled")),
-        has_postgres_changes: config
-            .and_then(|c| c.get("postgres_changes"))
-            .and_then(Value::as_array)
-            .is_some_and(|a| !a.is_empty()),
+        postgres_changes,
+        postgres_changes_error,
         access_token: token.and_then(Value::as_str).map(str::to_owned),
     }
 }
@@ -76,7 +83,8 @@ mod tests {
             "access_token": "tok", "version": "realtime-js/2.119.1"
         });
         let c = parse_join(&p);
-        assert!(c.ack && c.self_broadcast && !c.private && !c.presence && !c.has_postgres_changes);
+        assert!(c.ack && c.self_broadcast && !c.private && !c.presence);
+        assert!(c.postgres_changes.is_empty() && c.postgres_changes_error.is_none());
         assert_eq!(c.access_token.as_deref(), Some("tok"));
     }
 
@@ -100,10 +108,10 @@ mod tests {
             parse_join(&json!({"config": {"private": 1}})),
             JoinConfig::default()
         );
-        assert!(
-            parse_join(&json!({"config": {"postgres_changes": [{"event": "*"}]}}))
-                .has_postgres_changes
-        );
+        let no_schema = parse_join(&json!({"config": {"postgres_changes": [{"event": "*"}]}}));
+        assert!(no_schema.postgres_changes_error.is_some());
+        let one = json!({"config": {"postgres_changes": [{"event": "*", "schema": "public"}]}});
+        assert_eq!(parse_join(&one).postgres_changes.len(), 1);
         assert_eq!(
             parse_join(&json!({"user_token": "t"}))
                 .access_token

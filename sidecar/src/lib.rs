@@ -60,7 +60,8 @@
 //! `server` listener, HTTP and upgrades · `rest` the REST broadcast · `socket` one
 //! connection's loop · `command` a client frame parsed into what it asks · `frame` the wire
 //! format of both serializers · `channels` the channel lifecycle · `join_config` what a
-//! join asks for · `broadcast` the broadcast extension · `hub` topics and fan-out ·
+//! join asks for · `broadcast` the broadcast extension · `postgres_changes` its bindings,
+//! filters and matching (joins refused until delivery is built) · `hub` topics and fan-out ·
 //! `drainer` the queue side · `authorizer` batched `realtime.authorize` · `relay` batched
 //! `realtime.relay` · `db_worker` what those two share (reconnects, batches) · `reason`
 //! every reason a client can be given · `jwt` · `metrics` · `config` · `state` · `shutdown`.
@@ -79,6 +80,7 @@ pub mod hub;
 pub mod join_config;
 pub mod jwt;
 pub mod metrics;
+pub mod postgres_changes;
 pub mod reason;
 pub mod relay;
 pub mod rest;

@@ -6,6 +6,7 @@
 
 use crate::authorizer::DbFailure;
 use crate::jwt::JwtError;
+use crate::postgres_changes::BindingError;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 /// Why a socket is closed by the server.
@@ -66,6 +67,8 @@ pub enum Refusal {
     ClientJoinRateLimitReached,
     JoinInProgress,
     PostgresChangesNotSupported,
+    /// A `postgres_changes` binding this server cannot serve (an unsupported filter, say).
+    PostgresChanges(BindingError),
     /// No read permission; with the role guard's refusal when that is the cause.
     ReadDenied {
         topic: String,
@@ -99,6 +102,7 @@ impl Refusal {
             Refusal::JoinInProgress => {
                 "JoinInProgress: a join of this topic is still waiting for its authorization".into()
             }
+            Refusal::PostgresChanges(why) => why.text(),
             Refusal::PostgresChangesNotSupported => "PostgresChangesNotSupported: this server delivers Broadcast only; use realtime.broadcast_changes".into(),
             Refusal::ReadDenied { topic, role_refusal } => {
                 let mut t = format!("Unauthorized: You do not have permissions to read from this Channel topic: {topic}");

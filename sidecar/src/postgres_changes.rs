@@ -1,0 +1,505 @@
+//! The Postgres Changes extension of a channel, as realtime-js asks for it:
+//! `channel.on('postgres_changes', {event, schema, table, filter}, cb)` puts one binding per
+//! call into the join's `config.postgres_changes`, and the join reply must echo each one,
+//! in order, with an `id` (realtime-js compares event, schema, table and filter with `===`
+//! and fails the subscription on a mismatch); each change event then lists in `ids` every
+//! binding of the channel it matches.
+//!
+//! This file holds what a binding is and which changes it matches: parsing the bindings and
+//! their filters (refused at join with a reason when unsupported, never ignored), the reply,
+//! and matching a drained change (`kind = 'change'`, `extension/src/change.rs`) by schema,
+//! table, event and filter. Filters are evaluated here, on the change's record, outside
+//! RLS, as Supabase evaluates them before its RLS check.
+
+use serde_json::{json, Map, Value};
+
+/// Which change types a binding wants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    All,
+    Insert,
+    Update,
+    Delete,
+}
+
+/// A comparison of one column with a value, as realtime-js writes it: `column=op.value`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Filter {
+    pub column: String,
+    pub op: Op,
+    /// One value, or the list of `in.(a,b)`.
+    pub values: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Eq,
+    Neq,
+    Lt,
+    Lte,
+    Gt,
+    Gte,
+    In,
+}
+
+/// One `postgres_changes` binding of a join.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Binding {
+    pub id: u32,
+    pub event: Event,
+    /// `*` for every schema.
+    pub schema: String,
+    /// None for every table of the schema.
+    pub table: Option<String>,
+    pub filter: Option<Filter>,
+    /// What the client sent, echoed in the join reply (with `id`).
+    echo: Map<String, Value>,
+}
+
+/// Why a join's bindings are refused (the join's error reply).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BindingError {
+    NotAList,
+    Malformed { at: usize, why: &'static str },
+    UnknownEvent { at: usize, event: String },
+    UnsupportedFilter { at: usize, op: String },
+    InvalidFilter { at: usize, filter: String },
+}
+
+impl BindingError {
+    pub fn text(&self) -> String {
+        match self {
+            BindingError::NotAList => {
+                "InvalidPostgresChanges: config.postgres_changes must be a list of bindings".into()
+            }
+            BindingError::Malformed { at, why } => {
+                format!("InvalidPostgresChanges: binding {at}: {why}")
+            }
+            BindingError::UnknownEvent { at, event } => format!(
+                "InvalidPostgresChanges: binding {at}: event \"{event}\" is not one of *, INSERT, UPDATE, DELETE"
+            ),
+            BindingError::UnsupportedFilter { at, op } => format!(
+                "PostgresChangesFilterNotSupported: binding {at}: operator \"{op}\" is not supported; use eq, neq, lt, lte, gt, gte or in"
+            ),
+            BindingError::InvalidFilter { at, filter } => format!(
+                "InvalidPostgresChanges: binding {at}: filter \"{filter}\" is not column=operator.value"
+            ),
+        }
+    }
+}
+
+/// Parses a join's `config.postgres_changes` (absent or null: no bindings).
+pub fn parse_bindings(v: Option<&Value>) -> Result<Vec<Binding>, BindingError> {
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(BindingError::NotAList),
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, b)| parse_binding(i + 1, b))
+        .collect()
+}
+
+fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
+    let Value::Object(o) = b else {
+        return Err(BindingError::Malformed {
+            at,
+            why: "a binding must be an object",
+        });
+    };
+    let text = |k: &str| -> Result<Option<String>, BindingError> {
+        match o.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(BindingError::Malformed {
+                at,
+                why: "event, schema, table and filter must be strings",
+            }),
+        }
+    };
+    let event = match text("event")?.as_deref() {
+        Some("*") => Event::All,
+        Some(e) if e.eq_ignore_ascii_case("insert") => Event::Insert,
+        Some(e) if e.eq_ignore_ascii_case("update") => Event::Update,
+        Some(e) if e.eq_ignore_ascii_case("delete") => Event::Delete,
+        Some(e) => {
+            return Err(BindingError::UnknownEvent {
+                at,
+                event: e.to_owned(),
+            })
+        }
+        None => {
+            return Err(BindingError::Malformed {
+                at,
+                why: "event is required",
+            })
+        }
+    };
+    let Some(schema) = text("schema")? else {
+        return Err(BindingError::Malformed {
+            at,
+            why: "schema is required",
+        });
+    };
+    let table = text("table")?.filter(|t| t != "*");
+    let filter = match text("filter")? {
+        Some(f) if !f.is_empty() => Some(parse_filter(at, &f)?),
+        _ => None,
+    };
+    // The reply echoes exactly the keys the client sent, so that `===` holds.
+    let mut echo = Map::new();
+    for k in ["event", "schema", "table", "filter"] {
+        if let Some(v) = o.get(k).filter(|v| !v.is_null()) {
+            echo.insert(k.to_owned(), v.clone());
+        }
+    }
+    let id = binding_id(&echo);
+    Ok(Binding {
+        id,
+        event,
+        schema,
+        table,
+        filter,
+        echo,
+    })
+}
+
+/// A binding's id: a hash of what it asks for (Supabase's is a phash2, below 2^27), so the
+/// same binding has the same id in every join.
+fn binding_id(echo: &Map<String, Value>) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for k in ["event", "schema", "table", "filter"] {
+        let v = echo.get(k).and_then(Value::as_str).unwrap_or("\u{0}");
+        for b in k.bytes().chain([0]).chain(v.bytes()).chain([0]) {
+            h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+        }
+    }
+    h & ((1 << 27) - 1)
+}
+
+fn parse_filter(at: usize, f: &str) -> Result<Filter, BindingError> {
+    let invalid = || BindingError::InvalidFilter {
+        at,
+        filter: f.to_owned(),
+    };
+    let (column, rest) = f.split_once('=').ok_or_else(invalid)?;
+    let (op, value) = rest.split_once('.').ok_or_else(invalid)?;
+    if column.is_empty() {
+        return Err(invalid());
+    }
+    let op = match op {
+        "eq" => Op::Eq,
+        "neq" => Op::Neq,
+        "lt" => Op::Lt,
+        "lte" => Op::Lte,
+        "gt" => Op::Gt,
+        "gte" => Op::Gte,
+        "in" => Op::In,
+        other => {
+            return Err(BindingError::UnsupportedFilter {
+                at,
+                op: other.to_owned(),
+            })
+        }
+    };
+    let values = if op == Op::In {
+        let inner = value
+            .strip_prefix('(')
+            .and_then(|v| v.strip_suffix(')'))
+            .ok_or_else(invalid)?;
+        split_list(inner).ok_or_else(invalid)?
+    } else {
+        vec![value.to_owned()]
+    };
+    Ok(Filter {
+        column: column.to_owned(),
+        op,
+        values,
+    })
+}
+
+/// The items of an `in.(...)` list: comma-separated, an item in double quotes may hold
+/// commas and parentheses, `\"` and `\\` inside quotes are a quote and a backslash (as
+/// postgrest-js quotes them). None when a quote is left open.
+fn split_list(s: &str) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = s.chars();
+    let mut quoted = false;
+    let mut was_quoted = false;
+    while let Some(c) = chars.next() {
+        match (quoted, c) {
+            (true, '"') => quoted = false,
+            (true, '\\') => cur.push(chars.next()?),
+            (true, c) => cur.push(c),
+            (false, '"') if cur.trim().is_empty() => {
+                cur.clear();
+                quoted = true;
+                was_quoted = true;
+            }
+            (false, ',') => {
+                out.push(if was_quoted {
+                    cur.clone()
+                } else {
+                    cur.trim().to_owned()
+                });
+                cur.clear();
+                was_quoted = false;
+            }
+            (false, c) => cur.push(c),
+        }
+    }
+    if quoted {
+        return None;
+    }
+    if !(s.is_empty() && out.is_empty()) {
+        out.push(if was_quoted {
+            cur
+        } else {
+            cur.trim().to_owned()
+        });
+    }
+    Some(out)
+}
+
+/// The join reply's `postgres_changes`: each binding as the client sent it, with its id.
+pub fn reply(bindings: &[Binding]) -> Value {
+    Value::Array(
+        bindings
+            .iter()
+            .map(|b| {
+                let mut o = b.echo.clone();
+                o.insert("id".into(), json!(b.id));
+                Value::Object(o)
+            })
+            .collect(),
+    )
+}
+
+/// What matching needs of a drained change (its `data`).
+pub struct Change<'a> {
+    pub schema: &'a str,
+    pub table: &'a str,
+    /// INSERT, UPDATE or DELETE.
+    pub kind: &'a str,
+    pub record: Option<&'a Map<String, Value>>,
+    pub old_record: Option<&'a Map<String, Value>>,
+}
+
+impl<'a> Change<'a> {
+    /// Reads the fields of a change's `data`; None when it is not a deliverable change (a
+    /// table dropped or altered before it was drained carries only errors).
+    pub fn from_data(data: &'a Value) -> Option<Change<'a>> {
+        Some(Change {
+            schema: data.get("schema")?.as_str()?,
+            table: data.get("table")?.as_str()?,
+            kind: data.get("type")?.as_str()?,
+            record: data.get("record").and_then(Value::as_object),
+            old_record: data.get("old_record").and_then(Value::as_object),
+        })
+    }
+}
+
+impl Binding {
+    /// Whether the change is one this binding asked for.
+    pub fn matches(&self, c: &Change) -> bool {
+        let event = match self.event {
+            Event::All => true,
+            Event::Insert => c.kind == "INSERT",
+            Event::Update => c.kind == "UPDATE",
+            Event::Delete => c.kind == "DELETE",
+        };
+        event
+            && (self.schema == "*" || self.schema == c.schema)
+            && self.table.as_deref().is_none_or(|t| t == c.table)
+            && self.filter.as_ref().is_none_or(|f| f.matches(c))
+    }
+}
+
+impl Filter {
+    /// Deletes are filtered on the old row, as Supabase filters them; the others on the new.
+    fn matches(&self, c: &Change) -> bool {
+        let row = if c.kind == "DELETE" {
+            c.old_record
+        } else {
+            c.record
+        };
+        let Some(v) = row.and_then(|r| r.get(&self.column)) else {
+            return false;
+        };
+        match self.op {
+            Op::In => self
+                .values
+                .iter()
+                .any(|x| compare(v, x) == Some(std::cmp::Ordering::Equal)),
+            op => {
+                let Some(ord) = compare(v, &self.values[0]) else {
+                    // SQL: a comparison with NULL (or an incomparable value) is not true.
+                    return false;
+                };
+                use std::cmp::Ordering::*;
+                match op {
+                    Op::Eq => ord == Equal,
+                    Op::Neq => ord != Equal,
+                    Op::Lt => ord == Less,
+                    Op::Lte => ord != Greater,
+                    Op::Gt => ord == Greater,
+                    Op::Gte => ord != Less,
+                    Op::In => unreachable!("handled above"),
+                }
+            }
+        }
+    }
+}
+
+/// Compares a record's value with a filter's text as the column's type would: numbers as
+/// numbers, booleans as booleans, the rest as text. None for NULL, or a value that cannot be
+/// read as the column's kind.
+fn compare(v: &Value, text: &str) -> Option<std::cmp::Ordering> {
+    match v {
+        Value::Null => None,
+        Value::Number(n) => {
+            // Integers exactly (ids beyond 2^53 are common), others as floats.
+            if let (Some(a), Ok(b)) = (n.as_i64(), text.parse::<i64>()) {
+                return Some(a.cmp(&b));
+            }
+            n.as_f64()?.partial_cmp(&text.parse::<f64>().ok()?)
+        }
+        Value::Bool(b) => match text {
+            "true" | "t" => Some(b.cmp(&true)),
+            "false" | "f" => Some(b.cmp(&false)),
+            _ => None,
+        },
+        Value::String(s) => Some(s.as_str().cmp(text)),
+        // Arrays and JSON objects: compared by their JSON text.
+        other => Some(other.to_string().as_str().cmp(text)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bindings(v: Value) -> Result<Vec<Binding>, BindingError> {
+        parse_bindings(Some(&v))
+    }
+
+    #[test]
+    fn the_reply_echoes_each_binding_in_order_with_a_stable_id() {
+        let b = bindings(json!([
+            {"event": "*", "schema": "public", "table": "todos", "filter": "id=eq.5"},
+            {"event": "INSERT", "schema": "public"},
+            {"event": "DELETE", "schema": "public", "table": "todos"}
+        ]))
+        .unwrap();
+        let r = reply(&b);
+        let ids: Vec<u64> = r
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["id"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            r,
+            json!([
+                {"id": ids[0], "event": "*", "schema": "public", "table": "todos", "filter": "id=eq.5"},
+                {"id": ids[1], "event": "INSERT", "schema": "public"},
+                {"id": ids[2], "event": "DELETE", "schema": "public", "table": "todos"}
+            ])
+        );
+        // No filter key when the client sent none: realtime-js compares with ===.
+        assert!(r[1].get("filter").is_none() && r[1].get("table").is_none());
+        assert!(ids.iter().all(|&id| id < 1 << 27));
+        assert_eq!(
+            ids[0],
+            bindings(
+                json!([{"event": "*", "schema": "public", "table": "todos", "filter": "id=eq.5"}])
+            )
+            .unwrap()[0]
+                .id as u64
+        );
+        assert_ne!(ids[0], ids[2]);
+    }
+
+    #[test]
+    fn unsupported_or_malformed_bindings_are_refused_with_a_reason() {
+        let err = |v: Value| bindings(v).unwrap_err().text();
+        assert_eq!(
+            err(json!([{"event": "*", "schema": "public", "table": "t", "filter": "name=like.%a%"}])),
+            "PostgresChangesFilterNotSupported: binding 1: operator \"like\" is not supported; use eq, neq, lt, lte, gt, gte or in"
+        );
+        assert!(
+            err(json!([{"event": "*", "schema": "public", "filter": "id=not.eq.1"}]))
+                .contains("\"not\"")
+        );
+        assert!(
+            err(json!([{"event": "TRUNCATE", "schema": "public"}])).contains("event \"TRUNCATE\"")
+        );
+        assert!(err(json!([{"event": "*"}])).contains("schema is required"));
+        assert!(
+            err(json!([{"event": "*", "schema": "public", "filter": "nonsense"}]))
+                .contains("not column=operator.value")
+        );
+        assert!(
+            err(json!([{"event": "*", "schema": "public", "filter": "id=in.(1,\"2"}]))
+                .contains("InvalidPostgresChanges")
+        );
+        assert!(err(json!({"event": "*"})).contains("must be a list"));
+        assert_eq!(parse_bindings(None), Ok(vec![]));
+    }
+
+    #[test]
+    fn in_lists_are_read_as_postgrest_js_quotes_them() {
+        let f = |s: &str| parse_filter(1, s).unwrap().values;
+        assert_eq!(f("id=in.(1,2,3)"), vec!["1", "2", "3"]);
+        assert_eq!(
+            f(r#"name=in.("a,b",c,"say \"hi\"","x)y")"#),
+            vec!["a,b", "c", "say \"hi\"", "x)y"]
+        );
+        assert_eq!(f("id=in.()"), Vec::<String>::new());
+        assert_eq!(f("name=eq.a.b=c"), vec!["a.b=c"]);
+    }
+
+    fn change<'a>(kind: &'a str, record: &'a Value, old: &'a Value) -> Change<'a> {
+        Change {
+            schema: "public",
+            table: "todos",
+            kind,
+            record: record.as_object(),
+            old_record: old.as_object(),
+        }
+    }
+
+    #[test]
+    fn changes_match_by_schema_table_event_and_filter() {
+        let rec =
+            json!({"id": 9007199254740993u64, "n": 2.5, "done": false, "name": "b", "gone": null});
+        let old = json!({"id": 7});
+        let ins = change("INSERT", &rec, &Value::Null);
+        let del = change("DELETE", &Value::Null, &old);
+        let one = |v: Value| bindings(json!([v])).unwrap().remove(0);
+        assert!(one(json!({"event": "*", "schema": "public"})).matches(&ins));
+        assert!(one(json!({"event": "*", "schema": "*"})).matches(&del));
+        assert!(!one(json!({"event": "UPDATE", "schema": "public"})).matches(&ins));
+        assert!(!one(json!({"event": "*", "schema": "other"})).matches(&ins));
+        assert!(!one(json!({"event": "*", "schema": "public", "table": "notes"})).matches(&ins));
+        let filtered = |f: &str, c: &Change| {
+            one(json!({"event": "*", "schema": "public", "table": "todos", "filter": f})).matches(c)
+        };
+        // Integers beyond 2^53 compare exactly.
+        assert!(filtered("id=eq.9007199254740993", &ins));
+        assert!(!filtered("id=eq.9007199254740992", &ins));
+        assert!(
+            filtered("n=gt.2", &ins) && filtered("n=lte.2.5", &ins) && !filtered("n=lt.2.5", &ins)
+        );
+        assert!(filtered("done=eq.false", &ins) && !filtered("done=eq.true", &ins));
+        assert!(filtered("name=in.(a,b)", &ins) && !filtered("name=in.(a,c)", &ins));
+        assert!(filtered("name=neq.a", &ins));
+        // NULL and missing columns match nothing, as SQL comparisons with NULL do.
+        assert!(!filtered("gone=eq.null", &ins) && !filtered("gone=neq.1", &ins));
+        assert!(!filtered("missing=eq.1", &ins));
+        // Deletes are filtered on the old row.
+        assert!(filtered("id=eq.7", &del) && !filtered("id=eq.9007199254740993", &del));
+    }
+}
