@@ -23,6 +23,7 @@ run trigger_cost --seconds 10 --rounds 3
 run capture_cost --seconds 10 --rounds 3
 run fanout
 run authorize
+run visible
 run joins
 run peers --json "$out/peers.json"
 run scenarios --json "$out/scenarios.json"
