@@ -24,3 +24,4 @@ REVOKE EXECUTE ON FUNCTION realtime.drain(text, bigint, integer, integer, intege
 REVOKE EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.authorize(text[], text[], text[], text[], text[], text[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.visible(regclass, text[], text[], text[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.selectable(regclass, text[]) FROM PUBLIC;

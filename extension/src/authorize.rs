@@ -20,7 +20,8 @@
 
 use crate::errors;
 use crate::identity::{
-    interrupts_call, prepare, role_guard, run, set_identity, set_local, text_datum, SubXact,
+    interrupts_call, prepare, report, role_guard, run, set_identity, set_local, text_datum,
+    without_leftover_subxacts, SubXact,
 };
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -184,11 +185,7 @@ fn evaluate(requests: &[Request], order: &[usize], verdicts: &mut [Verdict]) {
                     (allowed, None)
                 }))
                 .catch_others(|e| {
-                    let report = match &e {
-                        pg_sys::panic::CaughtError::PostgresError(r)
-                        | pg_sys::panic::CaughtError::ErrorReport(r) => r,
-                        pg_sys::panic::CaughtError::RustPanic { ereport, .. } => ereport,
-                    };
+                    let report = report(&e);
                     // A cancel or statement_timeout (or a shutdown) is about the whole call,
                     // not this request's policy: it must end the call, not become a "no".
                     if interrupts_call(report.sql_error_code()) {
@@ -243,23 +240,7 @@ fn authorize(
         let (x, y) = (&requests[a], &requests[b]);
         (&x.role, &x.claims, &x.headers).cmp(&(&y.role, &y.claims, &y.headers))
     });
-    // Whatever error escapes (a cancel, a statement_timeout, an internal failure) must leave
-    // no subtransaction of this call open, or the caller's transaction would be left in an
-    // aborted block instead of failing as any statement fails.
-    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
-    let (ctx, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
-    PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
-        evaluate(&requests, &order, &mut verdicts)
-    }))
-    .catch_others(|e| unsafe {
-        while pg_sys::GetCurrentTransactionNestLevel() > level {
-            pg_sys::RollbackAndReleaseCurrentSubTransaction();
-        }
-        pg_sys::MemoryContextSwitchTo(ctx);
-        pg_sys::CurrentResourceOwner = owner;
-        e.rethrow()
-    })
-    .execute();
+    without_leftover_subxacts(|| evaluate(&requests, &order, &mut verdicts));
     TableIterator::new(
         verdicts
             .into_iter()

@@ -19,16 +19,12 @@
 //! REPLICA IDENTITY when the change was made (a byte: `d`, `f`, `i` or `n`), then the new
 //! row and the old row, each a u32 length (0: none) and that many bytes.
 
-use crate::errors;
 use crate::message::FLAG_CHANGE;
+use crate::row_trigger::{row_event, RowEvent};
 use crate::xact;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CStr;
-
-const TRIGGER_EVENT_OPMASK: u32 = 0x3;
-const TRIGGER_EVENT_ROW: u32 = 0x4;
-const TRIGGER_EVENT_TIMINGMASK: u32 = 0x18;
 
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."capture"() RETURNS trigger
@@ -36,29 +32,11 @@ VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
 fn capture(fcinfo: pg_sys::FunctionCallInfo) {
     unsafe {
-        let ctx = (*fcinfo).context;
-        if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_TriggerData {
-            errors::fail(
-                PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
-                "realtime.capture() must be called as a trigger",
-                None,
-            );
-        }
-        let td = &*(ctx as *const pg_sys::TriggerData);
-        let ev = td.tg_event;
-        if ev & TRIGGER_EVENT_ROW == 0 || ev & TRIGGER_EVENT_TIMINGMASK != 0 {
-            errors::fail(
-                PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
-                "realtime.capture() must be fired AFTER ... FOR EACH ROW",
-                Some("realtime.sync_capture() creates the triggers; do not create them by hand."),
-            );
-        }
-        let (op, new, old) = match ev & TRIGGER_EVENT_OPMASK {
-            0 => ("INSERT", td.tg_trigtuple, std::ptr::null_mut()),
-            1 => ("DELETE", std::ptr::null_mut(), td.tg_trigtuple),
-            2 => ("UPDATE", td.tg_newtuple, td.tg_trigtuple),
-            _ => unreachable!("TRUNCATE triggers are statement-level"),
-        };
+        let RowEvent { td, op, new, old } = row_event(
+            fcinfo,
+            "realtime.capture()",
+            "realtime.sync_capture() creates the triggers; do not create them by hand.",
+        );
         let rel = td.tg_relation;
         let desc = (*rel).rd_att;
         let relid = (*rel).rd_id;

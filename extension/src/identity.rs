@@ -149,3 +149,31 @@ pub(crate) fn interrupts_call(code: PgSqlErrorCode) -> bool {
             | PgSqlErrorCode::ERRCODE_DATABASE_DROPPED
     )
 }
+
+/// Runs `f`, which opens subtransactions of its own; whatever error escapes it (a cancel, a
+/// statement_timeout, an internal failure) first rolls back every subtransaction it left
+/// open, so the caller's transaction fails as any statement fails instead of being left in
+/// an aborted block.
+pub(crate) fn without_leftover_subxacts<R>(f: impl FnOnce() -> R) -> R {
+    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
+    let (ctx, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
+    PgTryBuilder::new(std::panic::AssertUnwindSafe(f))
+        .catch_others(|e| unsafe {
+            while pg_sys::GetCurrentTransactionNestLevel() > level {
+                pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            }
+            pg_sys::MemoryContextSwitchTo(ctx);
+            pg_sys::CurrentResourceOwner = owner;
+            e.rethrow()
+        })
+        .execute()
+}
+
+/// The error report of a caught error, whatever raised it.
+pub(crate) fn report(e: &pg_sys::panic::CaughtError) -> &pg_sys::panic::ErrorReportWithLevel {
+    match e {
+        pg_sys::panic::CaughtError::PostgresError(r)
+        | pg_sys::panic::CaughtError::ErrorReport(r) => r,
+        pg_sys::panic::CaughtError::RustPanic { ereport, .. } => ereport,
+    }
+}

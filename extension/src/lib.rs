@@ -12,6 +12,7 @@ mod identity;
 mod message;
 mod payload;
 mod queue;
+mod row_trigger;
 mod send;
 mod shared;
 mod stats;

@@ -12,14 +12,11 @@
 use crate::errors;
 use crate::message::FLAG_PRIVATE;
 use crate::payload;
+use crate::row_trigger::{row_event, RowEvent};
 use crate::xact;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::{CStr, CString};
-
-const TRIGGER_EVENT_OPMASK: u32 = 0x3;
-const TRIGGER_EVENT_ROW: u32 = 0x4;
-const TRIGGER_EVENT_TIMINGMASK: u32 = 0x18;
 
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."broadcast_trigger"() RETURNS trigger
@@ -27,29 +24,16 @@ VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
 fn broadcast_trigger(fcinfo: pg_sys::FunctionCallInfo) {
     unsafe {
-        let ctx = (*fcinfo).context;
-        if ctx.is_null() || (*ctx).type_ != pg_sys::NodeTag::T_TriggerData {
-            errors::fail(
-                PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
-                "realtime.broadcast_trigger() must be called as a trigger",
-                None,
-            );
-        }
-        let td = &*(ctx as *const pg_sys::TriggerData);
-        let ev = td.tg_event;
-        if ev & TRIGGER_EVENT_ROW == 0 || ev & TRIGGER_EVENT_TIMINGMASK != 0 {
-            errors::fail(
-                PgSqlErrorCode::ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
-                "realtime.broadcast_trigger() must be fired AFTER ... FOR EACH ROW",
-                Some("Create the trigger as AFTER INSERT OR UPDATE OR DELETE ... FOR EACH ROW."),
-            );
-        }
-        let op = match ev & TRIGGER_EVENT_OPMASK {
-            0 => "INSERT",
-            1 => "DELETE",
-            2 => "UPDATE",
-            _ => unreachable!("TRUNCATE triggers are statement-level"),
-        };
+        let RowEvent {
+            td,
+            op,
+            new: new_tuple,
+            old: old_tuple,
+        } = row_event(
+            fcinfo,
+            "realtime.broadcast_trigger()",
+            "Create the trigger as AFTER INSERT OR UPDATE OR DELETE ... FOR EACH ROW.",
+        );
         let trig = &*td.tg_trigger;
         let targs: Vec<&str> = (0..trig.tgnargs as usize)
             .map(|i| CStr::from_ptr(*trig.tgargs.add(i)).to_str().unwrap_or(""))
@@ -72,11 +56,6 @@ fn broadcast_trigger(fcinfo: pg_sys::FunctionCallInfo) {
 
         let rel = td.tg_relation;
         let desc = (*rel).rd_att;
-        let (new_tuple, old_tuple) = match op {
-            "INSERT" => (td.tg_trigtuple, std::ptr::null_mut()),
-            "UPDATE" => (td.tg_newtuple, td.tg_trigtuple),
-            _ => (std::ptr::null_mut(), td.tg_trigtuple),
-        };
         let row_for_topic = if new_tuple.is_null() {
             old_tuple
         } else {

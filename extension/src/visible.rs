@@ -13,24 +13,29 @@
 //!
 //! Returns (identity, record) for each visible pair, 1-based positions in the arrays, and
 //! (identity, NULL, error) for an identity that could not be asked.
+//!
+//! `realtime.selectable(entity, roles)` gives the other half of what a subscriber may see:
+//! the columns its role may SELECT (the rest are left out of the record it receives).
 
 use crate::errors;
-use crate::identity::{interrupts_call, prepare, role_guard, set_identity, SubXact};
+use crate::identity::{
+    interrupts_call, prepare, report, role_guard, set_identity, without_leftover_subxacts, SubXact,
+};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::IntoDatum;
 use std::ffi::CStr;
 
-/// The first column of each row `sql` returns for the argument `entity` (an oid), as text.
-/// Runs in this call's SPI connection, as the function's owner.
-unsafe fn texts(sql: &str, entity: pg_sys::Oid) -> Vec<String> {
+/// The first column of each row `sql` returns for the oid arguments `args`, as text. Runs in
+/// this call's SPI connection, as the function's owner.
+unsafe fn texts(sql: &str, args: &[pg_sys::Oid]) -> Vec<String> {
     unsafe {
-        let plan = prepare(sql, &[pg_sys::OIDOID]);
+        let plan = prepare(sql, &vec![pg_sys::OIDOID; args.len()]);
         // Every row: a composite primary key read as its first column alone would make the
         // lookup match rows by part of their key.
-        let args = [pg_sys::Datum::from(entity)];
+        let values: Vec<pg_sys::Datum> = args.iter().map(|&a| pg_sys::Datum::from(a)).collect();
         let rc =
-            pg_sys::SPI_execute_plan(plan, args.as_ptr().cast_mut(), std::ptr::null(), true, 0);
+            pg_sys::SPI_execute_plan(plan, values.as_ptr().cast_mut(), std::ptr::null(), true, 0);
         if rc < 0 {
             pgrx::error!("catalog lookup failed (SPI error {rc})");
         }
@@ -44,16 +49,18 @@ unsafe fn texts(sql: &str, entity: pg_sys::Oid) -> Vec<String> {
     }
 }
 
+const PRIMARY_KEY_SQL: &str = "SELECT a.attname::text FROM pg_index i \
+     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
+     WHERE i.indrelid = $1 AND i.indisprimary ORDER BY a.attnum";
+
 /// The lookup of `entity`'s rows by the primary keys of a text[] of JSON records.
 unsafe fn lookup_sql(entity: pg_sys::Oid) -> Result<String, String> {
     unsafe {
-        let table = texts("SELECT $1::regclass::text", entity);
-        let key = texts(
-            "SELECT quote_ident(a.attname::text) FROM pg_index i \
-             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
-             WHERE i.indrelid = $1 AND i.indisprimary ORDER BY a.attnum",
-            entity,
-        );
+        let table = texts("SELECT $1::regclass::text", &[entity]);
+        let key: Vec<String> = texts(PRIMARY_KEY_SQL, &[entity])
+            .iter()
+            .map(|c| quote_ident(c))
+            .collect();
         let Some(table) = table.first() else {
             return Err(format!(
                 "relation with OID {} does not exist",
@@ -73,6 +80,16 @@ unsafe fn lookup_sql(entity: pg_sys::Oid) -> Result<String, String> {
              LATERAL jsonb_populate_record(NULL::{table}, k.rec::jsonb) AS r \
              WHERE EXISTS (SELECT 1 FROM {table} t WHERE {same})"
         ))
+    }
+}
+
+/// An identifier quoted as SQL needs it (Postgres's own `quote_identifier`).
+fn quote_ident(name: &str) -> String {
+    let c = std::ffi::CString::new(name).unwrap_or_default();
+    unsafe {
+        CStr::from_ptr(pg_sys::quote_identifier(c.as_ptr()))
+            .to_string_lossy()
+            .into_owned()
     }
 }
 
@@ -142,15 +159,11 @@ fn evaluate(
                 Ok(seen)
             }))
             .catch_others(|e| {
-                let report = match &e {
-                    pg_sys::panic::CaughtError::PostgresError(r)
-                    | pg_sys::panic::CaughtError::ErrorReport(r) => r,
-                    pg_sys::panic::CaughtError::RustPanic { ereport, .. } => ereport,
-                };
-                if interrupts_call(report.sql_error_code()) {
+                let r = report(&e);
+                if interrupts_call(r.sql_error_code()) {
                     e.rethrow();
                 }
-                Err(report.message().to_owned())
+                Err(r.message().to_owned())
             })
             .execute();
             pg_sys::SetUserIdAndSecContext(saved_user, saved_context);
@@ -199,20 +212,68 @@ fn visible(
         })
         .collect();
     let mut out = Vec::new();
-    // As in realtime.authorize: an error that ends the call leaves no subtransaction open.
-    let level = unsafe { pg_sys::GetCurrentTransactionNestLevel() };
-    let (ctx, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
-    PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
-        evaluate(entity, &identities, &records, &mut out)
-    }))
-    .catch_others(|e| unsafe {
-        while pg_sys::GetCurrentTransactionNestLevel() > level {
-            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+    without_leftover_subxacts(|| evaluate(entity, &identities, &records, &mut out));
+    TableIterator::new(out)
+}
+
+/// Which columns of `entity` each role may SELECT: Supabase leaves the others out of a
+/// change's record, and refuses a subscriber whose role may not select the primary key
+/// ("Error 401: Unauthorized"). One row per role, in order; a role the sidecar may not act
+/// as (the role guard) gets its reason instead of columns.
+#[pg_extern(sql = r#"
+CREATE FUNCTION realtime."selectable"(entity regclass, roles text[])
+RETURNS TABLE("role" text, "columns" text[], error text)
+STRICT STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#)]
+#[allow(clippy::type_complexity)]
+fn selectable(
+    entity: pg_sys::Oid,
+    roles: Vec<Option<String>>,
+) -> TableIterator<
+    'static,
+    (
+        name!(role, String),
+        name!(columns, Option<Vec<String>>),
+        name!(error, Option<String>),
+    ),
+> {
+    let mut out = Vec::with_capacity(roles.len());
+    unsafe {
+        if pg_sys::SPI_connect() < 0 {
+            pgrx::error!("could not connect to SPI");
         }
-        pg_sys::MemoryContextSwitchTo(ctx);
-        pg_sys::CurrentResourceOwner = owner;
-        e.rethrow()
-    })
-    .execute();
+        let key = texts(PRIMARY_KEY_SQL, &[entity]);
+        for (i, role) in roles.into_iter().enumerate() {
+            let Some(role) = role else {
+                errors::invalid(format!("roles[{}] must not be NULL", i + 1), None)
+            };
+            let row = match role_guard(&role) {
+                Err(why) => (role, None, Some(why)),
+                Ok(oid) => {
+                    let columns = texts(
+                        "SELECT a.attname::text FROM pg_attribute a \
+                         WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
+                         AND has_column_privilege($2, a.attrelid, a.attnum, 'SELECT') \
+                         ORDER BY a.attnum",
+                        &[entity, oid],
+                    );
+                    if key.is_empty() {
+                        (
+                            role,
+                            Some(columns),
+                            Some("Error 400: Bad Request, no primary key".into()),
+                        )
+                    } else if key.iter().any(|k| !columns.contains(k)) {
+                        (role, Some(columns), Some("Error 401: Unauthorized".into()))
+                    } else {
+                        (role, Some(columns), None)
+                    }
+                }
+            };
+            out.push(row);
+        }
+        pg_sys::SPI_finish();
+    }
     TableIterator::new(out)
 }

@@ -1,7 +1,7 @@
 -- realtime.visible(entity, roles, claims, records): which changed rows each subscriber
 -- identity may see under the table's RLS, one query per identity for all the records, as
 -- Supabase's apply_rls decides it with one primary-key lookup per subscriber per change.
--- Uses the roles and auth helpers of authorize.sql.
+-- Uses the roles and auth helpers of authorize.sql and pick() of authorize_property.sql.
 CREATE TABLE vis_members (user_id uuid, room int);
 CREATE TABLE vis_items (room int, id int, body text, hidden boolean, owner uuid, PRIMARY KEY (room, id));
 ALTER TABLE vis_items ENABLE ROW LEVEL SECURITY;
@@ -49,6 +49,20 @@ DROP POLICY explosive ON vis_items;
 CREATE TABLE vis_no_pk (a int);
 SELECT * FROM realtime.visible('vis_no_pk', ARRAY['anon'], ARRAY['{}'], ARRAY['{"a": 1}']);
 
+-- realtime.selectable: the columns each role may SELECT (the others are left out of the
+-- record it receives); a role that may not select the primary key is Supabase's 401.
+CREATE TABLE vis_cols (id int PRIMARY KEY, "Note" text, secret text);
+GRANT SELECT (id, "Note") ON vis_cols TO authenticated;
+GRANT SELECT ("Note") ON vis_cols TO anon;
+SELECT * FROM realtime.selectable('vis_cols', ARRAY['authenticated', 'anon', 'service_role', 'postgres']);
+SELECT * FROM realtime.selectable('vis_no_pk', ARRAY['anon']);
+SELECT has_function_privilege('public', 'realtime.selectable(regclass,text[])', 'EXECUTE') AS public_can_call;
+-- A key column whose name needs quotes is matched.
+CREATE TABLE vis_quoted ("Key" int PRIMARY KEY);
+GRANT SELECT ON vis_quoted TO anon;
+INSERT INTO vis_quoted VALUES (1);
+SELECT v.record FROM realtime.visible('vis_quoted', ARRAY['anon'], ARRAY['{}'], ARRAY['{"Key": 1}', '{"Key": 2}']) v;
+
 -- Nothing survives the call; only the sidecar's role may call it; bad calls are refused.
 SELECT current_user = session_user AS same_user, coalesce(current_setting('request.jwt.claims', true), '') = '' AS no_claims;
 SELECT has_function_privilege('public', 'realtime.visible(regclass,text[],text[],text[])', 'EXECUTE') AS public_can_call;
@@ -76,8 +90,6 @@ BEGIN
     END;
 END
 $$;
-CREATE FUNCTION vis_pick(options text[]) RETURNS text LANGUAGE sql VOLATILE AS $$
-    SELECT options[1 + floor(random() * array_length(options, 1))::int] $$;
 CREATE FUNCTION vis_policies(round int) RETURNS int LANGUAGE plpgsql AS $$
 DECLARE
     p record;
@@ -99,8 +111,8 @@ BEGIN
     FOR t IN 1..array_length(templates, 1) LOOP
         IF random() < 0.5 THEN
             EXECUTE format('CREATE POLICY %I ON vis_items ', 'v' || round || '_' || t)
-                 || format(templates[t], CASE WHEN position('%L' in templates[t]) > 0 THEN vis_pick(params[4:5])
-                                              ELSE vis_pick(params[1:3]) END);
+                 || format(templates[t], CASE WHEN position('%L' in templates[t]) > 0 THEN pick(params[4:5])
+                                              ELSE pick(params[1:3]) END);
             n := n + 1;
         END IF;
     END LOOP;
@@ -130,10 +142,10 @@ BEGIN
         INSERT INTO vis_who
         SELECT i, r.role,
                json_build_object('role', r.role, 'sub', format('%s1111111-1111-4111-8111-111111111111', 1 + floor(random() * 6)::int),
-                                 'tier', vis_pick(ARRAY['gold', 'silver']),
+                                 'tier', pick(ARRAY['gold', 'silver']),
                                  'boom', CASE WHEN random() < 0.1 THEN 'yes' ELSE 'no' END)::text
         FROM generate_series(1, 10) i,
-             LATERAL (SELECT vis_pick(ARRAY['authenticated', 'authenticated', 'authenticated', 'anon', 'service_role', 'outsider']) || '' AS role
+             LATERAL (SELECT pick(ARRAY['authenticated', 'authenticated', 'authenticated', 'anon', 'service_role', 'outsider']) || '' AS role
                       WHERE i > 0) r;
         DELETE FROM vis_rows;
         INSERT INTO vis_rows SELECT j, 1 + floor(random() * 3)::int, 1 + floor(random() * 7)::int
@@ -155,4 +167,4 @@ SELECT sum(draws) AS draws, sum(mismatches) AS mismatches, count(*) AS rounds,
        sum(visible) BETWEEN 1000 AND 9000 AS mixed_answers,
        min(policies) AS fewest_policies, max(policies) AS most_policies FROM vis_results;
 
-DROP TABLE vis_items, vis_members, vis_no_pk;
+DROP TABLE vis_items, vis_members, vis_no_pk, vis_cols, vis_quoted;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
-/// Rows are read by these column names, never by position.
+/// Rows are read by these column names (`DrainColumns`), never by a position written here.
 const DRAIN_SQL: &str =
     "SELECT seq, kind, topic, event, payload::text AS payload, binary_payload, \
      private, (extract(epoch FROM committed_at) * 1000000)::int8 AS committed_us, id::text AS id, \
@@ -87,6 +87,8 @@ enum SessionError {
     Db(tokio_postgres::Error),
     /// A call did not answer within its deadline: the connection is given up.
     Stuck(&'static str),
+    /// realtime.drain returned no column of this name (an extension of another version).
+    Missing(&'static str),
 }
 
 impl std::fmt::Display for SessionError {
@@ -94,6 +96,9 @@ impl std::fmt::Display for SessionError {
         match self {
             SessionError::Db(e) => write!(f, "{e}"),
             SessionError::Stuck(what) => write!(f, "{what} did not answer in time"),
+            SessionError::Missing(column) => {
+                write!(f, "realtime.drain returned no column \"{column}\"")
+            }
         }
     }
 }
@@ -113,6 +118,48 @@ async fn within<T>(
     match tokio::time::timeout(deadline, call).await {
         Ok(r) => Ok(r?),
         Err(_) => Err(SessionError::Stuck(what)),
+    }
+}
+
+/// Where each column of a drain row is, found by name once per prepared statement (a name
+/// lookup per value would scan the columns for every value of every message).
+struct DrainColumns {
+    seq: usize,
+    kind: usize,
+    topic: usize,
+    event: usize,
+    payload: usize,
+    binary_payload: usize,
+    private: usize,
+    committed_us: usize,
+    id: usize,
+    lost_first: usize,
+    lost_last: usize,
+    origin: usize,
+}
+
+impl DrainColumns {
+    fn of(stmt: &tokio_postgres::Statement) -> Result<Self, SessionError> {
+        let at = |name: &'static str| {
+            stmt.columns()
+                .iter()
+                .position(|c| c.name() == name)
+                .ok_or(SessionError::Missing(name))
+        };
+        Ok(DrainColumns {
+            seq: at("seq")?,
+            kind: at("kind")?,
+            topic: at("topic")?,
+            event: at("event")?,
+            payload: at("payload")?,
+            binary_payload: at("binary_payload")?,
+            private: at("private")?,
+            committed_us: at("committed_us")?,
+            id: at("id")?,
+            lost_first: at("lost_first")?,
+            lost_last: at("lost_last")?,
+            origin: at("origin")?,
+        })
     }
 }
 
@@ -175,6 +222,7 @@ async fn session(
     tracing::info!(consumer = %cfg.consumer, position = pos, "draining");
 
     let stmt = within(setup, "prepare", client.prepare(DRAIN_SQL)).await?;
+    let col = DrainColumns::of(&stmt)?;
     let stats = within(setup, "prepare", client.prepare(STATS_SQL)).await?;
     let batch = cfg.drain_batch as i32;
     let linger = cfg.drain_linger_ms as i32;
@@ -212,10 +260,10 @@ async fn session(
         metrics.drain_batches_total.increment(1);
         let now_us = unix_micros();
         for row in rows {
-            let seq: i64 = row.get("seq");
-            let kind: &str = row.get("kind");
+            let seq: i64 = row.get(col.seq);
+            let kind: &str = row.get(col.kind);
             if kind == "gap" {
-                let (first, last): (i64, i64) = (row.get("lost_first"), row.get("lost_last"));
+                let (first, last): (i64, i64) = (row.get(col.lost_first), row.get(col.lost_last));
                 metrics.drain_gaps_total.increment(1);
                 metrics
                     .drain_lost_messages_total
@@ -239,28 +287,28 @@ async fn session(
                 pos = seq;
                 continue;
             }
-            let payload = match row.get::<_, Option<Vec<u8>>>("binary_payload") {
+            let payload = match row.get::<_, Option<Vec<u8>>>(col.binary_payload) {
                 Some(b) => Payload::Binary(Bytes::from(b)),
                 None => Payload::Json(
-                    row.get::<_, Option<String>>("payload")
+                    row.get::<_, Option<String>>(col.payload)
                         .unwrap_or_else(|| "null".into()),
                 ),
             };
-            let committed_us: i64 = row.get("committed_us");
+            let committed_us: i64 = row.get(col.committed_us);
             metrics
                 .commit_to_dispatch
                 .record((now_us - committed_us).max(0) as f64 / 1e6);
-            let origin: Option<i64> = row.get("origin");
+            let origin: Option<i64> = row.get(col.origin);
             hub.dispatch(&QueueMessage {
-                topic: row.get("topic"),
-                event: row.get("event"),
+                topic: row.get(col.topic),
+                event: row.get(col.event),
                 payload,
-                private: row.get("private"),
+                private: row.get(col.private),
                 // Client broadcasts carry no meta.id, as in Supabase.
                 id: if origin.is_some() {
                     None
                 } else {
-                    row.get("id")
+                    row.get(col.id)
                 },
                 origin,
             });
