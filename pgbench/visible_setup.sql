@@ -17,7 +17,10 @@ CREATE TABLE vis_batch AS
 SELECT (SELECT array_agg('authenticated'::text) FROM generate_series(1, 1000)) AS roles,
        (SELECT array_agg(format('{"sub": "%s", "role": "authenticated"}', md5(u::text)::uuid) ORDER BY u)
         FROM generate_series(1, 1000) u) AS claims,
-       (SELECT array_agg(row_to_json(m)::text ORDER BY id) FROM vis_messages m) AS records;
+       (SELECT array_agg(row_to_json(m)::text ORDER BY id) FROM vis_messages m) AS records,
+       -- The pairs a filter on the room lets through: each user, its room's rows (10 of 100).
+       (SELECT array_agg(x ORDER BY u, m.id, k) FROM generate_series(1, 1000) u
+        JOIN vis_messages m ON m.room = u % 10, LATERAL unnest(ARRAY[u, m.id::int]) WITH ORDINALITY AS p(x, k)) AS asked;
 -- Supabase's algorithm (reference: supabase-realtime section 6.2): per change, per
 -- subscriber, as that subscriber's role with its claims, a primary-key lookup under RLS.
 CREATE FUNCTION supabase_visible(p_sub uuid, p_id bigint) RETURNS boolean LANGUAGE plpgsql AS $$

@@ -24,6 +24,6 @@ GRANT USAGE ON SCHEMA realtime TO realtime_sidecar;
 GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, bigint, integer, integer, integer),
     realtime.confirm(text, bigint), realtime.relay(bigint, text, text, boolean, json, bytea),
     realtime.authorize(text[], text[], text[], text[], text[], text[]),
-    realtime.visible(regclass, text[], text[], text[]),
+    realtime.visible(regclass, text[], text[], text[], integer[]),
     realtime.selectable(regclass, text[]) TO realtime_sidecar;
 GRANT anon, authenticated, service_role TO realtime_sidecar;

@@ -23,5 +23,5 @@ REVOKE EXECUTE ON FUNCTION realtime.confirm(text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.drain(text, bigint, integer, integer, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.authorize(text[], text[], text[], text[], text[], text[]) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION realtime.visible(regclass, text[], text[], text[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.visible(regclass, text[], text[], text[], integer[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.selectable(regclass, text[]) FROM PUBLIC;

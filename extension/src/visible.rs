@@ -12,7 +12,10 @@
 //! returned); every setting is rolled back.
 //!
 //! Returns (identity, record) for each visible pair, 1-based positions in the arrays, and
-//! (identity, NULL, error) for an identity that could not be asked.
+//! (identity, NULL, error) for an identity that could not be asked. With `asked`, a flat list
+//! of (identity, record) pairs, each identity is asked only about its records: the sidecar
+//! passes the pairs its subscribers' filters let through, so a subscriber of one room is not
+//! asked about every room's rows.
 //!
 //! `realtime.selectable(entity, roles)` gives the other half of what a subscriber may see:
 //! the columns its role may SELECT (the rest are left out of the record it receives).
@@ -53,7 +56,8 @@ const PRIMARY_KEY_SQL: &str = "SELECT a.attname::text FROM pg_index i \
      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
      WHERE i.indrelid = $1 AND i.indisprimary ORDER BY a.attnum";
 
-/// The lookup of `entity`'s rows by the primary keys of a text[] of JSON records.
+/// The lookup of `entity`'s rows by the primary keys of a text[] of JSON records; returns
+/// the numbers (the int[] beside them) of those whose row it sees.
 unsafe fn lookup_sql(entity: pg_sys::Oid) -> Result<String, String> {
     unsafe {
         let table = texts("SELECT $1::regclass::text", &[entity]);
@@ -76,7 +80,7 @@ unsafe fn lookup_sql(entity: pg_sys::Oid) -> Result<String, String> {
             .collect::<Vec<_>>()
             .join(" AND ");
         Ok(format!(
-            "SELECT k.i::int FROM unnest($1::text[]) WITH ORDINALITY AS k(rec, i), \
+            "SELECT k.i FROM unnest($1::text[], $2::int[]) AS k(rec, i), \
              LATERAL jsonb_populate_record(NULL::{table}, k.rec::jsonb) AS r \
              WHERE EXISTS (SELECT 1 FROM {table} t WHERE {same})"
         ))
@@ -95,10 +99,14 @@ fn quote_ident(name: &str) -> String {
 
 type Row = (i32, Option<i32>, Option<String>);
 
+/// The records each identity is asked about (1-based), or None: every record.
+type Asked = Option<Vec<Vec<i32>>>;
+
 fn evaluate(
     entity: pg_sys::Oid,
     identities: &[(String, String)],
     records: &[Option<String>],
+    asked: &Asked,
     out: &mut Vec<Row>,
 ) {
     unsafe {
@@ -115,12 +123,28 @@ fn evaluate(
                 return;
             }
         };
-        let plan = prepare(&sql, &[pg_sys::TEXTARRAYOID]);
-        let arg = records.to_vec().into_datum().expect("an array of records");
+        let plan = prepare(&sql, &[pg_sys::TEXTARRAYOID, pg_sys::INT4ARRAYOID]);
+        let every: Vec<i32> = (1..=records.len() as i32).collect();
+        let args_for = |numbers: &[i32]| {
+            let recs: Vec<Option<String>> = numbers
+                .iter()
+                .map(|&n| records[n as usize - 1].clone())
+                .collect();
+            [
+                recs.into_datum().expect("an array of records"),
+                numbers.to_vec().into_datum().expect("an array of numbers"),
+            ]
+        };
+        let all = args_for(&every);
         let (mut saved_user, mut saved_context) = (pg_sys::InvalidOid, 0);
         pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
         for (i, (role_name, claims)) in identities.iter().enumerate() {
             let at = i as i32 + 1;
+            let args = match asked {
+                None => all,
+                Some(per) if per[i].is_empty() => continue,
+                Some(per) => args_for(&per[i]),
+            };
             let role = match role_guard(role_name) {
                 Ok(role) => role,
                 Err(why) => {
@@ -138,7 +162,7 @@ fn evaluate(
                 );
                 let rc = pg_sys::SPI_execute_plan(
                     plan,
-                    [arg].as_ptr().cast_mut(),
+                    args.as_ptr().cast_mut(),
                     std::ptr::null(),
                     false,
                     0,
@@ -178,9 +202,9 @@ fn evaluate(
 }
 
 #[pg_extern(sql = r#"
-CREATE FUNCTION realtime."visible"(entity regclass, roles text[], claims text[], records text[])
+CREATE FUNCTION realtime."visible"(entity regclass, roles text[], claims text[], records text[], asked integer[] DEFAULT NULL)
 RETURNS TABLE(identity integer, record integer, error text)
-STRICT VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
 #[allow(clippy::type_complexity)]
@@ -189,6 +213,7 @@ fn visible(
     roles: Vec<Option<String>>,
     claims: Vec<Option<String>>,
     records: Vec<Option<String>>,
+    asked: Option<Vec<Option<i32>>>,
 ) -> TableIterator<
     'static,
     (
@@ -211,9 +236,36 @@ fn visible(
             (role, claims.unwrap_or_else(|| "{}".into()))
         })
         .collect();
+    let asked = asked.map(|flat| pairs(&flat, identities.len(), records.len()));
     let mut out = Vec::new();
-    without_leftover_subxacts(|| evaluate(entity, &identities, &records, &mut out));
+    without_leftover_subxacts(|| evaluate(entity, &identities, &records, &asked, &mut out));
     TableIterator::new(out)
+}
+
+/// `asked` as the records each identity is asked about: a flat list of (identity, record)
+/// pairs, 1-based, as the sidecar sends the pairs its filters let through.
+fn pairs(flat: &[Option<i32>], identities: usize, records: usize) -> Vec<Vec<i32>> {
+    if !flat.len().is_multiple_of(2) {
+        errors::invalid("asked must hold (identity, record) pairs", None);
+    }
+    let mut per = vec![Vec::new(); identities];
+    for (k, pair) in flat.chunks(2).enumerate() {
+        match (pair[0], pair[1]) {
+            (Some(i), Some(r))
+                if (1..=identities as i32).contains(&i) && (1..=records as i32).contains(&r) =>
+            {
+                per[i as usize - 1].push(r)
+            }
+            _ => errors::invalid(
+                format!(
+                    "asked pair {} is not an (identity, record) of this call",
+                    k + 1
+                ),
+                None,
+            ),
+        }
+    }
+    per
 }
 
 /// Which columns of `entity` each role may SELECT: Supabase leaves the others out of a
