@@ -1,5 +1,7 @@
 //! pg_realtime: transactional broadcast from Postgres into a shared-memory queue that
-//! WebSocket sidecars drain. See `queue.rs` for how messages are ordered and delivered.
+//! WebSocket sidecars drain. See `queue.rs` for how messages are ordered and delivered;
+//! `capture.rs` for how the row changes of published tables join them (Postgres Changes),
+//! `authorize.rs` and `visible.rs` for the batched RLS checks sidecars ask for.
 
 mod args;
 mod authorize;

@@ -24,6 +24,11 @@
 //!    a full queue notifies the connection `too_slow`, and it closes with that reason.
 //! 3. `socket` (one task per connection) writes what is queued, up to 256 frames a flush.
 //!
+//! Captured row changes (Postgres Changes, `extension/src/capture.rs`) come through the
+//! same drain as rows of kind `change`; until their delivery is built (`postgres_changes`
+//! holds the bindings and matching so far) the drainer skips them, and a change is never
+//! dispatched as a broadcast.
+//!
 //! # A private join's way: socket → channels → authorizer → channels
 //!
 //! `socket` parses each client frame once into a `command::Command` and hands it to the
