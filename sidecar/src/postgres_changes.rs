@@ -52,6 +52,9 @@ pub struct Binding {
     /// None for every table of the schema.
     pub table: Option<String>,
     pub filter: Option<Filter>,
+    /// The columns to deliver (`select`, realtime-js 2.119); None: every column the
+    /// subscriber's role may read.
+    pub select: Option<Vec<String>>,
     /// What the client sent, echoed in the join reply (with `id`).
     echo: Map<String, Value>,
 }
@@ -143,6 +146,24 @@ fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
         });
     };
     let table = text("table")?.filter(|t| t != "*");
+    let select = match o.get("select") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(cols)) => Some(
+            cols.iter()
+                .map(|c| c.as_str().filter(|c| !c.is_empty()).map(str::to_owned))
+                .collect::<Option<Vec<String>>>()
+                .ok_or(BindingError::Malformed {
+                    at,
+                    why: "select must be a list of column names",
+                })?,
+        ),
+        Some(_) => {
+            return Err(BindingError::Malformed {
+                at,
+                why: "select must be a list of column names",
+            })
+        }
+    };
     let filter = match text("filter")? {
         Some(f) if !f.is_empty() => Some(parse_filter(at, &f)?),
         _ => None,
@@ -154,26 +175,39 @@ fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
             echo.insert(k.to_owned(), v.clone());
         }
     }
-    let id = binding_id(&echo);
+    let id = binding_id(&echo, select.as_deref());
     Ok(Binding {
         id,
         event,
         schema,
         table,
         filter,
+        select,
         echo,
     })
 }
 
-/// A binding's id: a hash of what it asks for (Supabase's is a phash2, below 2^27), so the
-/// same binding has the same id in every join.
-fn binding_id(echo: &Map<String, Value>) -> u32 {
+/// A binding's id: a hash of what it asks for, `select` included (Supabase's is a phash2,
+/// below 2^27), so the same binding has the same id in every join and two bindings that
+/// differ only in their columns get events apart. (The reply echoes only event, schema,
+/// table and filter: what realtime-js compares.)
+fn binding_id(echo: &Map<String, Value>, select: Option<&[String]>) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
-    for k in ["event", "schema", "table", "filter"] {
-        let v = echo.get(k).and_then(Value::as_str).unwrap_or("\u{0}");
-        for b in k.bytes().chain([0]).chain(v.bytes()).chain([0]) {
+    let mut mix = |bytes: &[u8]| {
+        for &b in bytes.iter().chain(&[0]) {
             h = (h ^ b as u32).wrapping_mul(0x0100_0193);
         }
+    };
+    for k in ["event", "schema", "table", "filter"] {
+        mix(k.as_bytes());
+        mix(echo
+            .get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("\u{0}")
+            .as_bytes());
+    }
+    for c in select.unwrap_or_default() {
+        mix(c.as_bytes());
     }
     h & ((1 << 27) - 1)
 }
@@ -447,6 +481,29 @@ mod tests {
         );
         assert!(err(json!({"event": "*"})).contains("must be a list"));
         assert_eq!(parse_bindings(None), Ok(vec![]));
+    }
+
+    #[test]
+    fn select_is_kept_for_delivery_and_not_echoed() {
+        let b = bindings(
+            json!([{"event": "*", "schema": "public", "table": "t", "select": ["id", "title"]}]),
+        )
+        .unwrap();
+        assert_eq!(b[0].select, Some(vec!["id".to_owned(), "title".to_owned()]));
+        assert!(reply(&b)[0].get("select").is_none());
+        let all = bindings(json!([{"event": "*", "schema": "public", "table": "t"}])).unwrap();
+        assert_ne!(
+            all[0].id, b[0].id,
+            "bindings that differ in select get events apart"
+        );
+        let bad =
+            bindings(json!([{"event": "*", "schema": "public", "select": "id"}])).unwrap_err();
+        assert!(
+            bad.text().contains("select must be a list"),
+            "{}",
+            bad.text()
+        );
+        assert!(bindings(json!([{"event": "*", "schema": "public", "select": [1]}])).is_err());
     }
 
     #[test]
