@@ -51,6 +51,10 @@ DECLARE
     holds boolean;
 BEGIN
     FOR i IN 1..400 LOOP
+        -- pg_stat_activity's sessions and their query texts are read once per transaction
+        -- unless told otherwise: without this, a condition on them would see its first
+        -- reading for the whole wait (drain_wakeup.sql's regression case).
+        PERFORM pg_stat_clear_snapshot();
         EXECUTE 'SELECT ' || condition INTO holds;
         IF holds THEN
             RETURN true;

@@ -9,6 +9,19 @@ SELECT dblink_send_query('reader', $$
     SELECT d.payload::jsonb->>'row' AS row, clock_timestamp() - s.started < interval '10 s' AS woke_before_timeout
     FROM (SELECT clock_timestamp() AS started) s, realtime.drain('waker', NULL, 10, 20000) d $$);
 
+-- Regression (a wait on pg_stat_activity saw the sessions and query texts of its first
+-- reading for the whole wait, so a reader slow to start its drain under load was never
+-- seen): a session that connects a moment after the wait has begun is seen. (The sleep
+-- orders the two; what is asserted is that the wait sees the later state.)
+SELECT dblink_connect('opener', format('host=%s port=%s dbname=%s',
+    split_part(current_setting('unix_socket_directories'), ',', 1), current_setting('port'), current_database()));
+SELECT dblink_send_query('opener', format($$SELECT pg_sleep(0.3), dblink_connect('late', %L)$$,
+    format('host=%s port=%s dbname=%s application_name=late_arrival',
+           split_part(current_setting('unix_socket_directories'), ',', 1), current_setting('port'), current_database())));
+SELECT wait_for($$EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = 'late_arrival')$$) AS late_session_seen;
+SELECT * FROM dblink_get_result('opener') AS t(slept text, connected text);
+SELECT dblink_disconnect('opener');
+
 -- Wait (bounded) until the reader sleeps in the drain, so the wake-up path is what is tested.
 CREATE FUNCTION wait_until_draining(consumer text) RETURNS boolean LANGUAGE sql AS $$
     SELECT wait_for(format('EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = %L AND query LIKE %L)',
