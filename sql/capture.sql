@@ -25,15 +25,17 @@ CREATE FUNCTION realtime.sync_capture() RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     rel regclass;
-BEGIN
-    FOR rel IN
-        SELECT c.oid::regclass
+    -- The published tables, read once for both directions.
+    published oid[] := ARRAY(
+        SELECT c.oid
         FROM pg_publication_tables pt
         JOIN pg_namespace n ON n.nspname = pt.schemaname
         JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-        WHERE pt.pubname = 'supabase_realtime' AND c.relkind IN ('r', 'p')
-          AND NOT EXISTS (SELECT 1 FROM pg_trigger t
-                          WHERE t.tgrelid = c.oid AND t.tgname = 'realtime_capture')
+        WHERE pt.pubname = 'supabase_realtime' AND c.relkind IN ('r', 'p'));
+BEGIN
+    FOR rel IN
+        SELECT p::regclass FROM unnest(published) p
+        WHERE NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = p AND t.tgname = 'realtime_capture')
     LOOP
         EXECUTE format('CREATE TRIGGER realtime_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
                        'FOR EACH ROW EXECUTE FUNCTION realtime.capture()', rel);
@@ -43,10 +45,7 @@ BEGIN
         FROM pg_trigger t
         WHERE t.tgname = 'realtime_capture' AND NOT t.tgisinternal
           AND t.tgfoid = 'realtime.capture()'::regprocedure
-          AND NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
-                          JOIN pg_namespace n ON n.nspname = pt.schemaname
-                          JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-                          WHERE pt.pubname = 'supabase_realtime' AND c.oid = t.tgrelid)
+          AND t.tgrelid <> ALL (published)
     LOOP
         EXECUTE format('DROP TRIGGER realtime_capture ON %s', rel);
     END LOOP;
