@@ -32,6 +32,11 @@ extension_sql_file!(
     name = "capture",
     requires = [capture]
 );
+extension_sql_file!(
+    "../../sql/subscribable.sql",
+    name = "subscribable",
+    requires = [visible::selectable]
+);
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]

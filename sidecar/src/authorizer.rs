@@ -112,6 +112,15 @@ pub struct Access {
 }
 
 impl Access {
+    /// A public channel's: anyone may read and send.
+    pub fn public() -> Self {
+        Access {
+            broadcast_read: Verdict::Allowed,
+            presence_read: None,
+            write: Verdict::Allowed,
+        }
+    }
+
     /// The first database failure among the verdicts, if any: then nothing is decided.
     pub fn failure(&self) -> Option<&DbFailure> {
         [

@@ -1,7 +1,7 @@
 //! One connection's channels and their lifecycle: join (public at once, private once the
 //! batched verdicts are back), re-checks (every AUTHORIZATION_TTL_SECS and on a new token),
 //! token expiry, and leave. Each client command is dispatched here; what an extension does
-//! on a channel lives in its own file (`broadcast`; presence and postgres_changes next).
+//! on a channel lives in its own file (`broadcast`, `postgres_changes`; presence next).
 //!
 //! Everything runs in the connection's own task (`socket`): verdicts come back on a channel
 //! (`AuthDone`) instead of being applied by the task that asked, so a channel's table entry,
@@ -15,6 +15,8 @@ use crate::hub::{ConnId, Link, TopicKey};
 use crate::join_config::{self, JoinConfig};
 use crate::jwt::{self, Claims, JwtError};
 use crate::metrics::Metrics;
+use crate::postgres_changes::check::{self, Checked};
+use crate::postgres_changes::{self, subscribers, Binding};
 use crate::reason::{ChannelClosed, Disconnect, Refusal};
 use crate::state::Shared;
 use serde_json::json;
@@ -36,6 +38,8 @@ pub struct Channel {
     pub broadcast: broadcast::State,
     /// Presence was enabled on the join: its read verdict is asked for too.
     pub presence: bool,
+    /// The channel has Postgres Changes bindings (registered in `Shared::changes`).
+    pub postgres_changes: bool,
     /// The private channel's re-checks; see `Checks`.
     checks: Checks,
 }
@@ -66,12 +70,14 @@ pub enum AuthDone {
     Retry { topic: String, generation: u64 },
 }
 
-/// A private join waiting for its verdicts.
+/// A join waiting for its verdicts (a private channel) or its bindings' check.
 pub struct PendingJoin {
     m: Inbound,
     config: JoinConfig,
     claims: Claims,
     sub_topic: String,
+    /// The Postgres Changes bindings as checked (none: Ok and empty).
+    checked: Checked,
 }
 
 /// Per-second counter for the connection's rate limits.
@@ -227,15 +233,18 @@ impl Channels {
     }
 
     /// Stops everything the channel receives and gives back its place in the counts.
-    fn unsubscribe(&self, ch: &Channel) {
+    fn unsubscribe(&self, topic: &str, ch: &Channel) {
         ch.broadcast.stop(&self.shared.hub, &self.link, &ch.key);
+        if ch.postgres_changes {
+            self.shared.changes.remove(self.link.id, topic);
+        }
         self.shared.metrics.channels.decrement(1.0);
     }
 
     /// Leaves every channel without a word (the socket is closing).
     pub fn leave_all(&mut self) {
-        for (_, ch) in std::mem::take(&mut self.channels) {
-            self.unsubscribe(&ch);
+        for (topic, ch) in std::mem::take(&mut self.channels) {
+            self.unsubscribe(&topic, &ch);
         }
     }
 
@@ -331,12 +340,6 @@ impl Channels {
             self.join_error(&m, Refusal::PostgresChanges(why));
             return Ok(());
         }
-        if !config.postgres_changes.is_empty() {
-            // The bindings are valid; delivering changes (with their RLS check) is not built
-            // yet, and a join is never answered with a promise it cannot keep.
-            self.join_error(&m, Refusal::PostgresChangesNotSupported);
-            return Ok(());
-        }
         if self.pending_joins.contains(&m.topic) {
             self.join_error(&m, Refusal::JoinInProgress);
             return Ok(());
@@ -347,29 +350,49 @@ impl Channels {
             self.join_error(&m, Refusal::ChannelRateLimitReached);
             return Ok(());
         }
-        if config.private {
-            // Answered when the batched verdicts arrive (`on_auth`), in this same task.
+        if config.private || !config.postgres_changes.is_empty() {
+            // Answered when the batched verdicts and the bindings' check arrive (`on_auth`),
+            // in this same task.
             self.pending_joins.insert(m.topic.clone());
             let who = self.identity(&claims);
             let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
+            let checker = self.shared.check.clone();
             tokio::spawn(async move {
-                let access =
-                    authorizer::channel_access(&auth, &who, &sub_topic, config.presence).await;
+                let mut config = config;
+                let bindings = std::mem::take(&mut config.postgres_changes);
+                let asking = async {
+                    if config.private {
+                        authorizer::channel_access(&auth, &who, &sub_topic, config.presence).await
+                    } else {
+                        Access::public()
+                    }
+                };
+                let checking = async {
+                    if bindings.is_empty() {
+                        Checked::Ok(bindings)
+                    } else {
+                        check::check(&checker, &who.role, bindings).await
+                    }
+                };
+                let (access, checked) = tokio::join!(asking, checking);
                 let join = PendingJoin {
                     m,
                     config,
                     claims,
                     sub_topic,
+                    checked,
                 };
                 let _ = done.send(AuthDone::Join(Box::new(join), access));
             });
             return Ok(());
         }
-        self.complete_join(m, config, claims, sub_topic, (true, true));
+        self.complete_join(m, config, claims, sub_topic, (true, true), Vec::new());
         Ok(())
     }
 
-    /// Admits a join with its broadcast (read, write) verdicts.
+    /// Admits a join with its broadcast (read, write) verdicts and its checked Postgres
+    /// Changes bindings: registered before the reply, so a client that saw the reply gets
+    /// every change committed after it.
     fn complete_join(
         &mut self,
         m: Inbound,
@@ -377,24 +400,64 @@ impl Channels {
         claims: Claims,
         sub_topic: String,
         (read, write): (bool, bool),
+        bindings: Vec<Binding>,
     ) {
         let key = TopicKey {
             private: config.private,
             topic: sub_topic,
         };
         if let Some(old) = self.channels.remove(&m.topic) {
-            self.unsubscribe(&old);
+            self.unsubscribe(&m.topic, &old);
         }
         let broadcast = broadcast::State::new(&config, read, write);
         broadcast.start(&self.shared.hub, &self.link, &key, m.join_ref.clone());
         self.shared.metrics.channels.increment(1.0);
         self.shared.metrics.joins_total.increment(1);
+        let replied = postgres_changes::reply(&bindings);
+        let has_changes = !bindings.is_empty();
+        if has_changes {
+            self.shared.changes.add(subscribers::Subscriber {
+                conn: self.link.id,
+                vsn: self.link.vsn,
+                topic: m.topic.clone(),
+                join_ref: m.join_ref.clone(),
+                bindings,
+                role: claims.role.clone(),
+                claims: claims.all.to_string(),
+                tx: self.link.tx.clone(),
+                too_slow: self.link.too_slow.clone(),
+            });
+        }
         self.push_text(frame::reply(
             self.link.vsn,
             &m,
             "ok",
-            json!({"postgres_changes": []}),
+            json!({ "postgres_changes": replied }),
         ));
+        if has_changes {
+            self.push_text(frame::system_of(
+                self.link.vsn,
+                m.join_ref.as_deref(),
+                &m.topic,
+                "postgres_changes",
+                "ok",
+                "Subscribed to PostgreSQL",
+            ));
+        }
+        if config.replication_ready {
+            // Supabase's opt-in signal that its replication stream is up: here, that the
+            // drain connection is. (While it is down nothing is lost: the queue keeps what
+            // commits and the drainer delivers it when it is back.)
+            let (status, message) = if self.shared.metrics.db_up.load(Relaxed) == 1 {
+                ("ok", "Replication connection established")
+            } else {
+                (
+                    "error",
+                    "Replication connection is not established yet; changes are kept and delivered once it is",
+                )
+            };
+            self.push_system(&m.topic, m.join_ref.as_deref(), status, message);
+        }
         let generation = self.next_generation;
         self.next_generation += 1;
         let channel = Channel {
@@ -402,6 +465,7 @@ impl Channels {
             join_ref: m.join_ref.clone(),
             broadcast,
             presence: config.presence,
+            postgres_changes: has_changes,
             claims,
             checks: Checks {
                 generation,
@@ -465,6 +529,7 @@ impl Channels {
                     config,
                     claims,
                     sub_topic,
+                    checked,
                 } = *join;
                 self.pending_joins.remove(&m.topic);
                 if let Some(f) = access.failure() {
@@ -472,7 +537,13 @@ impl Channels {
                     self.join_error(&m, Refusal::Database(f.clone()));
                 } else if access.readable() {
                     let verdicts = (access.broadcast_read.allowed(), access.write.allowed());
-                    self.complete_join(m, config, claims, sub_topic, verdicts);
+                    match checked {
+                        Checked::Ok(bindings) => {
+                            self.complete_join(m, config, claims, sub_topic, verdicts, bindings)
+                        }
+                        Checked::Refused(why) => self.join_error(&m, Refusal::PostgresChanges(why)),
+                        Checked::Failed(f) => self.join_error(&m, Refusal::Database(f)),
+                    }
                 } else {
                     let role_refusal = access.role_refusal().map(str::to_owned);
                     let why = Refusal::ReadDenied {
@@ -556,7 +627,7 @@ impl Channels {
                 self.push_system(topic, ch.join_ref.as_deref(), "error", &r.text());
             }
             self.push_close(topic, ch.join_ref.as_deref());
-            self.unsubscribe(&ch);
+            self.unsubscribe(topic, &ch);
         }
     }
 
@@ -572,6 +643,15 @@ impl Channels {
                 let generation = self.next_generation;
                 if let Some(ch) = self.channels.get_mut(&m.topic) {
                     if ch.claims != c {
+                        if ch.postgres_changes {
+                            let claims = c.all.to_string();
+                            self.shared.changes.set_identity(
+                                self.link.id,
+                                &m.topic,
+                                &c.role,
+                                &claims,
+                            );
+                        }
                         ch.claims = c;
                         // Verdicts still in flight were for the old token.
                         ch.checks.generation = generation;
@@ -861,9 +941,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn postgres_changes_joins_are_refused_with_their_reason_until_served() {
+    async fn postgres_changes_joins_are_answered_once_checked_and_registered_until_left() {
         let mut t = conn();
         let with = |bindings: Value| json!(["1", "1", "realtime:db", "phx_join", {"config": {"postgres_changes": bindings}}]);
+        // Refused at once: a filter this server does not evaluate.
         t.send(with(json!([{"event": "*", "schema": "public", "table": "todos", "filter": "title=like.%a%"}])))
             .unwrap();
         let w = t.written();
@@ -873,17 +954,61 @@ mod tests {
                 .starts_with("PostgresChangesFilterNotSupported: binding 1: operator \"like\""),
             "{w:?}"
         );
+        // Refused after the check: what the database said, named.
+        t.send(with(
+            json!([{"event": "INSERT", "schema": "public", "table": "nope"}]),
+        ))
+        .unwrap();
+        assert!(t.written().is_empty(), "no answer before the check");
+        let r = t.be.check.recv().await.unwrap();
+        let why = "table public.nope does not exist".to_owned();
+        r.reply
+            .send(Checked::Refused(
+                crate::postgres_changes::BindingError::Rejected { at: 1, why },
+            ))
+            .unwrap();
+        let done = t.verdicts.recv().await.unwrap();
+        t.c.on_auth(done);
+        let w = t.written();
+        assert_eq!(
+            status(&w[0].2).1,
+            "InvalidPostgresChanges: binding 1: table public.nope does not exist"
+        );
+        assert!(!t.c.has_channels());
+        // Admitted: the reply echoes the binding with its id, then "Subscribed to
+        // PostgreSQL"; the channel is registered before either is written.
         t.send(with(
             json!([{"event": "INSERT", "schema": "public", "table": "todos"}]),
         ))
         .unwrap();
+        let r = t.be.check.recv().await.unwrap();
+        assert_eq!(r.role, "authenticated");
+        let id = r.bindings[0].id;
+        r.reply.send(Checked::Ok(r.bindings)).unwrap();
+        let done = t.verdicts.recv().await.unwrap();
+        t.c.on_auth(done);
         let w = t.written();
-        assert!(
-            status(&w[0].2).1.starts_with("PostgresChangesNotSupported"),
-            "{w:?}"
+        assert_eq!(w[0].1, "phx_reply");
+        assert_eq!(
+            w[0].2["response"]["postgres_changes"],
+            json!([{"id": id, "event": "INSERT", "schema": "public", "table": "todos"}])
         );
-        assert!(!t.c.has_channels());
-        assert!(!t.delivered("db", false));
+        assert_eq!(w[1].1, "system");
+        assert_eq!(
+            w[1].2,
+            json!({"extension": "postgres_changes", "status": "ok", "message": "Subscribed to PostgreSQL", "channel": "db"})
+        );
+        let registered = t.c.shared.changes.of("public", "todos");
+        assert_eq!(registered.len(), 1);
+        assert!(registered[0].claims.contains("\"sub\":\"u1\""));
+        // A new token is the identity changes are checked for from then on.
+        let token = testing::token(&json!({"role": "anon", "sub": "u9", "exp": jwt::now() + 60}));
+        t.send(json!(["1", "2", "realtime:db", "access_token", {"access_token": token}]))
+            .unwrap();
+        assert_eq!(t.c.shared.changes.of("public", "todos")[0].role, "anon");
+        t.send(json!(["1", "3", "realtime:db", "phx_leave", {}]))
+            .unwrap();
+        assert!(t.c.shared.changes.is_empty());
     }
 
     #[tokio::test]

@@ -45,6 +45,11 @@ pub struct Config {
     #[arg(long, env = "DRAIN_BATCH", default_value_t = 10_000)]
     pub drain_batch: u32,
 
+    /// A Postgres Changes event whose data is larger keeps only values of at most 64 bytes
+    /// and carries "Error 413: Payload Too Large" (Supabase's max_record_bytes default).
+    #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = 1_048_576)]
+    pub max_record_bytes: usize,
+
     /// Channels one connection may join (Supabase's default).
     #[arg(long, env = "MAX_CHANNELS_PER_CLIENT", default_value_t = 100)]
     pub max_channels_per_client: usize,
@@ -117,8 +122,14 @@ impl Config {
                 self.jwt_secret.len()
             )));
         }
-        let ranges: [(&str, u64, u64, u64); 13] = [
+        let ranges: [(&str, u64, u64, u64); 14] = [
             ("DRAIN_LINGER_MS", self.drain_linger_ms as u64, 0, 10_000),
+            (
+                "MAX_RECORD_BYTES",
+                self.max_record_bytes as u64,
+                1024,
+                1 << 30,
+            ),
             ("DRAIN_BATCH", self.drain_batch as u64, 1, 1_000_000),
             (
                 "MAX_CHANNELS_PER_CLIENT",

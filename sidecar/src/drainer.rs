@@ -8,6 +8,8 @@
 use crate::config::Config;
 use crate::hub::{Hub, Payload, QueueMessage};
 use crate::metrics::Metrics;
+use crate::postgres_changes::deliver::{self, Outgoing};
+use crate::postgres_changes::subscribers::Subscribers;
 use bytes::Bytes;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -26,13 +28,18 @@ const DRAIN_SQL: &str =
 pub async fn run(
     cfg: Arc<Config>,
     hub: Arc<Hub>,
+    changes: Arc<Subscribers>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut epoch: Option<String> = None;
     let mut backoff = Duration::from_millis(100);
+    let to = Destinations {
+        hub: &hub,
+        changes: &changes,
+    };
     loop {
-        let result = session(&cfg, &hub, &metrics, &mut epoch, &mut shutdown).await;
+        let result = session(&cfg, to, &metrics, &mut epoch, &mut shutdown).await;
         let was_up = metrics.db_up.swap(0, Relaxed) == 1;
         match result {
             Ok(()) => return,
@@ -81,10 +88,20 @@ async fn connect(cfg: &Config) -> Result<Client, tokio_postgres::Error> {
     Ok(client)
 }
 
+/// Where drained messages go: broadcasts to the hub, row changes to the channels of
+/// `changes`.
+#[derive(Clone, Copy)]
+struct Destinations<'a> {
+    hub: &'a Hub,
+    changes: &'a Subscribers,
+}
+
 /// Why a drain session ended.
 #[derive(Debug)]
 enum SessionError {
     Db(tokio_postgres::Error),
+    /// A Postgres Changes check lost the connection.
+    Lost(String),
     /// A call did not answer within its deadline: the connection is given up.
     Stuck(&'static str),
     /// realtime.drain returned no column of this name (an extension of another version).
@@ -94,8 +111,13 @@ enum SessionError {
 impl std::fmt::Display for SessionError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SessionError::Db(e) => write!(f, "{e}"),
+            // tokio-postgres says only "db error" for a server error: its message is the news.
+            SessionError::Db(e) => match e.as_db_error() {
+                Some(d) => write!(f, "{}", d.message()),
+                None => write!(f, "{e}"),
+            },
             SessionError::Stuck(what) => write!(f, "{what} did not answer in time"),
+            SessionError::Lost(why) => write!(f, "{why}"),
             SessionError::Missing(column) => {
                 write!(f, "realtime.drain returned no column \"{column}\"")
             }
@@ -173,7 +195,7 @@ const STATS_SQL: &str = "SELECT pending_bytes, \
 /// One connected session: resume the slot and drain until an error or shutdown.
 async fn session(
     cfg: &Config,
-    hub: &Hub,
+    to: Destinations<'_>,
     metrics: &Metrics,
     epoch: &mut Option<String>,
     shutdown: &mut watch::Receiver<bool>,
@@ -183,6 +205,7 @@ async fn session(
     // Timestamps in drained Postgres Changes are rendered in the session's zone: UTC, as
     // Supabase's are, whatever the server's default.
     within(setup, "setup", client.batch_execute("SET TimeZone = 'UTC'")).await?;
+    let hub = to.hub;
     let mut pos: i64 = within(
         setup,
         "create_consumer",
@@ -224,6 +247,12 @@ async fn session(
     let stmt = within(setup, "prepare", client.prepare(DRAIN_SQL)).await?;
     let col = DrainColumns::of(&stmt)?;
     let stats = within(setup, "prepare", client.prepare(STATS_SQL)).await?;
+    let statements = deliver::Statements::default();
+    let lookups = deliver::Db {
+        client: &client,
+        deadline: cfg.db_call_deadline(),
+        statements: &statements,
+    };
     let batch = cfg.drain_batch as i32;
     let linger = cfg.drain_linger_ms as i32;
     let timeout_ms = 1000i32;
@@ -258,8 +287,23 @@ async fn session(
             continue;
         }
         metrics.drain_batches_total.increment(1);
+        // Row changes are authorized for their channels first (a database round trip per
+        // changed table), then everything is handed out in queue order.
+        let datas: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.get::<_, &str>(col.kind) == "change")
+            .map(|r| r.get::<_, Option<&str>>(col.payload).unwrap_or("null"))
+            .collect();
+        let mut prepared = if datas.is_empty() {
+            Vec::new()
+        } else {
+            deliver::prepare(&lookups, to.changes, &datas, cfg.max_record_bytes, metrics)
+                .await
+                .map_err(SessionError::Lost)?
+        }
+        .into_iter();
         let now_us = unix_micros();
-        for row in rows {
+        for row in &rows {
             let seq: i64 = row.get(col.seq);
             let kind: &str = row.get(col.kind);
             if kind == "gap" {
@@ -280,11 +324,19 @@ async fn session(
                 pos = seq;
                 continue;
             }
+            let committed_us: i64 = row.get(col.committed_us);
+            metrics
+                .commit_to_dispatch
+                .record((now_us - committed_us).max(0) as f64 / 1e6);
+            metrics.drain_messages_total.increment(1);
+            pos = seq;
             if kind == "change" {
-                // A captured row change: Postgres Changes subscribers are not served yet,
-                // and a change is never a broadcast (it would reach a topic named after
-                // its table).
-                pos = seq;
+                // A row change goes to Postgres Changes channels only, never to a
+                // broadcast topic (one named after its table would get it).
+                let frames: Vec<Outgoing> = prepared.next().unwrap_or_default();
+                for f in frames {
+                    f.send(metrics);
+                }
                 continue;
             }
             let payload = match row.get::<_, Option<Vec<u8>>>(col.binary_payload) {
@@ -294,10 +346,6 @@ async fn session(
                         .unwrap_or_else(|| "null".into()),
                 ),
             };
-            let committed_us: i64 = row.get(col.committed_us);
-            metrics
-                .commit_to_dispatch
-                .record((now_us - committed_us).max(0) as f64 / 1e6);
             let origin: Option<i64> = row.get(col.origin);
             hub.dispatch(&QueueMessage {
                 topic: row.get(col.topic),
@@ -312,8 +360,6 @@ async fn session(
                 },
                 origin,
             });
-            metrics.drain_messages_total.increment(1);
-            pos = seq;
         }
         metrics.last_seq.set(pos as f64);
     }

@@ -197,9 +197,22 @@ pub fn system(
     status: &str,
     message: &str,
 ) -> String {
+    system_of(vsn, join_ref, topic, "system", status, message)
+}
+
+/// A `system` message about one extension of the channel (`postgres_changes`: "Subscribed
+/// to PostgreSQL").
+pub fn system_of(
+    vsn: Vsn,
+    join_ref: Option<&str>,
+    topic: &str,
+    extension: &str,
+    status: &str,
+    message: &str,
+) -> String {
     let sub = topic.strip_prefix("realtime:").unwrap_or(topic);
     let payload =
-        json!({"extension": "system", "status": status, "message": message, "channel": sub});
+        json!({"extension": extension, "status": status, "message": message, "channel": sub});
     encode(vsn, join_ref, None, topic, "system", &payload)
 }
 
@@ -240,6 +253,34 @@ pub fn user_broadcast_v1(topic: &str, event: &str, payload_json: &str, id: Optio
     s
 }
 
+/// A Postgres Changes event, a text frame in both serializers as Supabase sends it:
+/// payload `{ids, data}`, no ref and no join_ref. `data_json` is inserted as is.
+pub fn postgres_changes(vsn: Vsn, topic: &str, ids: &[u32], data_json: &str) -> String {
+    let mut s = String::with_capacity(96 + topic.len() + data_json.len());
+    let ids = Value::from(ids.to_vec()).to_string();
+    match vsn {
+        Vsn::V1 => {
+            s.push_str("{\"topic\":");
+            push_json_str(&mut s, topic);
+            s.push_str(",\"event\":\"postgres_changes\",\"payload\":{\"ids\":");
+            s.push_str(&ids);
+            s.push_str(",\"data\":");
+            s.push_str(data_json);
+            s.push_str("},\"ref\":null,\"join_ref\":null}");
+        }
+        Vsn::V2 => {
+            s.push_str("[null,null,");
+            push_json_str(&mut s, topic);
+            s.push_str(",\"postgres_changes\",{\"ids\":");
+            s.push_str(&ids);
+            s.push_str(",\"data\":");
+            s.push_str(data_json);
+            s.push_str("}]");
+        }
+    }
+    s
+}
+
 /// A user broadcast for 2.0.0 sockets (binary, kind 4): kind, topic_len, event_len,
 /// metadata_len, encoding, then topic, event, metadata JSON and the raw payload. Returns None
 /// when a field does not fit its one-byte length.
@@ -273,6 +314,25 @@ pub fn user_broadcast_v2(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postgres_changes_events_are_valid_json_in_both_serializers() {
+        let data = r#"{"schema":"public","table":"t","type":"INSERT","record":{"id":1}}"#;
+        let v1: Value =
+            serde_json::from_str(&postgres_changes(Vsn::V1, "realtime:a\"b", &[3, 7], data))
+                .unwrap();
+        assert_eq!(v1["topic"], "realtime:a\"b");
+        assert_eq!(v1["event"], "postgres_changes");
+        assert_eq!(v1["payload"]["ids"], json!([3, 7]));
+        assert_eq!(v1["payload"]["data"]["record"]["id"], 1);
+        let v2: Value =
+            serde_json::from_str(&postgres_changes(Vsn::V2, "realtime:a", &[3], data)).unwrap();
+        assert_eq!(
+            v2,
+            json!([null, null, "realtime:a", "postgres_changes",
+                   {"ids": [3], "data": serde_json::from_str::<Value>(data).unwrap()}])
+        );
+    }
 
     #[test]
     fn decodes_both_text_serializers() {

@@ -11,6 +11,9 @@ pub struct JoinConfig {
     pub self_broadcast: bool,
     /// Reply to each client broadcast once it is accepted.
     pub ack: bool,
+    /// Send a `system` message once the replication stream is up
+    /// (`config.broadcast.replication_ready`): here, the drain connection.
+    pub replication_ready: bool,
     pub private: bool,
     pub presence: bool,
     /// The `postgres_changes` bindings, in the client's order (`postgres_changes.rs`).
@@ -62,6 +65,7 @@ pub fn parse_join(payload: &Value) -> JoinConfig {
     JoinConfig {
         self_broadcast: flexible_bool(get("broadcast", "self")),
         ack: flexible_bool(get("broadcast", "ack")),
+        replication_ready: flexible_bool(get("broadcast", "replication_ready")),
         private: flexible_bool(config.and_then(|c| c.get("private"))),
         presence: flexible_bool(get("presence", "enabled")),
         postgres_changes,

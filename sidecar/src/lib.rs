@@ -25,9 +25,12 @@
 //! 3. `socket` (one task per connection) writes what is queued, up to 256 frames a flush.
 //!
 //! Captured row changes (Postgres Changes, `extension/src/capture.rs`) come through the
-//! same drain as rows of kind `change`; until their delivery is built (`postgres_changes`
-//! holds the bindings and matching so far) the drainer skips them, and a change is never
-//! dispatched as a broadcast.
+//! same drain as rows of kind `change`, already in Supabase's JSON. Before a batch is
+//! handed out, `postgres_changes::deliver` finds the channels whose bindings match each
+//! change and asks the database, in one call per changed table, which of them may see the
+//! row under RLS and which columns their role may read; then the batch goes out in queue
+//! order, broadcasts to the hub and changes straight to their channels' queues. A change
+//! is never dispatched as a broadcast.
 //!
 //! # A private join's way: socket → channels → authorizer → channels
 //!
@@ -41,6 +44,9 @@
 //! call that fails is split until only the bad request is denied, and a database that
 //! cannot answer is never a denial. Verdicts are checked again every
 //! AUTHORIZATION_TTL_SECS and on a new token; a read no longer allowed closes the channel.
+//! A join with `postgres_changes` bindings (private or public) waits the same way for
+//! `postgres_changes::check`, which checks the bindings of every waiting join in one
+//! `realtime.subscribable` call; the channel is registered before it is answered.
 //!
 //! # A client broadcast's way: socket → relay → queue → every sidecar
 //!
@@ -53,9 +59,10 @@
 //!
 //! # Tasks and their shared state
 //!
-//! One task each for the listener (`server`), the drainer, the authorizer and the relay,
-//! and one per connection. They share `state::Shared` (settings, the hub, the token
-//! verifier, the metrics, the two request queues) and nothing else; a connection's channels
+//! One task each for the listener (`server`), the drainer, the authorizer, the relay and
+//! the bindings' check, and one per connection. They share `state::Shared` (settings, the
+//! hub, the Postgres Changes subscribers, the token verifier, the metrics, the request
+//! queues) and nothing else; a connection's channels
 //! are touched only by its own task. On SIGTERM the listener stops, every socket is sent
 //! a close frame with its reason (`reason::Disconnect`) and the drainer confirms its
 //! position, so a restarted sidecar resumes where this one stopped (`shutdown`).
@@ -65,8 +72,9 @@
 //! `server` listener, HTTP and upgrades · `rest` the REST broadcast · `socket` one
 //! connection's loop · `command` a client frame parsed into what it asks · `frame` the wire
 //! format of both serializers · `channels` the channel lifecycle · `join_config` what a
-//! join asks for · `broadcast` the broadcast extension · `postgres_changes` its bindings,
-//! filters and matching (joins refused until delivery is built) · `hub` topics and fan-out ·
+//! join asks for · `broadcast` the broadcast extension · `postgres_changes/` the Postgres
+//! Changes extension (bindings, the join-time check, who listens, delivery) · `hub` topics
+//! and fan-out ·
 //! `drainer` the queue side · `authorizer` batched `realtime.authorize` · `relay` batched
 //! `realtime.relay` · `db_worker` what those two share (reconnects, batches) · `reason`
 //! every reason a client can be given · `jwt` · `metrics` · `config` · `state` · `shutdown`.
@@ -110,6 +118,8 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let (relay_tx, relay_rx) = tokio::sync::mpsc::channel(10_000);
     // Bounded: a flood of joins waits here (backpressure) rather than timing out.
     let (authorize_tx, authorize_rx) = tokio::sync::mpsc::channel(20_000);
+    let (check_tx, check_rx) = tokio::sync::mpsc::channel(20_000);
+    let changes = Arc::new(postgres_changes::subscribers::Subscribers::default());
     let shared = Arc::new(state::Shared {
         cfg: cfg.clone(),
         hub: hub.clone(),
@@ -118,12 +128,15 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         shutdown: shutdown.clone(),
         relay: relay_tx,
         authorize: authorize_tx,
+        check: check_tx,
+        changes: changes.clone(),
         instance: state::instance_id(),
     });
     tracing::info!(%addr, consumer = %cfg.consumer, "listening");
     let drainer = tokio::spawn(drainer::run(
         cfg.clone(),
         hub,
+        changes,
         metrics.clone(),
         shutdown.clone(),
     ));
@@ -136,6 +149,12 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let authorizer = tokio::spawn(authorizer::run(
         cfg.clone(),
         authorize_rx,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    let checker = tokio::spawn(postgres_changes::check::run(
+        cfg.clone(),
+        check_rx,
         metrics.clone(),
         shutdown.clone(),
     ));
@@ -159,6 +178,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let _ = tokio::time::timeout(grace, drainer).await;
     let _ = tokio::time::timeout(grace, relay).await;
     let _ = tokio::time::timeout(grace, authorizer).await;
+    let _ = tokio::time::timeout(grace, checker).await;
     shutdown::wait_for_connections(&metrics, grace).await;
     upkeep.abort();
     Ok(())

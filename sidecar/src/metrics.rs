@@ -48,6 +48,10 @@ pub struct Metrics {
     pub drain_gaps_total: Counter,
     pub drain_lost_messages_total: Counter,
     pub db_reconnects_total: Counter,
+    pub postgres_changes_checks_total: Counter,
+    pub changes_delivered_total: Counter,
+    pub changes_withheld_total: Counter,
+    pub change_check_failures_total: Counter,
     /// Sequence of the last message this sidecar drained.
     pub last_seq: Gauge,
     /// Bytes of the queue held back behind a transaction that is still committing.
@@ -182,6 +186,22 @@ impl Default for Metrics {
             ),
             db_reconnects_total: r
                 .counter("realtime_db_reconnects_total", "reconnections to Postgres"),
+            postgres_changes_checks_total: r.counter(
+                "realtime_postgres_changes_checks_total",
+                "joins whose postgres_changes bindings were checked against the database",
+            ),
+            changes_delivered_total: r.counter(
+                "realtime_changes_delivered_total",
+                "Postgres Changes events queued to channels",
+            ),
+            changes_withheld_total: r.counter(
+                "realtime_changes_withheld_total",
+                "Postgres Changes a matching channel did not get: the row is not visible to it under RLS, or its role may not read the table",
+            ),
+            change_check_failures_total: r.counter(
+                "realtime_change_check_failures_total",
+                "changes of one table in one batch not delivered because their RLS check failed (the channels were told)",
+            ),
             last_seq: r.gauge("realtime_last_seq", "sequence of the last drained message"),
             pending_bytes: r.gauge(
                 "realtime_queue_pending_bytes",
@@ -264,7 +284,7 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 20] = [
+    const COUNTERS: [&str; 24] = [
         "realtime_auth_batches_total",
         "realtime_auth_requests_total",
         "realtime_client_broadcasts_total",
@@ -285,6 +305,10 @@ mod tests {
         "realtime_client_broadcast_failures_total",
         "realtime_connections_over_limit_total",
         "realtime_slow_requests_closed_total",
+        "realtime_postgres_changes_checks_total",
+        "realtime_changes_delivered_total",
+        "realtime_changes_withheld_total",
+        "realtime_change_check_failures_total",
     ];
     const GAUGES: [&str; 7] = [
         "realtime_connections",

@@ -66,7 +66,6 @@ pub enum Refusal {
     ChannelRateLimitReached,
     ClientJoinRateLimitReached,
     JoinInProgress,
-    PostgresChangesNotSupported,
     /// A `postgres_changes` binding this server cannot serve (an unsupported filter, say).
     PostgresChanges(BindingError),
     /// No read permission; with the role guard's refusal when that is the cause.
@@ -103,7 +102,6 @@ impl Refusal {
                 "JoinInProgress: a join of this topic is still waiting for its authorization".into()
             }
             Refusal::PostgresChanges(why) => why.text(),
-            Refusal::PostgresChangesNotSupported => "PostgresChangesNotSupported: this server delivers Broadcast only; use realtime.broadcast_changes".into(),
             Refusal::ReadDenied { topic, role_refusal } => {
                 let mut t = format!("Unauthorized: You do not have permissions to read from this Channel topic: {topic}");
                 if let Some(r) = role_refusal {

@@ -4,6 +4,8 @@ use crate::config::Config;
 use crate::hub::Hub;
 use crate::jwt::Verifier;
 use crate::metrics::Metrics;
+use crate::postgres_changes::check::CheckRequest;
+use crate::postgres_changes::subscribers::Subscribers;
 use crate::reason::Refusal;
 use crate::relay;
 use std::sync::Arc;
@@ -20,6 +22,10 @@ pub struct Shared {
     pub authorize: mpsc::Sender<crate::authorizer::AuthRequest>,
     /// Client broadcasts waiting to be relayed through the database (`relay`).
     pub relay: mpsc::Sender<relay::Broadcast>,
+    /// Postgres Changes bindings waiting for their join-time check.
+    pub check: mpsc::Sender<CheckRequest>,
+    /// The channels with Postgres Changes bindings, which the drainer serves.
+    pub changes: Arc<Subscribers>,
     /// Random per process: the high half of this sidecar's relay origins.
     pub instance: u32,
 }
@@ -67,6 +73,7 @@ pub mod testing {
     pub struct Backends {
         pub authorize: mpsc::Receiver<AuthRequest>,
         pub relay: mpsc::Receiver<relay::Broadcast>,
+        pub check: mpsc::Receiver<CheckRequest>,
         /// Kept so that `shutdown` stays open.
         pub stop: watch::Sender<bool>,
     }
@@ -80,7 +87,10 @@ pub mod testing {
         let (stop, shutdown) = watch::channel(false);
         let (authorize, authorize_rx) = mpsc::channel(64);
         let (relay, relay_rx) = mpsc::channel(64);
+        let (check, check_rx) = mpsc::channel(64);
         let shared = Shared {
+            check,
+            changes: Arc::default(),
             hub: Arc::new(Hub::new(metrics.clone())),
             verifier: Verifier::new(SECRET),
             cfg,
@@ -93,6 +103,7 @@ pub mod testing {
         let backends = Backends {
             authorize: authorize_rx,
             relay: relay_rx,
+            check: check_rx,
             stop,
         };
         (Arc::new(shared), backends)

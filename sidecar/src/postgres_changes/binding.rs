@@ -1,4 +1,4 @@
-//! The Postgres Changes extension of a channel, as realtime-js asks for it:
+//! Postgres Changes bindings, as realtime-js asks for them:
 //! `channel.on('postgres_changes', {event, schema, table, filter}, cb)` puts one binding per
 //! call into the join's `config.postgres_changes`, and the join reply must echo each one,
 //! in order, with an `id` (realtime-js compares event, schema, table and filter with `===`
@@ -8,8 +8,10 @@
 //! This file holds what a binding is and which changes it matches: parsing the bindings and
 //! their filters (refused at join with a reason when unsupported, never ignored), the reply,
 //! and matching a drained change (`kind = 'change'`, `extension/src/change.rs`) by schema,
-//! table, event and filter. Filters are evaluated here, on the change's record, outside
-//! RLS, as Supabase evaluates them before its RLS check.
+//! table, event and filter. Filters are evaluated here, on the change's record, before the
+//! RLS check, as Supabase evaluates them; their values are those the join's check rendered
+//! as the column's type renders them (`check`), so a record's value and a filter's compare
+//! as the same JSON.
 
 use serde_json::{json, Map, Value};
 
@@ -27,8 +29,11 @@ pub enum Event {
 pub struct Filter {
     pub column: String,
     pub op: Op,
-    /// One value, or the list of `in.(a,b)`.
+    /// One value, or the list of `in.(a,b)`, as the client wrote them.
     pub values: Vec<String>,
+    /// The same values as the column's type renders them in a record (`check`); None for
+    /// a binding on a whole schema, whose column's type is known only change by change.
+    pub typed: Option<Vec<Value>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,10 +68,28 @@ pub struct Binding {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BindingError {
     NotAList,
-    Malformed { at: usize, why: &'static str },
-    UnknownEvent { at: usize, event: String },
-    UnsupportedFilter { at: usize, op: String },
-    InvalidFilter { at: usize, filter: String },
+    Malformed {
+        at: usize,
+        why: &'static str,
+    },
+    UnknownEvent {
+        at: usize,
+        event: String,
+    },
+    UnsupportedFilter {
+        at: usize,
+        op: String,
+    },
+    InvalidFilter {
+        at: usize,
+        filter: String,
+    },
+    /// The database's check refused it (`check`): no such table, not published, a column
+    /// the role may not read, a value of the wrong type...
+    Rejected {
+        at: usize,
+        why: String,
+    },
 }
 
 impl BindingError {
@@ -84,6 +107,9 @@ impl BindingError {
             BindingError::UnsupportedFilter { at, op } => format!(
                 "PostgresChangesFilterNotSupported: binding {at}: operator \"{op}\" is not supported; use eq, neq, lt, lte, gt, gte or in"
             ),
+            BindingError::Rejected { at, why } => {
+                format!("InvalidPostgresChanges: binding {at}: {why}")
+            }
             BindingError::InvalidFilter { at, filter } => format!(
                 "InvalidPostgresChanges: binding {at}: filter \"{filter}\" is not column=operator.value"
             ),
@@ -250,6 +276,7 @@ fn parse_filter(at: usize, f: &str) -> Result<Filter, BindingError> {
         column: column.to_owned(),
         op,
         values,
+        typed: None,
     })
 }
 
@@ -352,6 +379,17 @@ impl Binding {
 }
 
 impl Filter {
+    /// Whether the filter's values can be ordered, as lt, lte, gt and gte need: numbers,
+    /// text and booleans can; arrays and JSON documents only compare for equality here.
+    pub fn orderable(&self) -> bool {
+        matches!(self.op, Op::Eq | Op::Neq | Op::In)
+            || self
+                .typed
+                .iter()
+                .flatten()
+                .all(|v| matches!(v, Value::Number(_) | Value::String(_) | Value::Bool(_)))
+    }
+
     /// Deletes are filtered on the old row, as Supabase filters them; the others on the new.
     fn matches(&self, c: &Change) -> bool {
         let row = if c.kind == "DELETE" {
@@ -362,17 +400,18 @@ impl Filter {
         let Some(v) = row.and_then(|r| r.get(&self.column)) else {
             return false;
         };
+        let ord = |i: usize| match &self.typed {
+            Some(typed) => compare_json(v, &typed[i]),
+            None => compare(v, &self.values[i]),
+        };
+        use std::cmp::Ordering::*;
         match self.op {
-            Op::In => self
-                .values
-                .iter()
-                .any(|x| compare(v, x) == Some(std::cmp::Ordering::Equal)),
+            Op::In => (0..self.values.len()).any(|i| ord(i) == Some(Equal)),
             op => {
-                let Some(ord) = compare(v, &self.values[0]) else {
+                let Some(ord) = ord(0) else {
                     // SQL: a comparison with NULL (or an incomparable value) is not true.
                     return false;
                 };
-                use std::cmp::Ordering::*;
                 match op {
                     Op::Eq => ord == Equal,
                     Op::Neq => ord != Equal,
@@ -384,6 +423,25 @@ impl Filter {
                 }
             }
         }
+    }
+}
+
+/// Compares a record's value with a filter's value as the column's type rendered it:
+/// numbers as numbers (integers exactly), strings by their bytes (timestamps are rendered in
+/// UTC, so their text order is their time order; text is ordered by code point, not by a
+/// collation), booleans as booleans, other JSON (arrays, objects) by their text: only
+/// equality is meaningful there, and the join refuses ordering operators on such columns
+/// (`Filter::orderable`). None for NULL.
+fn compare_json(v: &Value, w: &Value) -> Option<std::cmp::Ordering> {
+    match (v, w) {
+        (Value::Null, _) | (_, Value::Null) => None,
+        (Value::Number(a), Value::Number(b)) => match (a.as_i64(), b.as_i64()) {
+            (Some(a), Some(b)) => Some(a.cmp(&b)),
+            _ => a.as_f64()?.partial_cmp(&b.as_f64()?),
+        },
+        (Value::String(a), Value::String(b)) => Some(a.cmp(b)),
+        (Value::Bool(a), Value::Bool(b)) => Some(a.cmp(b)),
+        (a, b) => Some(a.to_string().cmp(&b.to_string())),
     }
 }
 

@@ -1,0 +1,237 @@
+// Postgres Changes end to end with the official @supabase/realtime-js client: a table added
+// to publication supabase_realtime while the sidecar runs, changes of every type with
+// realtime-js's type conversion, filters, `select`, and Supabase's authorization (RLS on
+// INSERT and UPDATE, columns the role may not read left out, DELETE reduced to the key).
+// Absence is proven by order, never by waiting: a channel gets its changes in commit
+// order, so once it has a later row, an earlier one it did not get will never come.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import WebSocket from 'ws';
+import { RealtimeClient } from '@supabase/realtime-js';
+import { anonClaims, database, jwt, startSidecar, withTimeout } from './harness.mjs';
+
+const SECRET = 'test-secret-with-at-least-32-characters';
+const apikey = jwt(SECRET, anonClaims());
+const U1 = '11111111-aaaa-4aaa-8aaa-111111111111';
+const U2 = '22222222-aaaa-4aaa-8aaa-222222222222';
+const userToken = (sub) => jwt(SECRET, { role: 'authenticated', sub, exp: Math.floor(Date.now() / 1000) + 3600 });
+
+let sidecar;
+let port;
+let db;
+
+before(async () => {
+  db = await database();
+  await db.query(fs.readFileSync(new URL('../../pgbench/supabase_auth.sql', import.meta.url), 'utf8'));
+  await db.query(`
+    DROP TABLE IF EXISTS pc_items, pc_notes, pc_hidden CASCADE;
+    CREATE TABLE pc_items (id bigint PRIMARY KEY, title text, done boolean, tags text[], meta jsonb,
+                           at timestamptz, price numeric);
+    GRANT SELECT ON pc_items TO anon, authenticated;
+    CREATE TABLE pc_notes (id bigint PRIMARY KEY, owner uuid NOT NULL, body text, secret text);
+    ALTER TABLE pc_notes ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY own ON pc_notes FOR SELECT TO authenticated USING (owner = auth.uid());
+    GRANT SELECT (id, owner, body) ON pc_notes TO authenticated;
+    CREATE TABLE pc_hidden (id bigint PRIMARY KEY);
+    GRANT SELECT ON pc_hidden TO authenticated;`);
+  // Published while no sidecar runs yet and, below, one table while it runs.
+  await db.query('ALTER PUBLICATION supabase_realtime ADD TABLE pc_items');
+  ({ process: sidecar, port } = await startSidecar(SECRET, 'postgres_changes_e2e'));
+  await db.query('ALTER PUBLICATION supabase_realtime ADD TABLE pc_notes');
+});
+
+after(async () => {
+  await db?.end();
+  sidecar?.kill('SIGTERM');
+});
+
+async function connect(token, vsn = '2.0.0') {
+  const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey }, vsn });
+  await client.setAuth(token);
+  return client;
+}
+
+async function close(client) {
+  await client.removeAllChannels();
+  client.disconnect();
+}
+
+/// Subscribes; resolves on SUBSCRIBED, rejects with the server's reason otherwise.
+function subscribed(channel) {
+  return withTimeout(
+    new Promise((resolve, reject) =>
+      channel.subscribe((status, err) => {
+        if (status === 'SUBSCRIBED') resolve();
+        else if (status === 'CHANNEL_ERROR' || status === 'TIMED_OUT') reject(err ?? new Error(status));
+      }),
+    ),
+    10000,
+    'subscribe',
+  );
+}
+
+/// Collects what a listener receives; `until(n)` resolves once n have arrived.
+function collector() {
+  const got = [];
+  let waiting = [];
+  return {
+    got,
+    push(m) {
+      got.push(m);
+      waiting = waiting.filter(([n, resolve]) => (got.length >= n ? (resolve(got), false) : true));
+    },
+    until(n, what) {
+      return withTimeout(new Promise((resolve) => (got.length >= n ? resolve(got) : waiting.push([n, resolve]))), 10000, what);
+    },
+  };
+}
+
+for (const vsn of ['1.0.0', '2.0.0']) {
+  test(`realtime-js (${vsn}) receives INSERT, UPDATE and DELETE with its types converted, and filters apply`, async () => {
+    const base = vsn === '1.0.0' ? 1000 : 2000;
+    const client = await connect(apikey, vsn);
+    try {
+      const all = collector();
+      const one = collector();
+      const some = collector();
+      const system = collector();
+      const channel = client
+        .channel(`items-${vsn}`, { config: { broadcast: { replication_ready: true } } })
+        .on('postgres_changes', { event: '*', schema: 'public', table: 'pc_items' }, (m) => all.push(m))
+        .on('postgres_changes', { event: 'UPDATE', schema: 'public', table: 'pc_items', filter: `id=eq.${base + 1}` }, (m) => one.push(m))
+        .on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pc_items', filter: `id=in.(${base + 2},${base + 3})` }, (m) => some.push(m))
+        .on('system', {}, (m) => system.push(m));
+      await subscribed(channel);
+      await db.query(
+        `INSERT INTO pc_items VALUES ($1, 'first', false, '{a,b}', '{"k": [1, 2]}', '2026-01-02 03:04:05.678+02', 1.50)`,
+        [base + 1],
+      );
+      await db.query('UPDATE pc_items SET title = $2, done = true WHERE id = $1', [base + 1, 'second']);
+      await db.query('DELETE FROM pc_items WHERE id = $1', [base + 1]);
+      await db.query(`INSERT INTO pc_items (id) SELECT g FROM generate_series($1::int8, $2::int8) g`, [base + 2, base + 4]);
+      const [ins, upd, del] = await all.until(6, 'six changes');
+      assert.equal(ins.eventType, 'INSERT');
+      assert.equal(ins.schema, 'public');
+      assert.equal(ins.table, 'pc_items');
+      assert.match(ins.commit_timestamp, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+      assert.deepEqual(ins.new, {
+        id: base + 1, title: 'first', done: false, tags: ['a', 'b'], meta: { k: [1, 2] },
+        at: '2026-01-02T01:04:05.678+00:00', price: 1.5,
+      });
+      assert.deepEqual(ins.old, {});
+      assert.equal(upd.eventType, 'UPDATE');
+      assert.equal(upd.new.title, 'second');
+      assert.equal(upd.new.done, true);
+      assert.deepEqual(upd.old, { id: base + 1 }, 'REPLICA IDENTITY DEFAULT: the key');
+      assert.equal(del.eventType, 'DELETE');
+      assert.deepEqual(del.old, { id: base + 1 });
+      assert.deepEqual(all.got.slice(3).map((m) => m.new.id), [base + 2, base + 3, base + 4]);
+      // The filters: the UPDATE of base+1 only, the INSERTs of base+2 and base+3 only, each
+      // delivered once (one frame listing every binding it matched).
+      assert.deepEqual(one.got.map((m) => [m.eventType, m.new.id]), [['UPDATE', base + 1]]);
+      assert.deepEqual(some.got.map((m) => m.new.id), [base + 2, base + 3]);
+      const messages = system.got.map((m) => m.message);
+      assert.ok(messages.includes('Subscribed to PostgreSQL'), messages);
+      assert.ok(messages.includes('Replication connection established'), messages);
+    } finally {
+      await close(client);
+    }
+  });
+}
+
+test('realtime-js gets only the rows RLS lets it see, without the columns its role may not read', async () => {
+  const c1 = await connect(userToken(U1));
+  const c2 = await connect(userToken(U2));
+  try {
+    const seen1 = collector();
+    const seen2 = collector();
+    const ch1 = c1.channel('notes-1').on('postgres_changes', { event: '*', schema: 'public', table: 'pc_notes' }, (m) => seen1.push(m));
+    const ch2 = c2.channel('notes-2').on('postgres_changes', { event: '*', schema: 'public', table: 'pc_notes' }, (m) => seen2.push(m));
+    await subscribed(ch1);
+    await subscribed(ch2);
+    // A row is checked as it is when its change is delivered, as Supabase checks it, so
+    // each step waits for the last: a row deleted before its INSERT was delivered would
+    // (rightly) not be shown to anyone.
+    await db.query(`INSERT INTO pc_notes VALUES (1, $1, 'mine', 's1'), (2, $2, 'theirs', 's2')`, [U1, U2]);
+    await seen1.until(1, 'u1: own insert');
+    await seen2.until(1, 'u2: own insert');
+    await db.query(`UPDATE pc_notes SET body = 'mine too' WHERE id = 1`);
+    await db.query(`UPDATE pc_notes SET body = 'theirs too' WHERE id = 2`);
+    await seen1.until(2, 'u1: own update');
+    await seen2.until(2, 'u2: own update');
+    await db.query(`DELETE FROM pc_notes WHERE id = 1`);
+    await seen1.until(3, 'u1: the delete');
+    await seen2.until(3, 'u2: the delete');
+    // Each saw its own row only (the other's came first in commit order and never arrived),
+    // never `secret`, and the DELETE (not RLS-checked, as in Supabase) with the key alone.
+    assert.deepEqual(seen1.got.map((m) => [m.eventType, m.new.id ?? m.old.id]), [['INSERT', 1], ['UPDATE', 1], ['DELETE', 1]]);
+    assert.deepEqual(seen2.got.map((m) => [m.eventType, m.new.id ?? m.old.id]), [['INSERT', 2], ['UPDATE', 2], ['DELETE', 1]]);
+    assert.deepEqual(seen1.got[0].new, { id: 1, owner: U1, body: 'mine' });
+    assert.deepEqual(seen2.got[2].old, { id: 1 });
+    // A new token for another user: from then on the rows are checked for that user.
+    await c1.setAuth(userToken(U2));
+    await db.query(`INSERT INTO pc_notes VALUES (3, $1, 'now u2', 's3')`, [U2]);
+    await seen1.until(4, 'the row of the new identity');
+    assert.equal(seen1.got[3].new.id, 3);
+  } finally {
+    await close(c1);
+    await close(c2);
+  }
+});
+
+test('realtime-js: select narrows the columns delivered', async () => {
+  const client = await connect(userToken(U1));
+  try {
+    const got = collector();
+    const channel = client
+      .channel('notes-select')
+      .on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pc_notes', select: ['id'] }, (m) => got.push(m));
+    await subscribed(channel);
+    await db.query(`INSERT INTO pc_notes VALUES (10, $1, 'x', 'y')`, [U1]);
+    const [m] = await got.until(1, 'the insert');
+    assert.deepEqual(m.new, { id: 10 });
+  } finally {
+    await close(client);
+  }
+});
+
+test('realtime-js: bindings the database cannot serve fail the subscription with their reason', async () => {
+  const client = await connect(userToken(U1));
+  const reason = async (binding, topic) => {
+    const channel = client.channel(topic).on('postgres_changes', binding, () => {});
+    const err = await subscribed(channel).then(() => null, (e) => e);
+    await client.removeChannel(channel);
+    assert.ok(err, `${topic} was admitted`);
+    return err.message;
+  };
+  try {
+    assert.match(await reason({ event: '*', schema: 'public', table: 'pc_hidden' }, 'e1'),
+      /InvalidPostgresChanges: binding 1: table public\.pc_hidden is not in publication supabase_realtime/);
+    assert.match(await reason({ event: '*', schema: 'public', table: 'pc_nope' }, 'e2'),
+      /table public\.pc_nope does not exist/);
+    assert.match(await reason({ event: '*', schema: 'public', table: 'pc_notes', filter: 'nope=eq.1' }, 'e3'),
+      /column nope does not exist in public\.pc_notes/);
+    assert.match(await reason({ event: '*', schema: 'public', table: 'pc_notes', filter: 'id=eq.abc' }, 'e4'),
+      /filter value 'abc' is not a valid bigint/);
+    // A filter on a column the role may not read would leak it one question at a time.
+    assert.match(await reason({ event: '*', schema: 'public', table: 'pc_notes', filter: 'secret=eq.s1' }, 'e5'),
+      /role authenticated may not select column secret of public\.pc_notes/);
+    assert.match(await reason({ event: '*', schema: 'public', table: 'pc_notes', filter: 'body=like.%a%' }, 'e6'),
+      /PostgresChangesFilterNotSupported/);
+  } finally {
+    await close(client);
+  }
+});
+
+test('realtime-js: a token naming a superuser role is refused Postgres Changes', async () => {
+  const client = await connect(jwt(SECRET, { role: 'postgres', exp: Math.floor(Date.now() / 1000) + 3600 }));
+  try {
+    const channel = client.channel('elevated').on('postgres_changes', { event: '*', schema: 'public', table: 'pc_items' }, () => {});
+    const err = await subscribed(channel).then(() => null, (e) => e);
+    assert.ok(err, 'a superuser role was admitted');
+    assert.match(err.message, /role "postgres" is a superuser/);
+  } finally {
+    await close(client);
+  }
+});

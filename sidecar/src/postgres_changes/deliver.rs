@@ -1,0 +1,814 @@
+//! The drainer's Postgres Changes stage: which channel gets which change of a drained
+//! batch, and what of it, with Supabase's authorization (reference §6) asked in batches.
+//!
+//! For each changed table of the batch, with the channels whose bindings match a change:
+//! 1. One lookup: whether the table has RLS, its primary key, and for each distinct role
+//!    of those channels the columns it may SELECT (`realtime.selectable`: the role guard,
+//!    Supabase's 400 without a primary key and 401 when the key is not readable).
+//! 2. On a table with RLS, one `realtime.visible` call for the INSERTs and UPDATEs: each
+//!    distinct identity (role and claims) is asked only about the rows its bindings let
+//!    through (`asked`), by primary key. Supabase asks one query per subscriber per change.
+//!    DELETEs are not checked, as in Supabase, and with RLS their old_record keeps only the
+//!    primary key.
+//! 3. Each channel gets the change with the columns its role may read (and its `select`),
+//!    once, with the ids of all its bindings that matched. A record over
+//!    MAX_RECORD_BYTES keeps only its small values and carries Supabase's 413.
+//!
+//! A check that fails withholds that table's changes from those channels and tells them
+//! (a `system` error): nothing unchecked is ever sent. A lost connection fails the whole
+//! stage; the drainer reconnects and the batch is drained again.
+
+use super::binding::Change;
+use super::subscribers::{Subscriber, Subscribers};
+use crate::frame;
+use crate::metrics::Metrics;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio_tungstenite::tungstenite::Message;
+
+/// A value kept in a record over the size cap is at most this long (JSON text), as in
+/// Supabase.
+const SMALL_VALUE_BYTES: usize = 64;
+
+/// What the stage learns of a table once per batch.
+#[derive(Clone, Debug, Default)]
+pub struct TableInfo {
+    pub oid: u32,
+    pub rls: bool,
+    pub primary_key: Vec<String>,
+    /// Per role: the columns it may SELECT, or why it may not read the table.
+    pub roles: HashMap<String, Result<Vec<String>, String>>,
+}
+
+/// One visible (identity, record) pair, or an identity's error, 1-based as
+/// `realtime.visible` returns them.
+pub type VisibleRow = (i32, Option<i32>, Option<String>);
+
+/// Why a lookup failed.
+#[derive(Debug)]
+pub enum DbError {
+    /// The connection is gone or stuck: the drain session ends and is started again.
+    Lost(String),
+    /// The database refused the call (a policy's error is not this: it comes back per
+    /// identity). The table's changes in this batch are withheld.
+    Failed(String),
+}
+
+/// The database side of the stage: a trait so the stage is tested without Postgres.
+pub(crate) trait Lookup {
+    /// None when the table no longer exists.
+    async fn table(
+        &self,
+        schema: &str,
+        table: &str,
+        roles: &[String],
+    ) -> Result<Option<TableInfo>, DbError>;
+
+    async fn visible(
+        &self,
+        oid: u32,
+        roles: &[String],
+        claims: &[String],
+        records: &[String],
+        asked: &[i32],
+    ) -> Result<Vec<VisibleRow>, DbError>;
+}
+
+/// One frame for one channel.
+pub struct Outgoing {
+    pub to: Arc<Subscriber>,
+    pub frame: String,
+}
+
+impl Outgoing {
+    /// Queues the frame; a full queue cuts the connection off, as the hub does.
+    pub fn send(self, metrics: &Metrics) {
+        use tokio::sync::mpsc::error::TrySendError;
+        match self.to.tx.try_send(Message::text(self.frame)) {
+            Ok(()) => {
+                metrics.deliveries_total.increment(1);
+                metrics.changes_delivered_total.increment(1);
+            }
+            Err(TrySendError::Full(_)) => self.to.too_slow.notify_one(),
+            Err(TrySendError::Closed(_)) => {}
+        }
+    }
+}
+
+/// A channel a change matched, and the bindings it matched by.
+struct Candidate {
+    change: usize,
+    sub: Arc<Subscriber>,
+    /// Indexes into `sub.bindings`.
+    bindings: Vec<usize>,
+}
+
+/// The frames for each change of a batch (`datas`: each change's `data` JSON, in queue
+/// order), in the same order. Err only when the connection was lost.
+pub(crate) async fn prepare(
+    db: &impl Lookup,
+    subscribers: &Subscribers,
+    datas: &[&str],
+    max_record_bytes: usize,
+    metrics: &Metrics,
+) -> Result<Vec<Vec<Outgoing>>, String> {
+    let mut out: Vec<Vec<Outgoing>> = datas.iter().map(|_| Vec::new()).collect();
+    if subscribers.is_empty() {
+        return Ok(out);
+    }
+    let parsed: Vec<Option<Value>> = datas.iter().map(|d| serde_json::from_str(d).ok()).collect();
+    // Candidates grouped by table, tables in order of first appearance.
+    let mut tables: Vec<((String, String), Vec<Candidate>)> = Vec::new();
+    for (i, data) in parsed.iter().enumerate() {
+        let Some(data) = data else { continue };
+        let Some(c) = Change::from_data(data) else {
+            report_undeliverable(subscribers, data, &mut out[i]);
+            continue;
+        };
+        let mut found = Vec::new();
+        for sub in subscribers.of(c.schema, c.table) {
+            let bindings: Vec<usize> = (0..sub.bindings.len())
+                .filter(|&b| sub.bindings[b].matches(&c))
+                .collect();
+            if !bindings.is_empty() {
+                found.push(Candidate {
+                    change: i,
+                    sub,
+                    bindings,
+                });
+            }
+        }
+        if found.is_empty() {
+            continue;
+        }
+        let key = (c.schema.to_owned(), c.table.to_owned());
+        match tables.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.extend(found),
+            None => tables.push((key, found)),
+        }
+    }
+    for ((schema, table), candidates) in tables {
+        let kept = authorize(db, &schema, &table, &parsed, candidates, metrics).await?;
+        let mut shaped: HashMap<(usize, String, Option<Vec<String>>), String> = HashMap::new();
+        for (cand, info_cols, trim_to_key) in kept {
+            let data = parsed[cand.change].as_ref().expect("parsed");
+            let select = common_select(&cand);
+            let key = (cand.change, cand.sub.role.clone(), select.clone());
+            let text = shaped.entry(key).or_insert_with(|| {
+                shape(
+                    data,
+                    &info_cols,
+                    select.as_deref(),
+                    trim_to_key.as_deref(),
+                    max_record_bytes,
+                )
+            });
+            let ids: Vec<u32> = cand
+                .bindings
+                .iter()
+                .map(|&b| cand.sub.bindings[b].id)
+                .collect();
+            let frame = frame::postgres_changes(cand.sub.vsn, &cand.sub.topic, &ids, text);
+            out[cand.change].push(Outgoing {
+                to: cand.sub,
+                frame,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// A kept candidate, the columns its role may read, and the primary key when its
+/// old_record is trimmed to it (a DELETE on a table with RLS).
+type Kept = (Candidate, Vec<String>, Option<Vec<String>>);
+
+/// Keeps the candidates of one table that may see their change. Channels whose check
+/// failed are told; Err only when the connection was lost.
+async fn authorize(
+    db: &impl Lookup,
+    schema: &str,
+    table: &str,
+    parsed: &[Option<Value>],
+    candidates: Vec<Candidate>,
+    metrics: &Metrics,
+) -> Result<Vec<Kept>, String> {
+    let mut roles: Vec<String> = candidates.iter().map(|c| c.sub.role.clone()).collect();
+    roles.sort();
+    roles.dedup();
+    let info = match db.table(schema, table, &roles).await {
+        Ok(Some(info)) => info,
+        Ok(None) => {
+            // Dropped since the change was decoded: nothing can be checked.
+            metrics
+                .changes_withheld_total
+                .increment(candidates.len() as u64);
+            return Ok(Vec::new());
+        }
+        Err(DbError::Failed(why)) => {
+            withhold_failed(&candidates, schema, table, &why, metrics);
+            return Ok(Vec::new());
+        }
+        Err(DbError::Lost(why)) => return Err(why),
+    };
+    // The role's columns; a binding whose filter reads a column the role can no longer
+    // read (a REVOKE since the join) matches nothing.
+    let mut readable: Vec<(Candidate, Vec<String>)> = Vec::new();
+    for mut cand in candidates {
+        let Some(Ok(cols)) = info.roles.get(&cand.sub.role) else {
+            metrics.changes_withheld_total.increment(1);
+            continue;
+        };
+        let sub = cand.sub.clone();
+        cand.bindings.retain(|&b| {
+            sub.bindings[b]
+                .filter
+                .as_ref()
+                .is_none_or(|f| cols.contains(&f.column))
+        });
+        if cand.bindings.is_empty() {
+            metrics.changes_withheld_total.increment(1);
+            continue;
+        }
+        readable.push((cand, cols.clone()));
+    }
+    let is_delete = |c: &Candidate| {
+        parsed[c.change]
+            .as_ref()
+            .and_then(|d| d.get("type"))
+            .and_then(Value::as_str)
+            == Some("DELETE")
+    };
+    if !info.rls {
+        return Ok(readable
+            .into_iter()
+            .map(|(c, cols)| (c, cols, None))
+            .collect());
+    }
+    // RLS: INSERTs and UPDATEs are checked; DELETEs pass with the key alone.
+    let (deletes, checked): (Vec<_>, Vec<_>) =
+        readable.into_iter().partition(|(c, _)| is_delete(c));
+    let mut kept: Vec<Kept> = deletes
+        .into_iter()
+        .map(|(c, cols)| (c, cols, Some(info.primary_key.clone())))
+        .collect();
+    if checked.is_empty() {
+        return Ok(kept);
+    }
+    let mut identities: Vec<(String, String)> = Vec::new();
+    let mut records: Vec<usize> = Vec::new();
+    let mut asked: Vec<i32> = Vec::new();
+    let mut pair_of: Vec<(i32, i32)> = Vec::with_capacity(checked.len());
+    for (cand, _) in &checked {
+        let who = (cand.sub.role.clone(), cand.sub.claims.clone());
+        let i = match identities.iter().position(|x| *x == who) {
+            Some(i) => i,
+            None => {
+                identities.push(who);
+                identities.len() - 1
+            }
+        };
+        let r = match records.iter().position(|&x| x == cand.change) {
+            Some(r) => r,
+            None => {
+                records.push(cand.change);
+                records.len() - 1
+            }
+        };
+        let pair = (i as i32 + 1, r as i32 + 1);
+        if !pair_of.contains(&pair) {
+            asked.extend([pair.0, pair.1]);
+        }
+        pair_of.push(pair);
+    }
+    let role_list: Vec<String> = identities.iter().map(|(r, _)| r.clone()).collect();
+    let claim_list: Vec<String> = identities.iter().map(|(_, c)| c.clone()).collect();
+    let record_list: Vec<String> = records
+        .iter()
+        .map(|&i| key_only(parsed[i].as_ref().expect("parsed"), &info.primary_key))
+        .collect();
+    let rows = match db
+        .visible(info.oid, &role_list, &claim_list, &record_list, &asked)
+        .await
+    {
+        Ok(rows) => rows,
+        Err(DbError::Failed(why)) => {
+            let cands: Vec<Candidate> = checked.into_iter().map(|(c, _)| c).collect();
+            withhold_failed(&cands, schema, table, &why, metrics);
+            return Ok(kept);
+        }
+        Err(DbError::Lost(why)) => return Err(why),
+    };
+    let mut seen = std::collections::HashSet::new();
+    for (identity, record, error) in rows {
+        match (record, error) {
+            (Some(r), _) => {
+                seen.insert((identity, r));
+            }
+            (None, Some(why)) => {
+                // A policy that raised, or a role the guard refuses: that identity only.
+                tracing::debug!(identity, error = %why, "a change's RLS check failed for one identity");
+                metrics.auth_policy_errors_total.increment(1);
+            }
+            (None, None) => {}
+        }
+    }
+    for ((cand, cols), pair) in checked.into_iter().zip(pair_of) {
+        if seen.contains(&pair) {
+            kept.push((cand, cols, None));
+        } else {
+            metrics.changes_withheld_total.increment(1);
+        }
+    }
+    Ok(kept)
+}
+
+/// Tells each channel once that changes of a table were withheld because they could not
+/// be checked.
+fn withhold_failed(cands: &[Candidate], schema: &str, table: &str, why: &str, metrics: &Metrics) {
+    tracing::warn!(schema, table, error = %why, "a change's RLS check failed; withheld");
+    metrics.change_check_failures_total.increment(1);
+    metrics.changes_withheld_total.increment(cands.len() as u64);
+    let mut told = std::collections::HashSet::new();
+    for c in cands {
+        if !told.insert((c.sub.conn, c.sub.topic.clone())) {
+            continue;
+        }
+        let text = frame::system(
+            c.sub.vsn,
+            c.sub.join_ref.as_deref(),
+            &c.sub.topic,
+            "error",
+            &format!(
+                "Changes to {schema}.{table} could not be authorized and were not delivered: {why}"
+            ),
+        );
+        let _ = c.sub.tx.try_send(Message::text(text));
+    }
+}
+
+/// A change the extension could not decode (its table dropped or altered before it was
+/// drained): the channels listening to a table of that name are told it was lost.
+fn report_undeliverable(subscribers: &Subscribers, data: &Value, out: &mut Vec<Outgoing>) {
+    let (Some(table), Some(errors)) = (
+        data.get("table").and_then(Value::as_str),
+        data.get("errors").and_then(Value::as_array),
+    ) else {
+        return;
+    };
+    let why: Vec<&str> = errors.iter().filter_map(Value::as_str).collect();
+    for sub in subscribers.named(table) {
+        let text = frame::system(
+            sub.vsn,
+            sub.join_ref.as_deref(),
+            &sub.topic,
+            "error",
+            &format!("A change to table {table} was lost: {}", why.join("; ")),
+        );
+        out.push(Outgoing {
+            to: sub,
+            frame: text,
+        });
+    }
+}
+
+/// The `select` of a candidate's bindings: None (every readable column) unless every
+/// matched binding names its columns; then their union.
+fn common_select(c: &Candidate) -> Option<Vec<String>> {
+    let mut all: Vec<String> = Vec::new();
+    for &b in &c.bindings {
+        let s = c.sub.bindings[b].select.as_ref()?;
+        for col in s {
+            if !all.contains(col) {
+                all.push(col.clone());
+            }
+        }
+    }
+    Some(all)
+}
+
+/// The record's primary key as JSON, what `realtime.visible` looks rows up by.
+fn key_only(data: &Value, key: &[String]) -> String {
+    let row = data
+        .get("record")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let kept: Map<String, Value> = row.into_iter().filter(|(k, _)| key.contains(k)).collect();
+    Value::Object(kept).to_string()
+}
+
+/// The change as one role sees it: columns it may read (and selected), old_record trimmed
+/// to the key when asked, small values only past the size cap.
+fn shape(
+    data: &Value,
+    readable: &[String],
+    select: Option<&[String]>,
+    trim_to_key: Option<&[String]>,
+    max_record_bytes: usize,
+) -> String {
+    let keep = |name: &str| {
+        readable.iter().any(|c| c == name) && select.is_none_or(|s| s.iter().any(|c| c == name))
+    };
+    let mut d = data.clone();
+    if let Some(Value::Array(cols)) = d.get_mut("columns") {
+        cols.retain(|c| c.get("name").and_then(Value::as_str).is_some_and(keep));
+    }
+    if let Some(Value::Object(r)) = d.get_mut("record") {
+        r.retain(|k, _| keep(k));
+    }
+    if let Some(Value::Object(r)) = d.get_mut("old_record") {
+        r.retain(|k, _| keep(k) && trim_to_key.is_none_or(|key| key.iter().any(|c| c == k)));
+    }
+    let text = d.to_string();
+    if text.len() <= max_record_bytes {
+        return text;
+    }
+    for field in ["record", "old_record"] {
+        if let Some(Value::Object(r)) = d.get_mut(field) {
+            r.retain(|_, v| v.to_string().len() <= SMALL_VALUE_BYTES);
+        }
+    }
+    let too_large = Value::from("Error 413: Payload Too Large");
+    match d.get_mut("errors") {
+        Some(Value::Array(e)) => e.push(too_large),
+        _ => d["errors"] = Value::Array(vec![too_large]),
+    }
+    d.to_string()
+}
+
+const TABLE_SQL: &str = "SELECT c.oid, c.relrowsecurity AS rls, \
+     ARRAY(SELECT a.attname::text FROM pg_index i \
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
+           WHERE i.indrelid = c.oid AND i.indisprimary ORDER BY a.attnum) AS primary_key, \
+     s.role, s.columns, s.error \
+     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace, \
+     LATERAL realtime.selectable(c.oid, $3::text[]) s \
+     WHERE n.nspname = $1 AND c.relname = $2";
+
+const VISIBLE_SQL: &str = "SELECT identity, record, error \
+     FROM realtime.visible($1::oid::regclass, $2::text[], $3::text[], $4::text[], $5::int4[])";
+
+/// The lookups on the drain connection (statements prepared on first use, so a database
+/// without Postgres Changes' functions still drains broadcasts).
+pub struct Db<'a> {
+    pub client: &'a tokio_postgres::Client,
+    pub deadline: std::time::Duration,
+    pub statements: &'a Statements,
+}
+
+/// The prepared statements of one drain session.
+#[derive(Default)]
+pub struct Statements {
+    table: tokio::sync::OnceCell<tokio_postgres::Statement>,
+    visible: tokio::sync::OnceCell<tokio_postgres::Statement>,
+}
+
+impl Db<'_> {
+    fn error(&self, e: tokio_postgres::Error) -> DbError {
+        if self.client.is_closed() {
+            return DbError::Lost(e.to_string());
+        }
+        DbError::Failed(
+            e.as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+        )
+    }
+
+    async fn query(
+        &self,
+        cell: &tokio::sync::OnceCell<tokio_postgres::Statement>,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, DbError> {
+        let call = async {
+            let stmt = cell.get_or_try_init(|| self.client.prepare(sql)).await?;
+            self.client.query(stmt, params).await
+        };
+        match tokio::time::timeout(self.deadline, call).await {
+            Err(_) => Err(DbError::Lost(
+                "a Postgres Changes check did not answer in time".into(),
+            )),
+            Ok(r) => r.map_err(|e| self.error(e)),
+        }
+    }
+}
+
+impl Lookup for Db<'_> {
+    async fn table(
+        &self,
+        schema: &str,
+        table: &str,
+        roles: &[String],
+    ) -> Result<Option<TableInfo>, DbError> {
+        let rows = self
+            .query(
+                &self.statements.table,
+                TABLE_SQL,
+                &[&schema, &table, &roles],
+            )
+            .await?;
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let mut info = TableInfo {
+            oid: first.get("oid"),
+            rls: first.get("rls"),
+            primary_key: first.get("primary_key"),
+            roles: HashMap::new(),
+        };
+        for row in &rows {
+            let role: String = row.get("role");
+            let verdict = match row.get::<_, Option<String>>("error") {
+                Some(why) => Err(why),
+                None => Ok(row
+                    .get::<_, Option<Vec<String>>>("columns")
+                    .unwrap_or_default()),
+            };
+            info.roles.insert(role, verdict);
+        }
+        Ok(Some(info))
+    }
+
+    async fn visible(
+        &self,
+        oid: u32,
+        roles: &[String],
+        claims: &[String],
+        records: &[String],
+        asked: &[i32],
+    ) -> Result<Vec<VisibleRow>, DbError> {
+        let rows = self
+            .query(
+                &self.statements.visible,
+                VISIBLE_SQL,
+                &[&oid, &roles, &claims, &records, &asked],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get("identity"), r.get("record"), r.get("error")))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::Vsn;
+    use crate::postgres_changes::parse_bindings;
+    use serde_json::json;
+    use std::sync::Mutex;
+    use tokio::sync::{mpsc, Notify};
+
+    type VisibleCall = (Vec<String>, Vec<String>, Vec<i32>);
+
+    /// Plays the database: table `public.todos` with RLS and key `id`; role
+    /// `authenticated` reads every column but `secret`, `anon` may not read the key (401);
+    /// a row is visible to claims `{"sub":"u1"}` when its id is odd. `notes` has no RLS.
+    #[derive(Default)]
+    struct Fake {
+        /// Each visible call's (claims, records, asked).
+        visible_calls: Mutex<Vec<VisibleCall>>,
+        fail_visible: bool,
+    }
+
+    impl Lookup for Fake {
+        async fn table(
+            &self,
+            _schema: &str,
+            table: &str,
+            roles: &[String],
+        ) -> Result<Option<TableInfo>, DbError> {
+            if table == "gone" {
+                return Ok(None);
+            }
+            let roles = roles
+                .iter()
+                .map(|r| {
+                    let cols = match r.as_str() {
+                        "authenticated" => Ok(vec!["id".into(), "title".into(), "owner".into()]),
+                        _ => Err("Error 401: Unauthorized".to_owned()),
+                    };
+                    (r.clone(), cols)
+                })
+                .collect();
+            Ok(Some(TableInfo {
+                oid: 42,
+                rls: table == "todos",
+                primary_key: vec!["id".into()],
+                roles,
+            }))
+        }
+
+        async fn visible(
+            &self,
+            oid: u32,
+            roles: &[String],
+            claims: &[String],
+            records: &[String],
+            asked: &[i32],
+        ) -> Result<Vec<VisibleRow>, DbError> {
+            assert_eq!(oid, 42);
+            self.visible_calls.lock().unwrap().push((
+                claims.to_vec(),
+                records.to_vec(),
+                asked.to_vec(),
+            ));
+            if self.fail_visible {
+                return Err(DbError::Failed(
+                    "permission denied for function visible".into(),
+                ));
+            }
+            let mut rows = Vec::new();
+            for pair in asked.chunks(2) {
+                let (i, r) = (pair[0], pair[1]);
+                let rec: Value = serde_json::from_str(&records[r as usize - 1]).unwrap();
+                assert_eq!(rec.as_object().unwrap().len(), 1, "only the key is sent");
+                let odd = rec["id"].as_i64().unwrap() % 2 == 1;
+                if roles[i as usize - 1] == "authenticated"
+                    && claims[i as usize - 1] == r#"{"sub":"u1"}"#
+                    && odd
+                {
+                    rows.push((i, Some(r), None));
+                }
+            }
+            Ok(rows)
+        }
+    }
+
+    fn sub(
+        conn: u64,
+        role: &str,
+        claims: &str,
+        bindings: Value,
+    ) -> (Subscriber, mpsc::Receiver<Message>) {
+        let (tx, rx) = mpsc::channel(64);
+        let s = Subscriber {
+            conn,
+            vsn: Vsn::V1,
+            topic: format!("realtime:c{conn}"),
+            join_ref: None,
+            bindings: parse_bindings(Some(&bindings)).unwrap(),
+            role: role.into(),
+            claims: claims.into(),
+            tx,
+            too_slow: Arc::new(Notify::new()),
+        };
+        (s, rx)
+    }
+
+    fn change(table: &str, kind: &str, id: i64) -> String {
+        let rec = json!({"id": id, "title": "t", "owner": "u", "secret": "s"});
+        let mut d = json!({
+            "schema": "public", "table": table, "commit_timestamp": "2026-01-01T00:00:00.000Z",
+            "type": kind,
+            "columns": [{"name": "id", "type": "int8"}, {"name": "title", "type": "text"},
+                        {"name": "owner", "type": "text"}, {"name": "secret", "type": "text"}],
+            "errors": null
+        });
+        if kind != "DELETE" {
+            d["record"] = rec.clone();
+        }
+        if kind != "INSERT" {
+            d["old_record"] = rec;
+        }
+        d.to_string()
+    }
+
+    /// What each outgoing frame carries: (conn, ids, data).
+    fn delivered(out: &[Vec<Outgoing>]) -> Vec<Vec<(u64, Value, Value)>> {
+        out.iter()
+            .map(|v| {
+                v.iter()
+                    .map(|o| {
+                        let f: Value = serde_json::from_str(&o.frame).unwrap();
+                        (
+                            o.to.conn,
+                            f["payload"]["ids"].clone(),
+                            f["payload"]["data"].clone(),
+                        )
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn rls_tables_are_checked_per_identity_once_per_batch_and_columns_trimmed() {
+        let subs = Subscribers::default();
+        let all = json!([{"event": "*", "schema": "public", "table": "todos"}]);
+        let (owner, _r1) = sub(1, "authenticated", r#"{"sub":"u1"}"#, all.clone());
+        let (other, _r2) = sub(2, "authenticated", r#"{"sub":"u2"}"#, all.clone());
+        let (anon, _r3) = sub(3, "anon", "{}", all);
+        subs.add(owner);
+        subs.add(other);
+        subs.add(anon);
+        let db = Fake::default();
+        let datas = [
+            change("todos", "INSERT", 1),
+            change("todos", "UPDATE", 2),
+            change("todos", "DELETE", 4),
+        ];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let m = Metrics::default();
+        let out = prepare(&db, &subs, &datas, 1 << 20, &m).await.unwrap();
+        let got = delivered(&out);
+        // Row 1 (odd) is visible to u1 only; row 2 to nobody; the delete reaches both
+        // authenticated channels with the key alone, and anon (401) gets nothing.
+        assert_eq!(got[0].len(), 1);
+        assert_eq!(got[0][0].0, 1);
+        let data = &got[0][0].2;
+        assert_eq!(data["record"], json!({"id": 1, "title": "t", "owner": "u"}));
+        assert!(data["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["name"] != "secret"));
+        assert!(got[1].is_empty());
+        let mut del: Vec<u64> = got[2].iter().map(|d| d.0).collect();
+        del.sort();
+        assert_eq!(del, vec![1, 2]);
+        assert_eq!(got[2][0].2["old_record"], json!({"id": 4}));
+        // One visible call for the batch: two identities, two records, four pairs.
+        let calls = db.visible_calls.lock().unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].0.len(), 2);
+        assert_eq!(calls[0].1, vec![r#"{"id":1}"#, r#"{"id":2}"#]);
+        assert_eq!(calls[0].2.len(), 8);
+        // Withheld: anon's three (401) and the three pairs RLS hides.
+        assert_eq!(m.value("realtime_changes_withheld_total"), Some(6.0));
+    }
+
+    #[tokio::test]
+    async fn only_pairs_a_filter_lets_through_are_asked_and_ids_list_every_match() {
+        let subs = Subscribers::default();
+        let (s, _rx) = sub(
+            1,
+            "authenticated",
+            r#"{"sub":"u1"}"#,
+            json!([{"event": "*", "schema": "public", "table": "todos", "filter": "id=eq.3"},
+                   {"event": "INSERT", "schema": "public"},
+                   {"event": "UPDATE", "schema": "public", "table": "todos", "select": ["id"]}]),
+        );
+        let ids: Vec<u32> = s.bindings.iter().map(|b| b.id).collect();
+        subs.add(s);
+        let db = Fake::default();
+        let datas = [change("todos", "INSERT", 3), change("todos", "INSERT", 5)];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let out = prepare(&db, &subs, &datas, 1 << 20, &Metrics::default())
+            .await
+            .unwrap();
+        let got = delivered(&out);
+        assert_eq!(got[0][0].1, json!([ids[0], ids[1]]));
+        assert_eq!(got[1][0].1, json!([ids[1]]));
+        // The select of one binding does not narrow what a binding without one gets.
+        assert_eq!(got[0][0].2["record"]["title"], "t");
+    }
+
+    #[tokio::test]
+    async fn a_failed_check_withholds_and_tells_the_channel_and_a_table_without_rls_is_not_asked() {
+        let subs = Subscribers::default();
+        let (s, mut rx) = sub(
+            1,
+            "authenticated",
+            r#"{"sub":"u1"}"#,
+            json!([{"event": "*", "schema": "public"}]),
+        );
+        subs.add(s);
+        let db = Fake {
+            fail_visible: true,
+            ..Fake::default()
+        };
+        let datas = [change("todos", "INSERT", 1), change("notes", "INSERT", 2)];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let m = Metrics::default();
+        let out = prepare(&db, &subs, &datas, 1 << 20, &m).await.unwrap();
+        let got = delivered(&out);
+        assert!(got[0].is_empty(), "nothing unchecked is sent");
+        assert_eq!(got[1].len(), 1, "notes has no RLS");
+        let told: Value = match rx.try_recv().unwrap() {
+            Message::Text(t) => serde_json::from_str(&t).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(told["event"], "system");
+        assert!(told["payload"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not be authorized"));
+        assert_eq!(m.value("realtime_change_check_failures_total"), Some(1.0));
+    }
+
+    #[test]
+    fn a_record_over_the_cap_keeps_its_small_values_and_says_413() {
+        let data: Value = serde_json::from_str(&change("notes", "INSERT", 1)).unwrap();
+        let mut big = data.clone();
+        big["record"]["title"] = json!("x".repeat(1000));
+        let cols: Vec<String> = ["id", "title", "owner"].map(String::from).to_vec();
+        let text: Value = serde_json::from_str(&shape(&big, &cols, None, None, 500)).unwrap();
+        assert_eq!(text["record"], json!({"id": 1, "owner": "u"}));
+        assert_eq!(text["errors"], json!(["Error 413: Payload Too Large"]));
+        let small: Value = serde_json::from_str(&shape(&data, &cols, None, None, 500)).unwrap();
+        assert_eq!(small["errors"], Value::Null);
+    }
+}

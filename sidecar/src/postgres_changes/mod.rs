@@ -1,0 +1,26 @@
+//! The Postgres Changes extension of a channel: realtime-js's
+//! `channel.on('postgres_changes', {event, schema, table, filter}, cb)`.
+//!
+//! A change's way: the extension captures each row change of a table in publication
+//! `supabase_realtime` into the queue at commit (`extension/src/capture.rs`), and a drain
+//! call decodes it into Supabase's `data` (`extension/src/change.rs`). The drainer hands
+//! the batch's changes to `deliver`, which finds the channels whose bindings match
+//! (`subscribers`, `binding`), asks the database in one call per table and batch which of
+//! them may see each row (RLS) and which columns their role may read, and queues each
+//! channel its `postgres_changes` event, in queue order with the batch's broadcasts.
+//!
+//! A join's way: the bindings are parsed (`binding`), refused at once when this server
+//! cannot serve them, then checked against the database (`check`: the table exists and is
+//! published, columns and filter values are valid and readable by the role). Only then is
+//! the join answered, the channel registered, and `system` "Subscribed to PostgreSQL" sent:
+//! a client that sees SUBSCRIBED gets every change committed after.
+//!
+//! `binding` bindings, filters, matching and the join reply · `check` the join-time check ·
+//! `subscribers` who listens to which table · `deliver` the drained batch's stage.
+
+pub mod binding;
+pub mod check;
+pub mod deliver;
+pub mod subscribers;
+
+pub use binding::{parse_bindings, reply, Binding, BindingError, Change};

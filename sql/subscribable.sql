@@ -1,0 +1,109 @@
+-- Postgres Changes: whether a join's bindings can be served, checked once when the channel
+-- joins, so that a mistake is a clear join error instead of silence afterwards (Supabase
+-- checks the same in its subscription table's trigger). The sidecar sends every binding
+-- of the joins waiting, as one JSON array of
+--     {"role": ..., "schema": ..., "table": ..., "column": ..., "values": [...], "select": [...]}
+-- (column and values: the binding's filter; table absent: a binding on a whole schema,
+-- checked change by change at delivery instead), and receives, for each binding (1-based
+-- `item`), its error or, for a filter, its values as the column's type renders them in
+-- JSON: the sidecar compares changed records with those, so `eq.2026-01-01` matches the
+-- record's "2026-01-01T00:00:00+00:00".
+--
+-- A filter or a select on a column the role may not SELECT is refused: a filter evaluated
+-- on a hidden column would let a subscriber learn its values one question at a time.
+CREATE FUNCTION realtime.subscribable(bindings jsonb)
+RETURNS TABLE(item integer, error text, "values" jsonb)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
+DECLARE
+    b jsonb;
+    n integer := 0;
+    rel oid;
+    relname text;
+    sel record;
+    col record;
+    typ oid;
+    c text;
+    v text;
+    rendered jsonb;
+BEGIN
+    IF jsonb_typeof(bindings) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'bindings must be a JSON array' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR b IN SELECT e FROM jsonb_array_elements(bindings) e LOOP
+        n := n + 1;
+        item := n;
+        error := NULL;
+        "values" := NULL;
+        IF b ->> 'table' IS NULL OR b ->> 'schema' = '*' THEN
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        SELECT c.oid, format('%I.%I', ns.nspname, c.relname) INTO rel, relname
+        FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace
+        WHERE ns.nspname = b ->> 'schema' AND c.relname = b ->> 'table' AND c.relkind IN ('r', 'p');
+        IF rel IS NULL THEN
+            error := format('table %I.%I does not exist', b ->> 'schema', b ->> 'table');
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
+                       WHERE pt.pubname = 'supabase_realtime'
+                         AND pt.schemaname = b ->> 'schema' AND pt.tablename = b ->> 'table') THEN
+            error := format('table %s is not in publication supabase_realtime; add it with '
+                            'ALTER PUBLICATION supabase_realtime ADD TABLE %s', relname, relname);
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        -- The role guard, the 400 (no primary key) and the 401 (the role may not select it).
+        SELECT s.columns, s.error INTO sel FROM realtime.selectable(rel, ARRAY[b ->> 'role']) s;
+        IF sel.error IS NOT NULL THEN
+            error := sel.error;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        FOR c IN SELECT jsonb_array_elements_text(coalesce(b -> 'select', '[]'))
+                 UNION ALL SELECT b ->> 'column' WHERE b ? 'column' LOOP
+            IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = c
+                           AND a.attnum > 0 AND NOT a.attisdropped) THEN
+                error := format('column %I does not exist in %s', c, relname);
+            ELSIF c <> ALL (sel.columns) THEN
+                error := format('role %I may not select column %I of %s', b ->> 'role', c, relname);
+            END IF;
+            EXIT WHEN error IS NOT NULL;
+        END LOOP;
+        IF error IS NULL AND b ? 'column' THEN
+            SELECT a.atttypid, a.atttypmod INTO col FROM pg_attribute a
+            WHERE a.attrelid = rel AND a.attname = b ->> 'column';
+            -- A domain's values are read as its base type: a domain's CHECK may call any
+            -- function, and this function runs as the extension's owner.
+            typ := col.atttypid;
+            WHILE (SELECT t.typtype = 'd' FROM pg_type t WHERE t.oid = typ) LOOP
+                SELECT t.typbasetype INTO typ FROM pg_type t WHERE t.oid = typ;
+            END LOOP;
+            IF EXISTS (SELECT 1 FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1
+                       WHERE t.oid = typ AND (t.typtype NOT IN ('b', 'e') OR e.typtype = 'd')) THEN
+                error := format('column %I of %s is of type %s, which filters do not support',
+                                b ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
+            ELSE
+                "values" := '[]';
+                FOR v IN SELECT jsonb_array_elements_text(b -> 'values') LOOP
+                    BEGIN
+                        EXECUTE format('SELECT to_jsonb(%L::%s)', v, format_type(typ, col.atttypmod))
+                            INTO rendered;
+                    EXCEPTION WHEN data_exception THEN
+                        error := format('filter value %L is not a valid %s: %s', v,
+                                        format_type(col.atttypid, col.atttypmod), SQLERRM);
+                        "values" := NULL;
+                        EXIT;
+                    END;
+                    "values" := "values" || jsonb_build_array(rendered);
+                END LOOP;
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION realtime.subscribable(jsonb) FROM PUBLIC;
