@@ -20,7 +20,7 @@
 
 use crate::errors;
 use crate::identity::{
-    interrupts_call, prepare, report, role_guard, run, set_identity, set_local, text_datum,
+    interrupts_call, prepare_generic, report, role_guard, run, set_identity, set_local, text_datum,
     without_leftover_subxacts, SubXact,
 };
 use pgrx::pg_sys;
@@ -105,15 +105,15 @@ fn evaluate(requests: &[Request], order: &[usize], verdicts: &mut [Verdict]) {
         if pg_sys::SPI_connect() < 0 {
             pgrx::error!("could not connect to SPI");
         }
-        let probe_insert = prepare(
+        let probe_insert = prepare_generic(
             "INSERT INTO realtime.messages (topic, extension, id) VALUES ($1, $2, $3)",
             &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::UUIDOID],
         );
-        let probe_read = prepare(
+        let probe_read = prepare_generic(
             "SELECT 1 FROM realtime.messages WHERE id = $1",
             &[pg_sys::UUIDOID],
         );
-        let probe_write = prepare(
+        let probe_write = prepare_generic(
             "INSERT INTO realtime.messages (topic, extension) VALUES ($1, $2)",
             &[pg_sys::TEXTOID, pg_sys::TEXTOID],
         );

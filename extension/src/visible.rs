@@ -22,7 +22,8 @@
 
 use crate::errors;
 use crate::identity::{
-    interrupts_call, prepare, report, role_guard, set_identity, without_leftover_subxacts, SubXact,
+    interrupts_call, prepare, prepare_generic, report, role_guard, set_identity,
+    without_leftover_subxacts, SubXact,
 };
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -56,34 +57,101 @@ const PRIMARY_KEY_SQL: &str = "SELECT a.attname::text FROM pg_index i \
      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
      WHERE i.indrelid = $1 AND i.indisprimary ORDER BY a.attnum";
 
-/// The lookup of `entity`'s rows by the primary keys of a text[] of JSON records; returns
-/// the numbers (the int[] beside them) of those whose row it sees.
-unsafe fn lookup_sql(entity: pg_sys::Oid) -> Result<String, String> {
+/// The primary key's columns, each as "<array type oid> <name>".
+const KEY_TYPES_SQL: &str = "SELECT t.typarray::text || ' ' || a.attname FROM pg_index i \
+     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
+     JOIN pg_type t ON t.oid = a.atttypid \
+     WHERE i.indrelid = $1 AND i.indisprimary ORDER BY a.attnum";
+
+/// How one call looks `entity`'s rows up: a statement taking the record numbers to ask
+/// about (int[]) and, per key column, the records' key values as an array of that column's
+/// type, read from the JSON records once per call rather than once per identity.
+struct Lookup {
+    plan: pg_sys::SPIPlanPtr,
+    keys: Vec<pg_sys::Datum>,
+}
+
+unsafe fn lookup(entity: pg_sys::Oid, records: pg_sys::Datum) -> Result<Lookup, String> {
     unsafe {
         let table = texts("SELECT $1::regclass::text", &[entity]);
-        let key: Vec<String> = texts(PRIMARY_KEY_SQL, &[entity])
-            .iter()
-            .map(|c| quote_ident(c))
-            .collect();
         let Some(table) = table.first() else {
             return Err(format!(
                 "relation with OID {} does not exist",
                 entity.to_u32()
             ));
         };
+        let key: Vec<(pg_sys::Oid, String)> = texts(KEY_TYPES_SQL, &[entity])
+            .iter()
+            .filter_map(|t| {
+                let (oid, name) = t.split_once(' ')?;
+                Some((
+                    pg_sys::Oid::from(oid.parse::<u32>().ok()?),
+                    quote_ident(name),
+                ))
+            })
+            .collect();
         if key.is_empty() {
             return Err("Error 400: Bad Request, no primary key".into());
         }
+        if key.iter().any(|(array, _)| *array == pg_sys::InvalidOid) {
+            return Err("the primary key has a type without an array type".into());
+        }
+        // The key values, typed by the table's own row type (as a change's record holds
+        // them), one array per key column in record order.
+        let aggs = key
+            .iter()
+            .map(|(_, c)| format!("array_agg(r.{c} ORDER BY k.i)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let keys_sql = format!(
+            "SELECT {aggs} FROM unnest($1::text[]) WITH ORDINALITY AS k(rec, i), \
+             LATERAL jsonb_populate_record(NULL::{table}, k.rec::jsonb) AS r"
+        );
+        let keys_plan = prepare(&keys_sql, &[pg_sys::TEXTARRAYOID]);
+        let rc = pg_sys::SPI_execute_plan(
+            keys_plan,
+            [records].as_ptr().cast_mut(),
+            std::ptr::null(),
+            true,
+            1,
+        );
+        if rc < 0 {
+            pgrx::error!("reading the records' keys failed (SPI error {rc})");
+        }
+        // The tuple stays in this call's SPI memory until SPI_finish.
+        let (tuptable, mut keys) = (pg_sys::SPI_tuptable, Vec::with_capacity(key.len()));
+        let mut nulls = Vec::with_capacity(key.len());
+        for n in 1..=key.len() {
+            let mut isnull = false;
+            let d = pg_sys::SPI_getbinval(
+                *(*tuptable).vals,
+                (*tuptable).tupdesc,
+                n as i32,
+                &mut isnull,
+            );
+            keys.push(d);
+            nulls.push(isnull);
+        }
+        if nulls.iter().any(|&n| n) {
+            // No records: nothing to look up (every answer is "not visible").
+            keys.clear();
+        }
         let same = key
             .iter()
-            .map(|c| format!("t.{c} = r.{c}"))
+            .enumerate()
+            .map(|(n, (_, c))| format!("t.{c} = ${}[a.i]", n + 2))
             .collect::<Vec<_>>()
             .join(" AND ");
-        Ok(format!(
-            "SELECT k.i FROM unnest($1::text[], $2::int[]) AS k(rec, i), \
-             LATERAL jsonb_populate_record(NULL::{table}, k.rec::jsonb) AS r \
+        let sql = format!(
+            "SELECT a.i FROM unnest($1::int[]) AS a(i) \
              WHERE EXISTS (SELECT 1 FROM {table} t WHERE {same})"
-        ))
+        );
+        let mut types = vec![pg_sys::INT4ARRAYOID];
+        types.extend(key.iter().map(|(array, _)| *array));
+        Ok(Lookup {
+            plan: prepare_generic(&sql, &types),
+            keys,
+        })
     }
 }
 
@@ -113,8 +181,9 @@ fn evaluate(
         if pg_sys::SPI_connect() < 0 {
             pgrx::error!("could not connect to SPI");
         }
-        let sql = match lookup_sql(entity) {
-            Ok(sql) => sql,
+        let all = records.to_vec().into_datum().expect("an array of records");
+        let lookup = match lookup(entity, all) {
+            Ok(l) => l,
             Err(why) => {
                 for i in 0..identities.len() {
                     out.push((i as i32 + 1, None, Some(why.clone())));
@@ -123,32 +192,41 @@ fn evaluate(
                 return;
             }
         };
-        let plan = prepare(&sql, &[pg_sys::TEXTARRAYOID, pg_sys::INT4ARRAYOID]);
+        if lookup.keys.is_empty() {
+            // No records: no identity sees any.
+            pg_sys::SPI_finish();
+            return;
+        }
         let every: Vec<i32> = (1..=records.len() as i32).collect();
         let args_for = |numbers: &[i32]| {
-            let recs: Vec<Option<String>> = numbers
-                .iter()
-                .map(|&n| records[n as usize - 1].clone())
-                .collect();
-            [
-                recs.into_datum().expect("an array of records"),
-                numbers.to_vec().into_datum().expect("an array of numbers"),
-            ]
+            let mut args = vec![numbers.to_vec().into_datum().expect("an array of numbers")];
+            args.extend_from_slice(&lookup.keys);
+            args
         };
-        let all = args_for(&every);
+        let all_args = args_for(&every);
+        // The role guard's answer, once per role of the call.
+        let mut guarded: std::collections::HashMap<&str, Result<pg_sys::Oid, String>> =
+            std::collections::HashMap::new();
         let (mut saved_user, mut saved_context) = (pg_sys::InvalidOid, 0);
         pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
         for (i, (role_name, claims)) in identities.iter().enumerate() {
             let at = i as i32 + 1;
+            let own;
             let args = match asked {
-                None => all,
+                None => &all_args,
                 Some(per) if per[i].is_empty() => continue,
-                Some(per) => args_for(&per[i]),
+                Some(per) => {
+                    own = args_for(&per[i]);
+                    &own
+                }
             };
-            let role = match role_guard(role_name) {
-                Ok(role) => role,
+            let guard = guarded
+                .entry(role_name.as_str())
+                .or_insert_with(|| role_guard(role_name));
+            let role = match guard {
+                Ok(role) => *role,
                 Err(why) => {
-                    out.push((at, None, Some(why)));
+                    out.push((at, None, Some(why.clone())));
                     continue;
                 }
             };
@@ -161,7 +239,7 @@ fn evaluate(
                     saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
                 );
                 let rc = pg_sys::SPI_execute_plan(
-                    plan,
+                    lookup.plan,
                     args.as_ptr().cast_mut(),
                     std::ptr::null(),
                     false,
