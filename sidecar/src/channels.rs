@@ -998,14 +998,17 @@ mod tests {
             w[1].2,
             json!({"extension": "postgres_changes", "status": "ok", "message": "Subscribed to PostgreSQL", "channel": "db"})
         );
-        let registered = t.c.shared.changes.of("public", "todos");
+        let registered = t.c.shared.changes.of("public", "todos", None);
         assert_eq!(registered.len(), 1);
         assert!(registered[0].claims.contains("\"sub\":\"u1\""));
         // A new token is the identity changes are checked for from then on.
         let token = testing::token(&json!({"role": "anon", "sub": "u9", "exp": jwt::now() + 60}));
         t.send(json!(["1", "2", "realtime:db", "access_token", {"access_token": token}]))
             .unwrap();
-        assert_eq!(t.c.shared.changes.of("public", "todos")[0].role, "anon");
+        assert_eq!(
+            t.c.shared.changes.of("public", "todos", None)[0].role,
+            "anon"
+        );
         t.send(json!(["1", "3", "realtime:db", "phx_leave", {}]))
             .unwrap();
         assert!(t.c.shared.changes.is_empty());

@@ -294,6 +294,7 @@ async fn session(
             .filter(|r| r.get::<_, &str>(col.kind) == "change")
             .map(|r| r.get::<_, Option<&str>>(col.payload).unwrap_or("null"))
             .collect();
+        let started = Instant::now();
         let mut prepared = if datas.is_empty() {
             Vec::new()
         } else {
@@ -302,6 +303,13 @@ async fn session(
                 .map_err(SessionError::Lost)?
         }
         .into_iter();
+        if !datas.is_empty() {
+            tracing::debug!(
+                changes = datas.len(),
+                ms = started.elapsed().as_secs_f64() * 1000.0,
+                "changes authorized"
+            );
+        }
         let now_us = unix_micros();
         for row in &rows {
             let seq: i64 = row.get(col.seq);

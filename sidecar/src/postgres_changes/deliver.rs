@@ -127,7 +127,12 @@ pub(crate) async fn prepare(
             continue;
         };
         let mut found = Vec::new();
-        for sub in subscribers.of(c.schema, c.table) {
+        let row = if c.kind == "DELETE" {
+            c.old_record
+        } else {
+            c.record
+        };
+        for sub in subscribers.of(c.schema, c.table, row) {
             let bindings: Vec<usize> = (0..sub.bindings.len())
                 .filter(|&b| sub.bindings[b].matches(&c))
                 .collect();
@@ -255,34 +260,32 @@ async fn authorize(
     if checked.is_empty() {
         return Ok(kept);
     }
-    let mut identities: Vec<(String, String)> = Vec::new();
+    // Distinct identities, distinct records and distinct pairs, each numbered once (maps,
+    // not scans: a batch may hold 10^5 candidates).
+    let mut identities: Vec<(&str, &str)> = Vec::new();
+    let mut identity_at: HashMap<(&str, &str), i32> = HashMap::new();
     let mut records: Vec<usize> = Vec::new();
+    let mut record_at: HashMap<usize, i32> = HashMap::new();
     let mut asked: Vec<i32> = Vec::new();
+    let mut asked_pairs: std::collections::HashSet<(i32, i32)> = std::collections::HashSet::new();
     let mut pair_of: Vec<(i32, i32)> = Vec::with_capacity(checked.len());
     for (cand, _) in &checked {
-        let who = (cand.sub.role.clone(), cand.sub.claims.clone());
-        let i = match identities.iter().position(|x| *x == who) {
-            Some(i) => i,
-            None => {
-                identities.push(who);
-                identities.len() - 1
-            }
-        };
-        let r = match records.iter().position(|&x| x == cand.change) {
-            Some(r) => r,
-            None => {
-                records.push(cand.change);
-                records.len() - 1
-            }
-        };
-        let pair = (i as i32 + 1, r as i32 + 1);
-        if !pair_of.contains(&pair) {
-            asked.extend([pair.0, pair.1]);
+        let who = (cand.sub.role.as_str(), cand.sub.claims.as_str());
+        let i = *identity_at.entry(who).or_insert_with(|| {
+            identities.push(who);
+            identities.len() as i32
+        });
+        let r = *record_at.entry(cand.change).or_insert_with(|| {
+            records.push(cand.change);
+            records.len() as i32
+        });
+        if asked_pairs.insert((i, r)) {
+            asked.extend([i, r]);
         }
-        pair_of.push(pair);
+        pair_of.push((i, r));
     }
-    let role_list: Vec<String> = identities.iter().map(|(r, _)| r.clone()).collect();
-    let claim_list: Vec<String> = identities.iter().map(|(_, c)| c.clone()).collect();
+    let role_list: Vec<String> = identities.iter().map(|(r, _)| r.to_string()).collect();
+    let claim_list: Vec<String> = identities.iter().map(|(_, c)| c.to_string()).collect();
     let record_list: Vec<String> = records
         .iter()
         .map(|&i| key_only(parsed[i].as_ref().expect("parsed"), &info.primary_key))

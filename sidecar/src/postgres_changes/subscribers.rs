@@ -1,9 +1,14 @@
 //! Which channels of this sidecar listen to which tables: the one shared state of Postgres
 //! Changes. A channel is registered when its join is admitted, its identity replaced when
 //! its token is, and it is removed when it leaves (or its socket closes); the drainer asks,
-//! per changed table, who might want the change.
+//! per changed row, who might want the change.
+//!
+//! Channels whose every binding on a table is an `eq` filter (a room, a user: the common
+//! case) are indexed by the value they want, so a change is matched against the channels
+//! of its row's values, not against every channel of the table (1,000 subscribers in 10
+//! rooms cost 100 checks per change, not 1,000).
 
-use super::binding::Binding;
+use super::binding::{Binding, Op};
 use crate::frame::Vsn;
 use crate::hub::ConnId;
 use std::collections::{HashMap, HashSet};
@@ -32,10 +37,68 @@ type ChannelKey = (ConnId, String);
 /// Where a binding listens: (schema or `*`, table or None for every table).
 type Place = (String, Option<String>);
 
+/// A column and a value's canonical text (`canonical`).
+type Wanted = (String, String);
+
+/// The channels of one place.
+#[derive(Default)]
+struct Listeners {
+    /// Channels matched against every change of the place.
+    all: HashSet<ChannelKey>,
+    /// Channels whose every binding here is `column=eq.value`, by what they want.
+    by_value: HashMap<Wanted, HashSet<ChannelKey>>,
+    /// How many indexed channels want each column (the columns a change is looked up by).
+    columns: HashMap<String, usize>,
+}
+
+impl Listeners {
+    fn is_empty(&self) -> bool {
+        self.all.is_empty() && self.by_value.is_empty()
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     channels: HashMap<ChannelKey, Arc<Subscriber>>,
-    places: HashMap<Place, HashSet<ChannelKey>>,
+    places: HashMap<Place, Listeners>,
+}
+
+/// A value's text for the index, the same for a filter's typed value and a record's: text
+/// and booleans as they are, numbers with an integral value as integers (a numeric 5.0 in
+/// a record equals a filter's 5). None for what is not indexed (other numbers, arrays,
+/// objects, NULL): such a filter is matched by scan.
+pub fn canonical(v: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Some(format!("s{s}")),
+        Value::Bool(b) => Some(format!("b{b}")),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Some(format!("n{i}"))
+            } else if let Some(u) = n.as_u64() {
+                Some(format!("n{u}"))
+            } else {
+                let f = n.as_f64()?;
+                (f.fract() == 0.0 && f.abs() < 9.0e15).then(|| format!("n{}", f as i64))
+            }
+        }
+        _ => None,
+    }
+}
+
+/// What a channel's bindings on one place want, if all are indexable `eq` filters.
+fn wanted(bindings: &[&Binding]) -> Option<Vec<Wanted>> {
+    bindings
+        .iter()
+        .map(|b| {
+            let f = b.filter.as_ref()?;
+            if f.op != Op::Eq {
+                return None;
+            }
+            let value = canonical(f.typed.as_ref()?.first()?)?;
+            Some((f.column.clone(), value))
+        })
+        .collect()
 }
 
 #[derive(Default)]
@@ -43,10 +106,18 @@ pub struct Subscribers {
     inner: RwLock<Inner>,
 }
 
-fn places(sub: &Subscriber) -> HashSet<Place> {
-    sub.bindings
-        .iter()
-        .map(|b| (b.schema.clone(), b.table.clone()))
+/// Each place a channel listens at, with what it wants there (None: every change).
+fn places(sub: &Subscriber) -> HashMap<Place, Option<Vec<Wanted>>> {
+    let mut by_place: HashMap<Place, Vec<&Binding>> = HashMap::new();
+    for b in &sub.bindings {
+        by_place
+            .entry((b.schema.clone(), b.table.clone()))
+            .or_default()
+            .push(b);
+    }
+    by_place
+        .into_iter()
+        .map(|(place, bindings)| (place, wanted(&bindings)))
         .collect()
 }
 
@@ -58,8 +129,19 @@ impl Subscribers {
         if let Some(old) = inner.channels.remove(&key) {
             remove_places(&mut inner, &key, &old);
         }
-        for place in places(&sub) {
-            inner.places.entry(place).or_default().insert(key.clone());
+        for (place, wants) in places(&sub) {
+            let l = inner.places.entry(place).or_default();
+            match wants {
+                None => {
+                    l.all.insert(key.clone());
+                }
+                Some(wants) => {
+                    for w in wants {
+                        *l.columns.entry(w.0.clone()).or_default() += 1;
+                        l.by_value.entry(w).or_default().insert(key.clone());
+                    }
+                }
+            }
         }
         inner.channels.insert(key, Arc::new(sub));
     }
@@ -112,9 +194,16 @@ impl Subscribers {
             .collect()
     }
 
-    /// The channels with a binding on table `schema.table` (by name, by schema or on every
-    /// schema), each once.
-    pub fn of(&self, schema: &str, table: &str) -> Vec<Arc<Subscriber>> {
+    /// The channels that may want a change of table `schema.table` whose row (the new one;
+    /// the old one for a DELETE) is `row`, each once: those listening to the whole table
+    /// (by name, by schema or on every schema) and those whose `eq` filter wants a value of
+    /// the row. Each still goes through `Binding::matches`.
+    pub fn of(
+        &self,
+        schema: &str,
+        table: &str,
+        row: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Vec<Arc<Subscriber>> {
         let inner = self.inner.read().unwrap();
         let mut seen = HashSet::new();
         let mut out = Vec::new();
@@ -126,7 +215,21 @@ impl Subscribers {
         ];
         for (s, t) in candidates {
             let place = (s.to_owned(), t.map(str::to_owned));
-            for key in inner.places.get(&place).into_iter().flatten() {
+            let Some(l) = inner.places.get(&place) else {
+                continue;
+            };
+            let mut keys: Vec<&ChannelKey> = l.all.iter().collect();
+            if let Some(row) = row {
+                for column in l.columns.keys() {
+                    let Some(value) = row.get(column).and_then(canonical) else {
+                        continue;
+                    };
+                    if let Some(set) = l.by_value.get(&(column.clone(), value)) {
+                        keys.extend(set);
+                    }
+                }
+            }
+            for key in keys {
                 if seen.insert(key) {
                     out.push(inner.channels[key].clone());
                 }
@@ -137,12 +240,33 @@ impl Subscribers {
 }
 
 fn remove_places(inner: &mut Inner, key: &ChannelKey, old: &Subscriber) {
-    for place in places(old) {
-        if let Some(set) = inner.places.get_mut(&place) {
-            set.remove(key);
-            if set.is_empty() {
-                inner.places.remove(&place);
+    for (place, wants) in places(old) {
+        let Some(l) = inner.places.get_mut(&place) else {
+            continue;
+        };
+        match wants {
+            None => {
+                l.all.remove(key);
             }
+            Some(wants) => {
+                for w in wants {
+                    if let Some(n) = l.columns.get_mut(&w.0) {
+                        *n -= 1;
+                        if *n == 0 {
+                            l.columns.remove(&w.0);
+                        }
+                    }
+                    if let Some(set) = l.by_value.get_mut(&w) {
+                        set.remove(key);
+                        if set.is_empty() {
+                            l.by_value.remove(&w);
+                        }
+                    }
+                }
+            }
+        }
+        if l.is_empty() {
+            inner.places.remove(&place);
         }
     }
 }
@@ -170,7 +294,7 @@ mod tests {
 
     fn who(subs: &Subscribers, schema: &str, table: &str) -> Vec<(ConnId, String)> {
         let mut v: Vec<_> = subs
-            .of(schema, table)
+            .of(schema, table, None)
             .iter()
             .map(|s| (s.conn, s.topic.clone()))
             .collect();
@@ -216,6 +340,45 @@ mod tests {
     }
 
     #[test]
+    fn eq_filters_are_found_by_the_row_s_value_and_others_by_scan() {
+        let subs = Subscribers::default();
+        let room = |conn: ConnId, filter: &str, typed: serde_json::Value| {
+            let mut s = sub(
+                conn,
+                "realtime:r",
+                json!([{"event": "*", "schema": "public", "table": "msgs", "filter": filter}]),
+            );
+            s.bindings[0].filter.as_mut().unwrap().typed = Some(vec![typed]);
+            subs.add(s);
+        };
+        room(1, "room=eq.1", json!(1));
+        room(2, "room=eq.2", json!(2));
+        room(3, "name=eq.a", json!("a"));
+        room(4, "room=gt.1", json!(1));
+        let row = |v: serde_json::Value| v.as_object().cloned().unwrap();
+        let conns = |r: serde_json::Map<String, serde_json::Value>| {
+            let mut v: Vec<ConnId> = subs
+                .of("public", "msgs", Some(&r))
+                .iter()
+                .map(|s| s.conn)
+                .collect();
+            v.sort();
+            v
+        };
+        // The eq channels of the row's values, plus the channel whose filter is not eq.
+        assert_eq!(conns(row(json!({"room": 1, "name": "b"}))), vec![1, 4]);
+        assert_eq!(conns(row(json!({"room": 2.0, "name": "a"}))), vec![2, 3, 4]);
+        assert_eq!(conns(row(json!({"room": null}))), vec![4]);
+        // Without a row (a change the stage cannot read) every channel is a candidate
+        // only through `all`: eq channels need a value.
+        subs.remove(1, "realtime:r");
+        subs.remove(2, "realtime:r");
+        subs.remove(3, "realtime:r");
+        subs.remove(4, "realtime:r");
+        assert!(subs.inner.read().unwrap().places.is_empty());
+    }
+
+    #[test]
     fn a_new_token_replaces_the_identity_checked() {
         let subs = Subscribers::default();
         subs.add(sub(
@@ -224,7 +387,7 @@ mod tests {
             json!([{"event": "*", "schema": "public"}]),
         ));
         subs.set_identity(1, "realtime:a", "anon", "{\"sub\":\"x\"}");
-        let s = &subs.of("public", "t")[0];
+        let s = &subs.of("public", "t", None)[0];
         assert_eq!(
             (s.role.as_str(), s.claims.as_str()),
             ("anon", "{\"sub\":\"x\"}")
