@@ -53,6 +53,11 @@ pub struct Args {
     /// Join private channels as role authenticated, client i with sub = member_uuid(i + 1).
     #[arg(long)]
     pub private: bool,
+    /// Subscribe to Postgres Changes instead of broadcasts: each channel binds INSERTs of
+    /// public.bench_changes with filter `k=eq.<topic index>` (pgbench/changes_setup.sql), as
+    /// role authenticated, client i with sub = member_uuid(i + 1). Use `--publisher changes`.
+    #[arg(long)]
+    pub postgres_changes: bool,
     /// Local address to connect from (several 127.x addresses give more than the ~28,000
     /// ephemeral ports one source address has towards one server port).
     #[arg(long)]
@@ -91,6 +96,8 @@ pub enum Publisher {
     Send,
     Table,
     Outbox,
+    /// Inserts into public.bench_changes, whose changes reach `--postgres-changes` clients.
+    Changes,
     Clients,
     None,
 }

@@ -108,7 +108,7 @@ async fn main() {
     let join_secs = join_start.elapsed().as_secs_f64();
 
     let send_secs = match args.publisher {
-        Publisher::Send | Publisher::Table | Publisher::Outbox => {
+        Publisher::Send | Publisher::Table | Publisher::Outbox | Publisher::Changes => {
             publisher::run(args, &totals).await
         }
         Publisher::Clients => {

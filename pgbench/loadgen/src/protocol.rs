@@ -54,6 +54,8 @@ pub enum Event {
 struct Envelope {
     status: Option<String>,
     payload: Option<Body>,
+    /// A Postgres Changes event's `{ids, data}`: the row is in data.record.
+    data: Option<Body>,
 }
 
 #[derive(Deserialize)]
@@ -124,7 +126,8 @@ impl Wire {
                         Some(r) if r.starts_with(PUSH_REF) && !ok => out.push(Event::PushRefused),
                         _ => {}
                     }
-                } else if let Some(s) = envelope.payload.and_then(|b| b.sample()) {
+                } else if let Some(s) = envelope.payload.or(envelope.data).and_then(|b| b.sample())
+                {
                     out.push(Event::Delivery(s));
                 }
             }
@@ -151,6 +154,29 @@ impl Wire {
             }
             _ => {}
         }
+    }
+
+    /// The frames that join Postgres Changes channels (Supabase only): one per topic index
+    /// in `rooms`, binding INSERTs of public.bench_changes with filter `k=eq.<room>`.
+    pub fn change_joins(&self, rooms: &[usize], prefix: &str, token: &str) -> Vec<String> {
+        rooms
+            .iter()
+            .enumerate()
+            .map(|(j, room)| {
+                let binding = json!({"event": "INSERT", "schema": "public", "table": "bench_changes",
+                                     "filter": format!("k=eq.{room}")});
+                let payload = json!({"config": {"broadcast": {"self": false, "ack": false}, "private": false,
+                                                "postgres_changes": [binding]},
+                                     "access_token": token});
+                let (reference, topic) = (format!("{JOIN_REF}{j}"), format!("realtime:{prefix}{room}"));
+                if self.v2 {
+                    json!([reference, reference, topic, "phx_join", payload]).to_string()
+                } else {
+                    json!({"join_ref": reference, "ref": reference, "topic": topic, "event": "phx_join", "payload": payload})
+                        .to_string()
+                }
+            })
+            .collect()
     }
 
     /// The frames that join `topics` (after connecting, for Centrifugo).
@@ -253,6 +279,16 @@ mod tests {
                 &v2,
                 Message::text(
                     r#"[null,null,"realtime:a","broadcast",{"type":"broadcast","event":"INSERT","payload":{"record":{"t":5,"k":1,"n":2},"old_record":null}}]"#
+                )
+            ),
+            vec![Event::Delivery(Sample { t: 5, k: 1, n: 2 })]
+        );
+        // A Postgres Changes event: the row is in data.record.
+        assert_eq!(
+            parse(
+                &v2,
+                Message::text(
+                    r#"[null,null,"realtime:a","postgres_changes",{"ids":[7],"data":{"schema":"public","type":"INSERT","record":{"id":9,"t":5,"k":1,"n":2},"columns":[]}}]"#
                 )
             ),
             vec![Event::Delivery(Sample { t: 5, k: 1, n: 2 })]

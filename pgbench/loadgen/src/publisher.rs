@@ -22,6 +22,12 @@ fn statement(publisher: Publisher) -> String {
             "WITH i AS (INSERT INTO bench_rows (k, n, t, body) SELECT k, n, {STAMP}, $3::text \
              FROM unnest($1::int8[], $2::int8[]) AS u(k, n) RETURNING 1) SELECT count(*) FROM i"
         ),
+        // pgbench/changes_setup.sql: a published table with RLS; its changes are delivered to
+        // the members of room k that subscribed with filter k=eq.<k>.
+        Publisher::Changes => format!(
+            "WITH i AS (INSERT INTO bench_changes (k, n, t, body) SELECT k, n, {STAMP}, $3::text \
+             FROM unnest($1::int8[], $2::int8[]) AS u(k, n) RETURNING 1) SELECT count(*) FROM i"
+        ),
         // Centrifugo's outbox consumer reads (method, payload, partition) rows in id order.
         Publisher::Outbox => format!(
             "WITH i AS (INSERT INTO centrifugo_outbox (method, payload, partition) \
@@ -55,7 +61,7 @@ pub async fn run(args: &Args, totals: &Totals) -> f64 {
         let (ks, ns): (Vec<i64>, Vec<i64>) = (m..due).map(|x| (x % topics, x / topics + 1)).unzip();
         let params: [&(dyn ToSql + Sync); 4] = [&ks, &ns, &pad, &args.topic_prefix];
         // The table's trigger names the topic itself.
-        let used = if args.publisher == Publisher::Table {
+        let used = if matches!(args.publisher, Publisher::Table | Publisher::Changes) {
             3
         } else {
             4

@@ -90,13 +90,18 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
     if go.wait_for(|&g| g).await.is_err() {
         return;
     }
-    let token = if args.private {
+    let token = if args.private || args.postgres_changes {
         member_token(args, client)
     } else {
         ctx.token.clone()
     };
     let echo = args.publisher == Publisher::Clients;
-    for frame in ctx.wire.joins(&names, args.private, echo, &token) {
+    let frames = if args.postgres_changes {
+        ctx.wire.change_joins(&topics, &args.topic_prefix, &token)
+    } else {
+        ctx.wire.joins(&names, args.private, echo, &token)
+    };
+    for frame in frames {
         if ws.send(Message::text(frame)).await.is_err() {
             totals.closed_early.fetch_add(1, Relaxed);
             return;

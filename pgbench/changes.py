@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Postgres Changes delivered with Supabase's authorization, end to end: USERS clients, each
+a member of one of ROOMS rooms (USERS / ROOMS per room), subscribed through the sidecar to
+INSERTs of a published table with RLS (Supabase's docs' membership policy through
+auth.uid()) with a filter on their room; the database inserts rows at rising rates, each
+row delivered to its room's members after the batched RLS check. Latency is commit to
+receive (the row carries its insert time). In the same run, on the same cluster and table,
+Supabase's algorithm (one primary-key lookup under the subscriber's role and claims per
+subscriber per change) is driven by pgbench with 8 clients: its checks per second bound
+the deliveries per second Supabase's design can reach on this machine, before any of its
+other work. Prints a markdown table (the loadgen's JSON lines on stderr). Run as root after
+scripts/install-extension.sh; builds the sidecar and the load generator (release)."""
+
+import argparse
+import datetime
+import json
+import re
+import sys
+
+import harness
+from harness import HERE, as_pg
+
+SECRET = "changes-benchmark-secret-with-enough-length"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=int, default=15)
+    ap.add_argument("--users", type=int, default=1000)
+    ap.add_argument("--rooms", type=int, default=10)
+    ap.add_argument("--rates", default="100,300,1000", help="inserts per second to try")
+    ap.add_argument("--vsn", default="2.0.0")
+    ap.add_argument("--pg-port", type=int, default=24390)
+    ap.add_argument("--http-port", type=int, default=24391)
+    a = ap.parse_args()
+
+    harness.build()
+    rows = []
+    with harness.Cluster(a.pg_port, "max_connections = 50") as pg:
+        pg.psql("-v", f"users={a.users}", "-v", f"rooms={a.rooms}", "-f", f"{HERE}/changes_setup.sql")
+        with harness.Sidecar(a.http_port, pg.dsn, "changes", SECRET) as sidecar:
+            for rate in map(int, a.rates.split(",")):
+                pid = sidecar.process.pid
+                cpu0, _ = harness.proc_stats(pid)
+                label = f"{rate:,} inserts/s x {a.users // a.rooms} members"
+                r = harness.loadgen(f"ws://127.0.0.1:{a.http_port}", pg.dsn, SECRET, "--vsn", a.vsn,
+                                    "--clients", a.users, "--topics", a.rooms, "--publisher", "changes",
+                                    "--postgres-changes", "--rate", rate, "--seconds", a.seconds,
+                                    "--label", label, timeout=a.seconds + 400)
+                cpu1, hwm = harness.proc_stats(pid)
+                r["sidecar_cpu_pct"] = 100 * (cpu1 - cpu0) / (a.seconds + r["connect_seconds"])
+                r["withheld"] = sidecar.metric("realtime_changes_withheld_total")
+                print(json.dumps(r), file=sys.stderr)
+                rows.append(r)
+        inserted = int(pg.psql("-c", "SELECT max(id) FROM bench_changes").strip() or 0)
+        out = as_pg(["pgbench", *pg.conn, "-n", "-c", "8", "-j", "2", "-T", str(a.seconds), "-D", f"users={a.users}",
+                     "-D", f"rows={max(inserted, 1)}", "-f", f"{HERE}/changes_probe.sql", "postgres"])
+        probe = float(re.search(r"tps = ([\d.]+)", out).group(1))
+
+    print(f"Machine: {harness.machine()}; {datetime.date.today()}; serializer {a.vsn}; {a.seconds} s per row; "
+          f"{a.users:,} subscribers in {a.rooms} rooms; sidecar, Postgres and the load generator on the same 2 "
+          f"cores. Supabase's algorithm on this cluster, same table and policy, 8 pgbench clients: "
+          f"{probe:,.0f} checks/s, the most deliveries/s it could authorize here.\n")
+    print("| inserts/s | deliveries/s | vs Supabase's checks/s | lost | withheld | p50 ms | p95 ms | p99 ms | max ms | sidecar CPU |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['sent'] / r['seconds']:,.0f} | {r['deliveries_per_second']:,.0f} | "
+              f"{r['deliveries_per_second'] / probe:.1f}x | {r['lost']:,} | {r['withheld']:,.0f} | {r['p50_ms']:.1f} | "
+              f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} | {r['sidecar_cpu_pct']:.0f}% |")
+
+
+if __name__ == "__main__":
+    main()
