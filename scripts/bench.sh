@@ -23,7 +23,8 @@ run trigger_cost --seconds 10 --rounds 3
 run capture_cost --seconds 10 --rounds 3
 run fanout
 run authorize
-run visible
+run visible --seconds 10
+run changes
 run joins
 run peers --json "$out/peers.json"
 run scenarios --json "$out/scenarios.json"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job: a throwaway PostgreSQL 15 cluster with pg_realtime preloaded, the sidecar, a
-# chat table whose trigger broadcasts every change, a writer inserting rows, and a web page
-# (served by the sidecar, using the official @supabase/realtime-js) that shows rows arriving
-# live with their commit-to-page latency. The terminal shows the same feed. Runs DEMO_SECONDS
+# chat table whose trigger broadcasts every change, a published task list whose changes
+# travel as Postgres Changes, a writer changing both, and a web page (served by the sidecar,
+# using the official @supabase/realtime-js) that shows rows arriving live with their
+# commit-to-page latency. The terminal shows the same feed. Runs DEMO_SECONDS
 # (default 120), then stops everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,8 @@ cleanup() {
 trap cleanup EXIT
 
 psql=(runuser -u postgres -- psql -h "$dir/pg" -p "$pg_port" -U postgres -X -q -v ON_ERROR_STOP=1)
-"${psql[@]}" -f "$root/scripts/demo.sql" -f "$root/scripts/sidecar_login.sql"
+# sidecar_login.sql creates the client roles demo.sql could not grant to yet.
+"${psql[@]}" -f "$root/scripts/demo.sql" -f "$root/scripts/sidecar_login.sql" -c "GRANT SELECT ON demo_tasks TO anon"
 
 apikey=$(node sidecar/web/anon-key.mjs "$secret")
 mkdir -p "$dir/web"
@@ -47,7 +49,8 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 
-# The writer: a row every 200 ms into one of three rooms, and now and then an edit.
+# The writer: a row every 200 ms into one of three rooms, and now and then an edit; a task
+# every second, one ticked off every 1.4 s, and finished ones deleted now and then.
 "${psql[@]}" -c "
 DO \$\$
 BEGIN
@@ -56,6 +59,16 @@ BEGIN
         VALUES ((ARRAY['lobby', 'den', 'garden'])[1 + i % 3], 'writer', 'message ' || i);
         IF i % 10 = 0 THEN
             UPDATE chat_messages SET body = body || ' (edited)', updated_at = clock_timestamp() WHERE id = i - 5;
+        END IF;
+        IF i % 5 = 0 THEN
+            INSERT INTO demo_tasks (title) VALUES ('task ' || i / 5);
+        END IF;
+        IF i % 7 = 0 THEN
+            UPDATE demo_tasks SET done = true, updated_at = clock_timestamp()
+            WHERE id = (SELECT min(id) FROM demo_tasks WHERE NOT done);
+        END IF;
+        IF i % 25 = 0 THEN
+            DELETE FROM demo_tasks WHERE id = (SELECT min(id) FROM demo_tasks WHERE done);
         END IF;
         COMMIT;
         PERFORM pg_sleep(0.2);

@@ -45,7 +45,8 @@ test('the demo page subscribes and shows a row inserted in the database', async 
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
   await page.goto(`http://127.0.0.1:${port}/`);
-  await page.waitForSelector('#status span.SUBSCRIBED >> nth=1', { timeout: 15000 });
+  // Two rooms and the task list.
+  await page.waitForSelector('#status span.SUBSCRIBED >> nth=2', { timeout: 15000 });
   const { rows } = await db.query(
     "INSERT INTO chat_messages (room_id, author, body) VALUES ('den', 'test', 'seen in a browser') RETURNING id",
   );
@@ -55,6 +56,15 @@ test('the demo page subscribes and shows a row inserted in the database', async 
   assert.deepEqual(cells.slice(0, 5), ['den', 'INSERT', String(rows[0].id), 'test', 'seen in a browser']);
   assert.match(cells[5], /^\d+ ms$/);
   assert.match(await page.locator('#summary').textContent(), /^1 row received; commit → page p50 \d+ ms/);
+  // A task inserted, then updated: both arrive as Postgres Changes, newest first.
+  const task = await db.query("INSERT INTO demo_tasks (title) VALUES ('water the garden') RETURNING id");
+  const id = String(task.rows[0].id);
+  await db.query('UPDATE demo_tasks SET done = true WHERE id = $1', [id]);
+  const updated = page.locator(`#changes tr[data-id="${id}"][data-op="UPDATE"]`);
+  await updated.waitFor({ timeout: 15000 });
+  const changes = await page.locator('#changes tr').evaluateAll((trs) => trs.map((tr) => [...tr.cells].map((c) => c.textContent)));
+  assert.deepEqual(changes.map((c) => c.slice(0, 4)), [['UPDATE', id, 'water the garden', '✓'], ['INSERT', id, 'water the garden', '·']]);
+  assert.match(changes[0][4], /^\d+ ms$/);
   const shot = process.env.DEMO_SCREENSHOT;
   if (shot) await page.screenshot({ path: shot });
   assert.deepEqual(errors, []);

@@ -1,5 +1,6 @@
-// The demo page: subscribes to the demo rooms with the official realtime-js client and shows
-// each row as it arrives, with the time from the row's commit to its arrival here.
+// The demo page: subscribes to the demo rooms (Broadcast) and to the task list's table
+// (Postgres Changes) with the official realtime-js client and shows each row as it arrives,
+// with the time from the row's commit to its arrival here.
 import { RealtimeClient } from '@supabase/realtime-js';
 
 const MAX_ROWS = 50;
@@ -10,6 +11,7 @@ await client.setAuth(config.apikey);
 
 const statusEl = document.getElementById('status');
 const rowsEl = document.getElementById('rows');
+const changesEl = document.getElementById('changes');
 const summaryEl = document.getElementById('summary');
 const latencies = [];
 const badges = {};
@@ -24,6 +26,12 @@ function cell(tr, text, cls) {
   const td = tr.insertCell();
   td.textContent = text;
   if (cls) td.className = cls;
+}
+
+function summarize() {
+  const sorted = [...latencies].sort((a, b) => a - b);
+  const q = (p) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
+  summaryEl.textContent = `${latencies.length} row${latencies.length === 1 ? '' : 's'} received; commit → page p50 ${q(0.5)} ms, p99 ${q(0.99)} ms`;
 }
 
 function show(room, msg) {
@@ -41,9 +49,26 @@ function show(room, msg) {
   cell(tr, row.body);
   cell(tr, `${latency} ms`, 'latency');
   while (rowsEl.rows.length > MAX_ROWS) rowsEl.deleteRow(-1);
-  const sorted = [...latencies].sort((a, b) => a - b);
-  const q = (p) => sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
-  summaryEl.textContent = `${latencies.length} row${latencies.length === 1 ? '' : 's'} received; commit → page p50 ${q(0.5)} ms, p99 ${q(0.99)} ms`;
+  summarize();
+}
+
+// A Postgres Changes event as realtime-js hands it over: eventType, new and old (converted
+// by the column types), commit_timestamp. A DELETE carries the old row's key only.
+function showChange(change) {
+  const row = change.eventType === 'DELETE' ? change.old : change.new;
+  const latency = Date.now() - Date.parse(change.commit_timestamp);
+  if (change.eventType !== 'DELETE') latencies.push(latency);
+  const tr = changesEl.insertRow(0);
+  tr.className = 'new';
+  tr.dataset.id = row.id;
+  tr.dataset.op = change.eventType;
+  cell(tr, change.eventType);
+  cell(tr, row.id);
+  cell(tr, row.title ?? '');
+  cell(tr, row.done === undefined ? '' : row.done ? '✓' : '·');
+  cell(tr, `${latency} ms`, 'latency');
+  while (changesEl.rows.length > MAX_ROWS) changesEl.deleteRow(-1);
+  summarize();
 }
 
 for (const room of config.rooms) {
@@ -51,3 +76,8 @@ for (const room of config.rooms) {
   channel.on('broadcast', { event: '*' }, (msg) => show(room, msg));
   channel.subscribe((status) => setStatus(room, status));
 }
+
+client
+  .channel('tasks')
+  .on('postgres_changes', { event: '*', schema: 'public', table: 'demo_tasks' }, showChange)
+  .subscribe((status) => setStatus('demo_tasks', status));

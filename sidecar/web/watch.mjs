@@ -1,5 +1,6 @@
 // The demo's terminal twin of the page: subscribes like the page does (realtime-js over the
-// `ws` transport) and prints each row with its commit-to-receive latency, for SECONDS seconds.
+// `ws` transport: the rooms' broadcasts and the task list's Postgres Changes) and prints each
+// row with its commit-to-receive latency, for SECONDS seconds.
 // Usage: node watch.mjs URL APIKEY SECONDS ROOM...
 import WebSocket from 'ws';
 import { RealtimeClient } from '@supabase/realtime-js';
@@ -18,6 +19,14 @@ for (const room of rooms) {
   });
   channel.subscribe((status) => console.log(`  room:${room} ${status}`));
 }
+client
+  .channel('tasks')
+  .on('postgres_changes', { event: '*', schema: 'public', table: 'demo_tasks' }, (c) => {
+    const row = c.eventType === 'DELETE' ? c.old : c.new;
+    const latency = Date.now() - Date.parse(c.commit_timestamp);
+    console.log(`  demo_tasks   ${c.eventType.padEnd(6)} #${String(row.id).padEnd(5)} ${row.title ?? ''}${row.done ? ' ✓' : ''}  (${latency} ms)`);
+  })
+  .subscribe((status) => console.log(`  demo_tasks (postgres_changes) ${status}`));
 setTimeout(() => {
   const s = [...latencies].sort((a, b) => a - b);
   const q = (p) => s[Math.min(s.length - 1, Math.floor(p * s.length))];
