@@ -1,6 +1,9 @@
-//! `POST /api/broadcast`: Supabase's batch REST broadcast. The messages are relayed through
-//! the database like client broadcasts (so every sidecar delivers them in one order) and the
-//! request is answered 202 once they have committed.
+//! Supabase's REST broadcast: `POST /api/broadcast` (a batch) and
+//! `POST /api/broadcast/:topic/events/:event` (one message, realtime-js's `httpSend`), both
+//! also under `/realtime/v1`, where realtime-js posts them when its socket URL is
+//! `.../realtime/v1`. The messages are relayed through the database like client broadcasts
+//! (so every sidecar delivers them in one order) and the request is answered 202 once they
+//! have committed.
 
 use crate::authorizer::{self, Identity, Verdict};
 use crate::hub::Payload;
@@ -12,6 +15,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use tokio::sync::oneshot;
 
 /// The outcome: a status and a JSON body (empty for 202).
@@ -85,7 +89,9 @@ pub(crate) fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
     Ok(out)
 }
 
-pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
+/// Who sends: the bearer token (or the apikey), verified, with every request header (Supabase
+/// passes them all to policies of REST calls).
+fn identity(req: &Request<Incoming>, shared: &Shared) -> Result<Identity, Outcome> {
     let headers = req.headers();
     let bearer = headers
         .get("authorization")
@@ -95,13 +101,12 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
                 .or_else(|| v.strip_prefix("bearer "))
         });
     let token = bearer.or_else(|| headers.get("apikey").and_then(|v| v.to_str().ok()));
-    let Some(token) = token.map(str::to_owned) else {
-        return unauthorized();
+    let Some(token) = token else {
+        return Err(unauthorized());
     };
-    let Ok(claims) = shared.verifier.verify(&token) else {
-        return unauthorized();
+    let Ok(claims) = shared.verifier.verify(token) else {
+        return Err(unauthorized());
     };
-    // Supabase passes every request header of a REST call to policies.
     let all_headers: serde_json::Map<String, Value> = headers
         .iter()
         .filter_map(|(k, v)| {
@@ -113,70 +118,78 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
         .collect();
     let headers_json = Value::Object(all_headers).to_string();
     if let Err(why) = shared.policy_headers_fit(&headers_json) {
-        return (
+        return Err((
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Some(json!({ "message": why.text() })),
-        );
+        ));
     }
-    let who = Identity {
+    Ok(Identity {
         role: claims.role.clone(),
         claims: claims.all.to_string(),
         headers: headers_json,
-    };
-    // A body that trickles in is cut off like slow headers are.
+    })
+}
+
+/// The request body, bounded in size and in time (a body that trickles in is cut off like
+/// slow headers are).
+async fn body(req: Request<Incoming>, shared: &Shared) -> Result<Bytes, Outcome> {
     let body = Limited::new(req.into_body(), shared.cfg.max_frame_size).collect();
-    let body: Bytes = match tokio::time::timeout(shared.cfg.http_header_timeout(), body).await {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(_)) => {
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                Some(json!({"message": "Payload too large"})),
-            )
-        }
-        Err(_) => {
-            return (
-                StatusCode::REQUEST_TIMEOUT,
-                Some(json!({"message": "the request body did not arrive in time"})),
-            )
-        }
-    };
-    let messages = match parse(&body) {
-        Ok(m) => m,
-        Err(outcome) => return outcome,
-    };
-    // Private messages need the write verdict, checked once per topic; Supabase skips the
-    // refused ones silently, here the request is refused whole and says which topic.
+    match tokio::time::timeout(shared.cfg.http_header_timeout(), body).await {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(_)) => Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Some(json!({"message": "Payload too large"})),
+        )),
+        Err(_) => Err((
+            StatusCode::REQUEST_TIMEOUT,
+            Some(json!({"message": "the request body did not arrive in time"})),
+        )),
+    }
+}
+
+/// Private messages need the write verdict, checked once per topic; Supabase skips the
+/// refused ones silently, here the request is refused whole and says which topic.
+async fn check_writes<'a>(
+    shared: &Shared,
+    who: &Identity,
+    private_topics: impl Iterator<Item = &'a str>,
+) -> Result<(), Outcome> {
     let mut checked = std::collections::HashSet::new();
-    for m in messages.iter().filter(|m| m.private) {
-        if !checked.insert(m.topic.clone()) {
+    for topic in private_topics {
+        if !checked.insert(topic) {
             continue;
         }
-        match authorizer::ask(&shared.authorize, &who, &m.topic, "broadcast", true).await {
+        match authorizer::ask(&shared.authorize, who, topic, "broadcast", true).await {
             Verdict::Allowed => {}
             Verdict::Denied(_) => {
                 let message = Refusal::WriteDenied {
-                    topic: m.topic.clone(),
+                    topic: topic.to_owned(),
                 }
                 .text();
-                return (StatusCode::FORBIDDEN, Some(json!({ "message": message })));
+                return Err((StatusCode::FORBIDDEN, Some(json!({ "message": message }))));
             }
             Verdict::Failed(f) => {
-                return (
+                return Err((
                     StatusCode::SERVICE_UNAVAILABLE,
                     Some(json!({ "message": f.reason() })),
-                )
+                ))
             }
         }
     }
+    Ok(())
+}
+
+/// Relays the messages and answers once all have committed (202) or one failed.
+async fn relay_all(shared: &Shared, messages: Vec<(String, String, bool, Payload)>) -> Outcome {
     let mut waits = Vec::with_capacity(messages.len());
-    for m in messages {
+    for (topic, event, private, payload) in messages {
         let (tx, rx) = oneshot::channel();
         let broadcast = relay::Broadcast {
             origin: shared.origin(u64::from(u32::MAX)),
-            topic: m.topic,
-            event: m.event,
-            private: m.private,
-            payload: Payload::Json(m.payload.to_string()),
+            topic,
+            event,
+            private,
+            payload,
             reply: AckTo::Http(tx),
         };
         if shared.relay.send(broadcast).await.is_err() {
@@ -211,9 +224,177 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
     (StatusCode::ACCEPTED, None)
 }
 
+/// `POST /api/broadcast`: a batch of messages.
+pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
+    let who = match identity(&req, shared) {
+        Ok(who) => who,
+        Err(outcome) => return outcome,
+    };
+    let body = match body(req, shared).await {
+        Ok(b) => b,
+        Err(outcome) => return outcome,
+    };
+    let messages = match parse(&body) {
+        Ok(m) => m,
+        Err(outcome) => return outcome,
+    };
+    let private = messages
+        .iter()
+        .filter(|m| m.private)
+        .map(|m| m.topic.as_str());
+    if let Err(outcome) = check_writes(shared, &who, private).await {
+        return outcome;
+    }
+    let messages = messages
+        .into_iter()
+        .map(|m| {
+            let payload = Payload::Json(m.payload.to_string());
+            (m.topic, m.event, m.private, payload)
+        })
+        .collect();
+    relay_all(shared, messages).await
+}
+
+/// What `POST /api/broadcast/:topic/events/:event` names: the path's topic and event
+/// (percent-decoded) and its query.
+#[derive(Debug, PartialEq)]
+pub struct Single {
+    pub topic: String,
+    pub event: String,
+    pub private: bool,
+    /// `persist=true` or `persist[ttl]=N`: keep the message for replay (realtime-js's
+    /// `httpSend(..., {persist})`).
+    pub persist: bool,
+}
+
+impl Single {
+    /// The route's parts from a path (after any `/realtime/v1` prefix) and its query, or
+    /// None when the path is not this route.
+    pub fn from_path(path: &str, query: &HashMap<String, String>) -> Option<Single> {
+        let rest = path.strip_prefix("/api/broadcast/")?;
+        let (topic, event) = rest.split_once("/events/")?;
+        if topic.is_empty() || event.is_empty() || event.contains('/') {
+            return None;
+        }
+        let flag = |k: &str| query.get(k).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        Some(Single {
+            topic: percent_decode_path(topic),
+            event: percent_decode_path(event),
+            private: flag("private"),
+            persist: flag("persist") || query.contains_key("persist[ttl]"),
+        })
+    }
+}
+
+/// A path segment percent-decoded (a `+` stays a `+`: only query strings use it for space).
+fn percent_decode_path(s: &str) -> String {
+    crate::server::percent_decode(&s.replace('+', "%2B"))
+}
+
+/// `POST /api/broadcast/:topic/events/:event[?private=true]`: one message, its body the
+/// payload (JSON, or raw bytes with `application/octet-stream`), as realtime-js's
+/// `channel.httpSend` posts it. Answered 202 once committed.
+pub async fn broadcast_one(req: Request<Incoming>, shared: &Shared, single: Single) -> Outcome {
+    let who = match identity(&req, shared) {
+        Ok(who) => who,
+        Err(outcome) => return outcome,
+    };
+    if single.persist {
+        // Replay of client broadcasts is not built: refused rather than sent unkept.
+        return invalid_error(
+            "PersistNotSupported: this server does not keep broadcasts for replay yet; send without persist",
+        );
+    }
+    if let Err(why) = crate::join_config::validate_sub_topic(&single.topic) {
+        return invalid_error(&why.text());
+    }
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        });
+    let binary = match content_type.as_deref() {
+        None | Some("application/json") => false,
+        Some("application/octet-stream") => true,
+        Some(other) => {
+            return (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Some(
+                    json!({ "error": format!("Unsupported Media Type: {other}; send application/json or application/octet-stream") }),
+                ),
+            )
+        }
+    };
+    let body = match body(req, shared).await {
+        Ok(b) => b,
+        Err(outcome) => return outcome,
+    };
+    let payload = if binary {
+        Payload::Binary(body)
+    } else {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(v) => Payload::Json(v.to_string()),
+            Err(e) => return invalid_error(&format!("the body is not valid JSON: {e}")),
+        }
+    };
+    let topics = std::iter::once(single.topic.as_str()).filter(|_| single.private);
+    if let Err(outcome) = check_writes(shared, &who, topics).await {
+        return outcome;
+    }
+    relay_all(
+        shared,
+        vec![(single.topic, single.event, single.private, payload)],
+    )
+    .await
+}
+
+/// A 422 whose `error` realtime-js's `httpSend` hands to the app.
+fn invalid_error(why: &str) -> Outcome {
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Some(json!({ "error": why })),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_single_message_route_is_read_from_its_path_and_query() {
+        let q = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            Single::from_path(
+                "/api/broadcast/room%3A1%2Fa+b/events/ping%20it",
+                &q(&[("private", "true")])
+            ),
+            Some(Single {
+                topic: "room:1/a+b".into(),
+                event: "ping it".into(),
+                private: true,
+                persist: false,
+            })
+        );
+        let ttl = Single::from_path("/api/broadcast/t/events/e", &q(&[("persist[ttl]", "60")]));
+        assert!(ttl.unwrap().persist);
+        assert_eq!(Single::from_path("/api/broadcast", &q(&[])), None);
+        assert_eq!(Single::from_path("/api/broadcast/t/events/", &q(&[])), None);
+        assert_eq!(
+            Single::from_path("/api/broadcast/t/events/a/b", &q(&[])),
+            None
+        );
+    }
 
     #[test]
     fn validates_like_supabase() {

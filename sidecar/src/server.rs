@@ -163,13 +163,31 @@ async fn route(
             "text/plain; version=0.0.4",
             shared.metrics.render(),
         ),
-        (&Method::POST, "/api/broadcast") => match rest::broadcast(req, &shared).await {
-            (status, Some(body)) => respond(status, "application/json", body.to_string()),
-            (status, None) => respond(status, "application/json", ""),
-        },
+        // realtime-js posts under its socket URL's path: `/realtime/v1/api/broadcast...`.
+        (&Method::POST, p) if api_path(p) == "/api/broadcast" => {
+            outcome(rest::broadcast(req, &shared).await)
+        }
+        (&Method::POST, p) if api_path(p).starts_with("/api/broadcast/") => {
+            match rest::Single::from_path(api_path(p), &query_params(&req)) {
+                Some(single) => outcome(rest::broadcast_one(req, &shared, single).await),
+                None => json_error(StatusCode::NOT_FOUND, "Not found"),
+            }
+        }
         (&Method::GET, p) => static_file(&shared, p).await,
         _ => json_error(StatusCode::NOT_FOUND, "Not found"),
     })
+}
+
+/// An API path without the `/realtime/v1` prefix Supabase's clients put before it.
+fn api_path(path: &str) -> &str {
+    path.strip_prefix("/realtime/v1").unwrap_or(path)
+}
+
+fn outcome(o: rest::Outcome) -> Resp {
+    match o {
+        (status, Some(body)) => respond(status, "application/json", body.to_string()),
+        (status, None) => respond(status, "application/json", ""),
+    }
 }
 
 /// A file from `WEB_ROOT`, by a plain name only (no directories, no dot-dot).

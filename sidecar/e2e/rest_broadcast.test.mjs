@@ -1,0 +1,115 @@
+// Supabase's REST broadcast as realtime-js uses it: `channel.send` before the channel is
+// joined (the batch endpoint) and `channel.httpSend` (one message per request, JSON or
+// binary), both posted under the socket URL's path (`/realtime/v1/api/broadcast...`).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import WebSocket from 'ws';
+import { RealtimeClient } from '@supabase/realtime-js';
+import { anonClaims, database, jwt, startSidecar, withTimeout } from './harness.mjs';
+
+const SECRET = 'rest-broadcast-secret-with-enough-length';
+const apikey = jwt(SECRET, anonClaims());
+const MEMBER = '77777777-7777-4777-8777-777777777777';
+
+let sidecar;
+let port;
+let db;
+
+before(async () => {
+  ({ process: sidecar, port } = await startSidecar(SECRET, 'rest_broadcast_e2e'));
+  db = await database();
+  for (const f of ['../../pgbench/supabase_auth.sql', '../tests/private_policies.sql']) {
+    await db.query(fs.readFileSync(new URL(f, import.meta.url), 'utf8'));
+  }
+  await db.query("DELETE FROM private_members WHERE room = 'room:rest'");
+  await db.query("INSERT INTO private_members VALUES ($1, 'room:rest', false)", [MEMBER]);
+});
+
+after(async () => {
+  await db?.end();
+  sidecar?.kill('SIGTERM');
+});
+
+async function connect(token = apikey) {
+  const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  await client.setAuth(token);
+  return client;
+}
+
+function subscribed(channel) {
+  return withTimeout(
+    new Promise((resolve, reject) =>
+      channel.subscribe((status, err) => {
+        if (status === 'SUBSCRIBED') resolve();
+        else if (status === 'CHANNEL_ERROR' || status === 'TIMED_OUT') reject(err ?? new Error(status));
+      }),
+    ),
+    10000,
+    'subscribe',
+  );
+}
+
+async function close(client) {
+  await client.removeAllChannels();
+  client.disconnect();
+}
+
+// Regression: only `/api/broadcast` was served, so realtime-js's REST send (to
+// `/realtime/v1/api/broadcast`) got a 404 and returned 'error'.
+test('realtime-js sends over REST before joining, under the /realtime/v1 prefix', async () => {
+  const listener = await connect();
+  const sender = await connect();
+  try {
+    const channel = listener.channel('rest-batch');
+    const got = new Promise((resolve) => channel.on('broadcast', { event: 'hi' }, resolve));
+    await subscribed(channel);
+    const status = await sender.channel('rest-batch').send({ type: 'broadcast', event: 'hi', payload: { n: 1 } });
+    assert.equal(status, 'ok');
+    const msg = await withTimeout(got, 10000, 'the REST broadcast');
+    assert.deepEqual(msg.payload, { n: 1 });
+  } finally {
+    await close(listener);
+    await close(sender);
+  }
+});
+
+test('realtime-js httpSend delivers JSON and binary payloads', async () => {
+  const listener = await connect();
+  const sender = await connect();
+  try {
+    const json = [];
+    const bin = [];
+    const channel = listener
+      .channel('rest single/room+1')
+      .on('broadcast', { event: 'json ev' }, (m) => json.push(m.payload))
+      .on('broadcast', { event: 'bin' }, (m) => bin.push(m.payload));
+    await subscribed(channel);
+    const out = sender.channel('rest single/room+1');
+    assert.deepEqual(await out.httpSend('json ev', { a: [1, 2] }), { success: true });
+    assert.deepEqual(await out.httpSend('bin', new Uint8Array([0, 1, 255]).buffer), { success: true });
+    await withTimeout(
+      (async () => {
+        while (json.length < 1 || bin.length < 1) await new Promise((r) => setTimeout(r, 20));
+      })(),
+      10000,
+      'both messages',
+    );
+    assert.deepEqual(json, [{ a: [1, 2] }]);
+    assert.deepEqual([...new Uint8Array(bin[0])], [0, 1, 255]);
+  } finally {
+    await close(listener);
+    await close(sender);
+  }
+});
+
+test('realtime-js httpSend on a private channel needs the write policy, and persist is refused by name', async () => {
+  const sender = await connect(jwt(SECRET, { role: 'authenticated', sub: MEMBER, exp: Math.floor(Date.now() / 1000) + 3600 }));
+  try {
+    const channel = sender.channel('room:rest', { config: { private: true } });
+    await assert.rejects(channel.httpSend('e', { x: 1 }), /Unauthorized: You do not have permissions to write to this Channel topic: room:rest/);
+    await assert.rejects(channel.httpSend('e', { x: 1 }, { persist: true }), /PersistNotSupported/);
+  } finally {
+    await close(sender);
+  }
+});
