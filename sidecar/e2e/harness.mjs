@@ -54,3 +54,24 @@ export async function database() {
 
 export const withTimeout = (p, ms, what) =>
   Promise.race([p, new Promise((_, reject) => setTimeout(() => reject(new Error(`timed out: ${what}`)), ms))]);
+
+/// Subscribes; resolves on SUBSCRIBED, rejects with the server's reason on CHANNEL_ERROR or
+/// TIMED_OUT.
+export function subscribed(channel) {
+  return withTimeout(
+    new Promise((resolve, reject) =>
+      channel.subscribe((status, err) => {
+        if (status === 'SUBSCRIBED') resolve();
+        else if (status === 'CHANNEL_ERROR' || status === 'TIMED_OUT') reject(err ?? new Error(status));
+      }),
+    ),
+    10000,
+    'subscribe',
+  );
+}
+
+/// Leaves every channel of a realtime-js client and closes its socket.
+export async function close(client) {
+  await client.removeAllChannels();
+  client.disconnect();
+}

@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import WebSocket from 'ws';
 import { RealtimeClient } from '@supabase/realtime-js';
-import { anonClaims, database, jwt, startSidecar, withTimeout } from './harness.mjs';
+import { anonClaims, close, database, jwt, startSidecar, subscribed, withTimeout } from './harness.mjs';
 
 const SECRET = 'test-secret-with-at-least-32-characters';
 const apikey = jwt(SECRET, anonClaims());
@@ -56,25 +56,6 @@ async function connect(token, vsn = '2.0.0') {
   const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey }, vsn });
   await client.setAuth(token);
   return client;
-}
-
-async function close(client) {
-  await client.removeAllChannels();
-  client.disconnect();
-}
-
-/// Subscribes; resolves on SUBSCRIBED, rejects with the server's reason otherwise.
-function subscribed(channel) {
-  return withTimeout(
-    new Promise((resolve, reject) =>
-      channel.subscribe((status, err) => {
-        if (status === 'SUBSCRIBED') resolve();
-        else if (status === 'CHANNEL_ERROR' || status === 'TIMED_OUT') reject(err ?? new Error(status));
-      }),
-    ),
-    10000,
-    'subscribe',
-  );
 }
 
 /// Collects what a listener receives; `until(n)` resolves once n have arrived.

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import WebSocket from 'ws';
 import { RealtimeClient } from '@supabase/realtime-js';
-import { anonClaims, database, jwt, startSidecar, withTimeout } from './harness.mjs';
+import { anonClaims, close, database, jwt, startSidecar, subscribed, withTimeout } from './harness.mjs';
 
 const SECRET = 'test-secret-with-at-least-32-characters';
 const apikey = jwt(SECRET, anonClaims());
@@ -41,24 +41,6 @@ async function loadPolicies() {
   for (const f of ['../../pgbench/supabase_auth.sql', '../tests/private_policies.sql']) {
     await db.query(fs.readFileSync(new URL(f, import.meta.url), 'utf8'));
   }
-}
-
-async function close(client) {
-  await client.removeAllChannels();
-  client.disconnect();
-}
-
-function subscribed(channel) {
-  return withTimeout(
-    new Promise((resolve, reject) =>
-      channel.subscribe((status, err) => {
-        if (status === 'SUBSCRIBED') resolve();
-        else if (status === 'CHANNEL_ERROR' || status === 'TIMED_OUT') reject(err ?? new Error(status));
-      }),
-    ),
-    10000,
-    'subscribe',
-  );
 }
 
 for (const vsn of ['1.0.0', '2.0.0']) {

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import WebSocket from 'ws';
 import { RealtimeClient } from '@supabase/realtime-js';
-import { anonClaims, database, jwt, startSidecar, withTimeout } from './harness.mjs';
+import { anonClaims, close, database, jwt, startSidecar, subscribed, withTimeout } from './harness.mjs';
 
 const SECRET = 'rest-broadcast-secret-with-enough-length';
 const apikey = jwt(SECRET, anonClaims());
@@ -35,24 +35,6 @@ async function connect(token = apikey) {
   const client = new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey } });
   await client.setAuth(token);
   return client;
-}
-
-function subscribed(channel) {
-  return withTimeout(
-    new Promise((resolve, reject) =>
-      channel.subscribe((status, err) => {
-        if (status === 'SUBSCRIBED') resolve();
-        else if (status === 'CHANNEL_ERROR' || status === 'TIMED_OUT') reject(err ?? new Error(status));
-      }),
-    ),
-    10000,
-    'subscribe',
-  );
-}
-
-async function close(client) {
-  await client.removeAllChannels();
-  client.disconnect();
 }
 
 // Regression: only `/api/broadcast` was served, so realtime-js's REST send (to

@@ -168,15 +168,20 @@ impl Wire {
                 let payload = json!({"config": {"broadcast": {"self": false, "ack": false}, "private": false,
                                                 "postgres_changes": [binding]},
                                      "access_token": token});
-                let (reference, topic) = (format!("{JOIN_REF}{j}"), format!("realtime:{prefix}{room}"));
-                if self.v2 {
-                    json!([reference, reference, topic, "phx_join", payload]).to_string()
-                } else {
-                    json!({"join_ref": reference, "ref": reference, "topic": topic, "event": "phx_join", "payload": payload})
-                        .to_string()
-                }
+                self.join_frame(j, &format!("{prefix}{room}"), payload)
             })
             .collect()
+    }
+
+    /// The `phx_join` of the j-th channel of a connection (Supabase), in this serializer.
+    fn join_frame(&self, j: usize, sub_topic: &str, payload: serde_json::Value) -> String {
+        let (reference, topic) = (format!("{JOIN_REF}{j}"), format!("realtime:{sub_topic}"));
+        if self.v2 {
+            json!([reference, reference, topic, "phx_join", payload]).to_string()
+        } else {
+            json!({"join_ref": reference, "ref": reference, "topic": topic, "event": "phx_join", "payload": payload})
+                .to_string()
+        }
     }
 
     /// The frames that join `topics` (after connecting, for Centrifugo).
@@ -190,13 +195,7 @@ impl Wire {
                     if private {
                         payload["access_token"] = json!(token);
                     }
-                    let (reference, topic) = (format!("{JOIN_REF}{j}"), format!("realtime:{topic}"));
-                    if self.v2 {
-                        json!([reference, reference, topic, "phx_join", payload]).to_string()
-                    } else {
-                        json!({"join_ref": reference, "ref": reference, "topic": topic, "event": "phx_join", "payload": payload})
-                            .to_string()
-                    }
+                    self.join_frame(j, topic, payload)
                 })
                 .collect(),
             Protocol::Centrifugo => {
