@@ -2,11 +2,13 @@
 -- joins, so that a mistake is a clear join error instead of silence afterwards (Supabase
 -- checks the same in its subscription table's trigger). The sidecar sends every binding
 -- of the joins waiting, as one JSON array of
---     {"role": ..., "schema": ..., "table": ..., "column": ..., "values": [...], "select": [...]}
--- (column and values: the binding's filter; table absent: a binding on a whole schema,
--- checked change by change at delivery instead), and receives, for each binding (1-based
--- `item`), its error or, for a filter, its values as the column's type renders them in
--- JSON: the sidecar compares changed records with those, so `eq.2026-01-01` matches the
+--     {"role": ..., "schema": ..., "table": ..., "select": [...],
+--      "filters": [{"column": ..., "op": "eq", "values": [...]}, ...]}
+-- (filters: the binding's conditions, all of which must hold; table absent: a binding on a
+-- whole schema, checked change by change at delivery instead), and receives, for each
+-- binding (1-based `item`), its error or, per condition, its values as the column's type
+-- renders them in JSON (null for like, ilike and is, whose value is no value of the
+-- column): the sidecar compares changed records with those, so `eq.2026-01-01` matches the
 -- record's "2026-01-01T00:00:00+00:00".
 --
 -- A filter or a select on a column the role may not SELECT is refused: a filter evaluated
@@ -17,15 +19,18 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
 DECLARE
     b jsonb;
+    f jsonb;
     n integer := 0;
     rel oid;
     relname text;
     sel record;
     col record;
     typ oid;
+    category "char";
     c text;
     v text;
     rendered jsonb;
+    one jsonb;
 BEGIN
     IF jsonb_typeof(bindings) IS DISTINCT FROM 'array' THEN
         RAISE EXCEPTION 'bindings must be a JSON array' USING ERRCODE = 'invalid_parameter_value';
@@ -63,7 +68,7 @@ BEGIN
             CONTINUE;
         END IF;
         FOR c IN SELECT jsonb_array_elements_text(coalesce(b -> 'select', '[]'))
-                 UNION ALL SELECT b ->> 'column' WHERE b ? 'column' LOOP
+                 UNION ALL SELECT x ->> 'column' FROM jsonb_array_elements(coalesce(b -> 'filters', '[]')) x LOOP
             IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = c
                            AND a.attnum > 0 AND NOT a.attisdropped) THEN
                 error := format('column %I does not exist in %s', c, relname);
@@ -72,33 +77,57 @@ BEGIN
             END IF;
             EXIT WHEN error IS NOT NULL;
         END LOOP;
-        IF error IS NULL AND b ? 'column' THEN
-            SELECT a.atttypid, a.atttypmod INTO col FROM pg_attribute a
-            WHERE a.attrelid = rel AND a.attname = b ->> 'column';
-            -- A domain's values are read as its base type: a domain's CHECK may call any
-            -- function, and this function runs as the extension's owner.
-            typ := col.atttypid;
-            WHILE (SELECT t.typtype = 'd' FROM pg_type t WHERE t.oid = typ) LOOP
-                SELECT t.typbasetype INTO typ FROM pg_type t WHERE t.oid = typ;
-            END LOOP;
-            IF EXISTS (SELECT 1 FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1
-                       WHERE t.oid = typ AND (t.typtype NOT IN ('b', 'e') OR e.typtype = 'd')) THEN
-                error := format('column %I of %s is of type %s, which filters do not support',
-                                b ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
-            ELSE
-                "values" := '[]';
-                FOR v IN SELECT jsonb_array_elements_text(b -> 'values') LOOP
-                    BEGIN
-                        EXECUTE format('SELECT to_jsonb(%L::%s)', v, format_type(typ, col.atttypmod))
-                            INTO rendered;
-                    EXCEPTION WHEN data_exception THEN
-                        error := format('filter value %L is not a valid %s: %s', v,
-                                        format_type(col.atttypid, col.atttypmod), SQLERRM);
-                        "values" := NULL;
-                        EXIT;
-                    END;
-                    "values" := "values" || jsonb_build_array(rendered);
+        IF error IS NULL AND b ? 'filters' THEN
+            "values" := '[]';
+            FOR f IN SELECT x FROM jsonb_array_elements(b -> 'filters') x LOOP
+                SELECT a.atttypid, a.atttypmod INTO col FROM pg_attribute a
+                WHERE a.attrelid = rel AND a.attname = f ->> 'column';
+                -- A domain's values are read as its base type: a domain's CHECK may call any
+                -- function, and this function runs as the extension's owner.
+                typ := col.atttypid;
+                WHILE (SELECT t.typtype = 'd' FROM pg_type t WHERE t.oid = typ) LOOP
+                    SELECT t.typbasetype INTO typ FROM pg_type t WHERE t.oid = typ;
                 END LOOP;
+                SELECT t.typcategory INTO category FROM pg_type t WHERE t.oid = typ;
+                one := NULL;
+                IF f ->> 'op' IN ('like', 'ilike') THEN
+                    IF category <> 'S' THEN
+                        error := format('%s applies to text; column %I of %s is of type %s', f ->> 'op',
+                                        f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
+                    END IF;
+                ELSIF f ->> 'op' = 'is' THEN
+                    IF f -> 'values' ->> 0 <> 'null' AND category <> 'B' THEN
+                        error := format('is.%s applies to booleans; column %I of %s is of type %s', f -> 'values' ->> 0,
+                                        f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
+                    END IF;
+                ELSIF EXISTS (SELECT 1 FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1
+                              WHERE t.oid = typ AND (t.typtype NOT IN ('b', 'e') OR e.typtype = 'd')) THEN
+                    error := format('column %I of %s is of type %s, which filters do not support',
+                                    f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
+                ELSE
+                    one := '[]';
+                    FOR v IN SELECT jsonb_array_elements_text(f -> 'values') LOOP
+                        BEGIN
+                            -- isdistinct.null compares with NULL itself.
+                            IF f ->> 'op' = 'isdistinct' AND lower(v) = 'null' THEN
+                                rendered := 'null';
+                            ELSE
+                                EXECUTE format('SELECT to_jsonb(%L::%s)', v, format_type(typ, col.atttypmod))
+                                    INTO rendered;
+                            END IF;
+                        EXCEPTION WHEN data_exception THEN
+                            error := format('filter value %L is not a valid %s: %s', v,
+                                            format_type(col.atttypid, col.atttypmod), SQLERRM);
+                            EXIT;
+                        END;
+                        one := one || jsonb_build_array(rendered);
+                    END LOOP;
+                END IF;
+                EXIT WHEN error IS NOT NULL;
+                "values" := "values" || jsonb_build_array(one);
+            END LOOP;
+            IF error IS NOT NULL THEN
+                "values" := NULL;
             END IF;
         END IF;
         RETURN NEXT;

@@ -18,13 +18,13 @@ ALTER PUBLICATION supabase_realtime ADD TABLE sub_todos, sub_no_pk;
 -- schema, and with a select of readable columns.
 SELECT * FROM realtime.subscribable($$[
   {"role": "authenticated", "schema": "public", "table": "sub_todos"},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "id", "values": ["5"]},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "due", "values": ["2026-01-02 03:04:05+02"]},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "done", "values": ["t"]},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "score", "values": ["1.50", "2"]},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "title", "values": ["a,b", "say \"hi\""]},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "Mixed Case", "values": ["1"]},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "n", "values": ["-1"]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "id", "op": "eq", "values": ["5"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "due", "op": "eq", "values": ["2026-01-02 03:04:05+02"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "done", "op": "eq", "values": ["t"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "score", "op": "in", "values": ["1.50", "2"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "title", "op": "in", "values": ["a,b", "say \"hi\""]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "Mixed Case", "op": "eq", "values": ["1"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "n", "op": "eq", "values": ["-1"]}]},
   {"role": "authenticated", "schema": "public", "table": "sub_todos", "select": ["id", "title"]},
   {"role": "authenticated", "schema": "public"},
   {"role": "authenticated", "schema": "*", "table": "sub_todos"}
@@ -42,20 +42,34 @@ SELECT * FROM realtime.subscribable($$[
   {"role": "anon", "schema": "public", "table": "sub_todos"},
   {"role": "postgres", "schema": "public", "table": "sub_todos"},
   {"role": "nobody", "schema": "public", "table": "sub_todos"},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "missing", "values": ["1"]},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "id", "values": ["1", "x"]},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "owner", "values": ["not-a-uuid"]},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "secret", "values": ["a"]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "missing", "op": "eq", "values": ["1"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "id", "op": "eq", "values": ["1", "x"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "owner", "op": "eq", "values": ["not-a-uuid"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "secret", "op": "eq", "values": ["a"]}]},
   {"role": "authenticated", "schema": "public", "table": "sub_todos", "select": ["id", "secret"]},
   {"role": "authenticated", "schema": "public", "table": "sub_todos", "select": ["nope"]},
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "pair", "values": ["(1,2)"]}
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "pair", "op": "eq", "values": ["(1,2)"]}]}
+]$$);
+
+-- Several conditions (all must hold) and the 2026 operators: like and ilike on text, is on
+-- booleans (is.null on any column), isdistinct (null compares as NULL itself), each of
+-- which may be negated by the sidecar; refused where they do not apply.
+SELECT * FROM realtime.subscribable($$[
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [
+     {"column": "title", "op": "like", "values": ["%a%"]}, {"column": "done", "op": "is", "values": ["true"]},
+     {"column": "id", "op": "isdistinct", "values": ["null"]}, {"column": "score", "op": "in", "values": ["1", "2.5"]},
+     {"column": "owner", "op": "is", "values": ["null"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "id", "op": "ilike", "values": ["1%"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "title", "op": "is", "values": ["true"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [
+     {"column": "id", "op": "eq", "values": ["1"]}, {"column": "secret", "op": "eq", "values": ["x"]}]}
 ]$$);
 
 -- Regression guard: a domain's CHECK is not run when a filter value is read (this function
 -- runs as the extension's owner, and the check may call any function): -1 was accepted
 -- above for a positive-only domain. An array column's values are read as arrays.
 SELECT * FROM realtime.subscribable($$[
-  {"role": "authenticated", "schema": "public", "table": "sub_todos", "column": "tags", "values": ["{a,b}"]}
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "tags", "op": "eq", "values": ["{a,b}"]}]}
 ]$$);
 
 SELECT * FROM realtime.subscribable('{"not": "a list"}');

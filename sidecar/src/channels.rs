@@ -945,13 +945,13 @@ mod tests {
         let mut t = conn();
         let with = |bindings: Value| json!(["1", "1", "realtime:db", "phx_join", {"config": {"postgres_changes": bindings}}]);
         // Refused at once: a filter this server does not evaluate.
-        t.send(with(json!([{"event": "*", "schema": "public", "table": "todos", "filter": "title=like.%a%"}])))
+        t.send(with(json!([{"event": "*", "schema": "public", "table": "todos", "filter": "title=match.a"}])))
             .unwrap();
         let w = t.written();
         assert!(
             status(&w[0].2)
                 .1
-                .starts_with("PostgresChangesFilterNotSupported: binding 1: operator \"like\""),
+                .starts_with("PostgresChangesFilterNotSupported: binding 1: operator \"match\""),
             "{w:?}"
         );
         // Refused after the check: what the database said, named.

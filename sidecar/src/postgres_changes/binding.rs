@@ -24,15 +24,21 @@ pub enum Event {
     Delete,
 }
 
-/// A comparison of one column with a value, as realtime-js writes it: `column=op.value`.
+/// A condition on one column, as realtime-js's filter builder writes it:
+/// `column=[not.]op.value`; a binding's filter is several of them joined by `,` (all must
+/// hold).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Filter {
     pub column: String,
     pub op: Op,
-    /// One value, or the list of `in.(a,b)`, as the client wrote them.
+    /// `not.`: the condition negated, as SQL's NOT (a NULL comparison stays not true).
+    pub negate: bool,
+    /// One value, or the list of `in.(a,b)`, as the client wrote them (unquoted).
     pub values: Vec<String>,
-    /// The same values as the column's type renders them in a record (`check`); None for
-    /// a binding on a whole schema, whose column's type is known only change by change.
+    /// The same values as the column's type renders them in a record (`check`), for the
+    /// comparison operators; None for a binding on a whole schema, whose column's type is
+    /// known only change by change, and for like, ilike and is, whose value is no value of
+    /// the column.
     pub typed: Option<Vec<Value>>,
 }
 
@@ -45,6 +51,36 @@ pub enum Op {
     Gt,
     Gte,
     In,
+    /// `IS DISTINCT FROM`: neq that treats NULL as a value.
+    IsDistinct,
+    /// `IS NULL | TRUE | FALSE | UNKNOWN`.
+    Is,
+    /// SQL LIKE: `%` (or PostgREST's `*`) any run of characters, `_` any one, `\` escapes.
+    Like,
+    Ilike,
+}
+
+impl Op {
+    /// Whether the value is one of the column's (and is read as its type at join).
+    pub fn compares_values(self) -> bool {
+        !matches!(self, Op::Is | Op::Like | Op::Ilike)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Eq => "eq",
+            Op::Neq => "neq",
+            Op::Lt => "lt",
+            Op::Lte => "lte",
+            Op::Gt => "gt",
+            Op::Gte => "gte",
+            Op::In => "in",
+            Op::IsDistinct => "isdistinct",
+            Op::Is => "is",
+            Op::Like => "like",
+            Op::Ilike => "ilike",
+        }
+    }
 }
 
 /// One `postgres_changes` binding of a join.
@@ -56,7 +92,8 @@ pub struct Binding {
     pub schema: String,
     /// None for every table of the schema.
     pub table: Option<String>,
-    pub filter: Option<Filter>,
+    /// Conditions that must all hold (none: every change).
+    pub filters: Vec<Filter>,
     /// The columns to deliver (`select`, realtime-js 2.119); None: every column the
     /// subscriber's role may read.
     pub select: Option<Vec<String>>,
@@ -105,13 +142,13 @@ impl BindingError {
                 "InvalidPostgresChanges: binding {at}: event \"{event}\" is not one of *, INSERT, UPDATE, DELETE"
             ),
             BindingError::UnsupportedFilter { at, op } => format!(
-                "PostgresChangesFilterNotSupported: binding {at}: operator \"{op}\" is not supported; use eq, neq, lt, lte, gt, gte or in"
+                "PostgresChangesFilterNotSupported: binding {at}: operator \"{op}\" is not supported; use eq, neq, lt, lte, gt, gte, in, isdistinct, is, like or ilike, each optionally negated with not."
             ),
             BindingError::Rejected { at, why } => {
                 format!("InvalidPostgresChanges: binding {at}: {why}")
             }
             BindingError::InvalidFilter { at, filter } => format!(
-                "InvalidPostgresChanges: binding {at}: filter \"{filter}\" is not column=operator.value"
+                "InvalidPostgresChanges: binding {at}: filter \"{filter}\" is not column=operator.value (several joined by commas)"
             ),
         }
     }
@@ -190,9 +227,9 @@ fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
             })
         }
     };
-    let filter = match text("filter")? {
-        Some(f) if !f.is_empty() => Some(parse_filter(at, &f)?),
-        _ => None,
+    let filters = match text("filter")? {
+        Some(f) if !f.is_empty() => parse_filters(at, &f)?,
+        _ => Vec::new(),
     };
     // The reply echoes exactly the keys the client sent, so that `===` holds.
     let mut echo = Map::new();
@@ -207,7 +244,7 @@ fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
         event,
         schema,
         table,
-        filter,
+        filters,
         select,
         echo,
     })
@@ -238,12 +275,54 @@ fn binding_id(echo: &Map<String, Value>, select: Option<&[String]>) -> u32 {
     h & ((1 << 27) - 1)
 }
 
+/// A binding's filter: conditions joined by commas outside quotes and parentheses, as
+/// realtime-js's filter builder joins them.
+fn parse_filters(at: usize, f: &str) -> Result<Vec<Filter>, BindingError> {
+    let invalid = || BindingError::InvalidFilter {
+        at,
+        filter: f.to_owned(),
+    };
+    let mut parts = Vec::new();
+    let (mut start, mut depth, mut quoted, mut escaped) = (0, 0i32, false, false);
+    for (i, c) in f.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '(' if !quoted => depth += 1,
+            ')' if !quoted => depth -= 1,
+            ',' if !quoted && depth == 0 => {
+                parts.push(&f[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if quoted || depth != 0 {
+        return Err(invalid());
+    }
+    parts.push(&f[start..]);
+    parts
+        .into_iter()
+        .map(|p| {
+            parse_filter(at, p).map_err(|e| match e {
+                BindingError::InvalidFilter { .. } => invalid(),
+                other => other,
+            })
+        })
+        .collect()
+}
+
 fn parse_filter(at: usize, f: &str) -> Result<Filter, BindingError> {
     let invalid = || BindingError::InvalidFilter {
         at,
         filter: f.to_owned(),
     };
     let (column, rest) = f.split_once('=').ok_or_else(invalid)?;
+    let (negate, rest) = match rest.strip_prefix("not.") {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
     let (op, value) = rest.split_once('.').ok_or_else(invalid)?;
     if column.is_empty() {
         return Err(invalid());
@@ -256,6 +335,10 @@ fn parse_filter(at: usize, f: &str) -> Result<Filter, BindingError> {
         "gt" => Op::Gt,
         "gte" => Op::Gte,
         "in" => Op::In,
+        "isdistinct" => Op::IsDistinct,
+        "is" => Op::Is,
+        "like" => Op::Like,
+        "ilike" => Op::Ilike,
         other => {
             return Err(BindingError::UnsupportedFilter {
                 at,
@@ -263,21 +346,45 @@ fn parse_filter(at: usize, f: &str) -> Result<Filter, BindingError> {
             })
         }
     };
-    let values = if op == Op::In {
-        let inner = value
-            .strip_prefix('(')
-            .and_then(|v| v.strip_suffix(')'))
-            .ok_or_else(invalid)?;
-        split_list(inner).ok_or_else(invalid)?
-    } else {
-        vec![value.to_owned()]
+    let values = match op {
+        Op::In => {
+            let inner = value
+                .strip_prefix('(')
+                .and_then(|v| v.strip_suffix(')'))
+                .ok_or_else(invalid)?;
+            split_list(inner).ok_or_else(invalid)?
+        }
+        Op::Is => {
+            let v = value.to_ascii_lowercase();
+            if !["null", "true", "false", "unknown"].contains(&v.as_str()) {
+                return Err(invalid());
+            }
+            vec![v]
+        }
+        _ => vec![unquote(value).ok_or_else(invalid)?],
     };
     Ok(Filter {
         column: column.to_owned(),
         op,
+        negate,
         values,
         typed: None,
     })
+}
+
+/// A scalar as realtime-js's builder writes it: as is, or in double quotes (with `\"` and
+/// `\\`) when it holds `,()"\` or surrounding spaces. None for an unclosed quote.
+fn unquote(v: &str) -> Option<String> {
+    let Some(inner) = v.strip_prefix('"') else {
+        return Some(v.to_owned());
+    };
+    let inner = inner.strip_suffix('"')?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        out.push(if c == '\\' { chars.next()? } else { c });
+    }
+    Some(out)
 }
 
 /// The items of an `in.(...)` list: comma-separated, an item in double quotes may hold
@@ -374,7 +481,7 @@ impl Binding {
         event
             && (self.schema == "*" || self.schema == c.schema)
             && self.table.as_deref().is_none_or(|t| t == c.table)
-            && self.filter.as_ref().is_none_or(|f| f.matches(c))
+            && self.filters.iter().all(|f| f.matches(c))
     }
 }
 
@@ -382,7 +489,7 @@ impl Filter {
     /// Whether the filter's values can be ordered, as lt, lte, gt and gte need: numbers,
     /// text and booleans can; arrays and JSON documents only compare for equality here.
     pub fn orderable(&self) -> bool {
-        matches!(self.op, Op::Eq | Op::Neq | Op::In)
+        !matches!(self.op, Op::Lt | Op::Lte | Op::Gt | Op::Gte)
             || self
                 .typed
                 .iter()
@@ -391,6 +498,7 @@ impl Filter {
     }
 
     /// Deletes are filtered on the old row, as Supabase filters them; the others on the new.
+    /// A column the row does not carry holds no condition (not even a negated one).
     fn matches(&self, c: &Change) -> bool {
         let row = if c.kind == "DELETE" {
             c.old_record
@@ -400,30 +508,114 @@ impl Filter {
         let Some(v) = row.and_then(|r| r.get(&self.column)) else {
             return false;
         };
+        // SQL's three values: None is NULL, which NOT leaves NULL; only true matches.
+        let holds = self.eval(v);
+        holds.map(|h| h != self.negate).unwrap_or(false)
+    }
+
+    fn eval(&self, v: &Value) -> Option<bool> {
+        use std::cmp::Ordering::*;
         let ord = |i: usize| match &self.typed {
             Some(typed) => compare_json(v, &typed[i]),
             None => compare(v, &self.values[i]),
         };
-        use std::cmp::Ordering::*;
         match self.op {
-            Op::In => (0..self.values.len()).any(|i| ord(i) == Some(Equal)),
-            op => {
-                let Some(ord) = ord(0) else {
-                    // SQL: a comparison with NULL (or an incomparable value) is not true.
-                    return false;
+            Op::In => {
+                if v.is_null() {
+                    return None;
+                }
+                Some((0..self.values.len()).any(|i| ord(i) == Some(Equal)))
+            }
+            Op::IsDistinct => {
+                let other_null = match &self.typed {
+                    Some(typed) => typed[0].is_null(),
+                    None => self.values[0] == "null",
                 };
-                match op {
+                Some(match (v.is_null(), other_null) {
+                    (true, true) => false,
+                    (true, false) | (false, true) => true,
+                    (false, false) => ord(0) != Some(Equal),
+                })
+            }
+            Op::Is => Some(match self.values[0].as_str() {
+                "null" | "unknown" => v.is_null(),
+                "true" => *v == Value::Bool(true),
+                _ => *v == Value::Bool(false),
+            }),
+            Op::Like | Op::Ilike => {
+                let Value::String(text) = v else {
+                    return None;
+                };
+                let fold = self.op == Op::Ilike;
+                Some(like(text, &self.values[0], fold))
+            }
+            op => {
+                let ord = ord(0)?;
+                Some(match op {
                     Op::Eq => ord == Equal,
                     Op::Neq => ord != Equal,
                     Op::Lt => ord == Less,
                     Op::Lte => ord != Greater,
                     Op::Gt => ord == Greater,
-                    Op::Gte => ord != Less,
-                    Op::In => unreachable!("handled above"),
-                }
+                    _ => ord != Less,
+                })
             }
         }
     }
+}
+
+/// SQL LIKE (ILIKE when `fold`): `%` and PostgREST's `*` match any run of characters, `_`
+/// any one, a backslash makes the next character literal.
+fn like(text: &str, pattern: &str, fold: bool) -> bool {
+    let lower = |s: &str| if fold { s.to_lowercase() } else { s.to_owned() };
+    let t: Vec<char> = lower(text).chars().collect();
+    enum Tok {
+        Any,
+        One,
+        Lit(char),
+    }
+    let mut p = Vec::new();
+    let mut chars = lower(pattern).chars().collect::<Vec<_>>().into_iter();
+    while let Some(c) = chars.next() {
+        p.push(match c {
+            '%' | '*' => Tok::Any,
+            '_' => Tok::One,
+            '\\' => Tok::Lit(chars.next().unwrap_or('\\')),
+            c => Tok::Lit(c),
+        });
+    }
+    // Greedy matching with one backtrack point per `%`, linear in practice.
+    let (mut ti, mut pi) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        match p.get(pi) {
+            Some(Tok::Any) => {
+                star = Some((pi, ti));
+                pi += 1;
+                continue;
+            }
+            Some(Tok::One) => {
+                ti += 1;
+                pi += 1;
+                continue;
+            }
+            Some(Tok::Lit(c)) if *c == t[ti] => {
+                ti += 1;
+                pi += 1;
+                continue;
+            }
+            _ => {}
+        }
+        match star {
+            Some((sp, st)) => {
+                pi = sp + 1;
+                ti = st + 1;
+                star = Some((sp, st + 1));
+            }
+            None => return false,
+        }
+    }
+    p[pi..].iter().all(|t| matches!(t, Tok::Any))
 }
 
 /// Compares a record's value with a filter's value as the column's type rendered it:
@@ -518,12 +710,16 @@ mod tests {
     fn unsupported_or_malformed_bindings_are_refused_with_a_reason() {
         let err = |v: Value| bindings(v).unwrap_err().text();
         assert_eq!(
-            err(json!([{"event": "*", "schema": "public", "table": "t", "filter": "name=like.%a%"}])),
-            "PostgresChangesFilterNotSupported: binding 1: operator \"like\" is not supported; use eq, neq, lt, lte, gt, gte or in"
+            err(json!([{"event": "*", "schema": "public", "table": "t", "filter": "name=match.^a"}])),
+            "PostgresChangesFilterNotSupported: binding 1: operator \"match\" is not supported; use eq, neq, lt, lte, gt, gte, in, isdistinct, is, like or ilike, each optionally negated with not."
         );
+        assert!(err(
+            json!([{"event": "*", "schema": "public", "filter": "id=eq.1,name=not.imatch.x"}])
+        )
+        .contains("\"imatch\""));
         assert!(
-            err(json!([{"event": "*", "schema": "public", "filter": "id=not.eq.1"}]))
-                .contains("\"not\"")
+            err(json!([{"event": "*", "schema": "public", "filter": "ok=is.maybe"}]))
+                .contains("InvalidPostgresChanges")
         );
         assert!(
             err(json!([{"event": "TRUNCATE", "schema": "public"}])).contains("event \"TRUNCATE\"")
@@ -574,6 +770,61 @@ mod tests {
         );
         assert_eq!(f("id=in.()"), Vec::<String>::new());
         assert_eq!(f("name=eq.a.b=c"), vec!["a.b=c"]);
+        // Scalars are quoted like list items when they hold reserved characters.
+        assert_eq!(f(r#"name=eq." a,(b) \"c\" ""#), vec![r#" a,(b) "c" "#]);
+    }
+
+    #[test]
+    fn several_conditions_split_at_top_level_commas_only() {
+        let b = bindings(json!([{"event": "*", "schema": "public", "table": "t",
+            "filter": r#"room=eq.1,name=in.("a,b",c),title=not.like."x,y%",done=is.TRUE"#}]))
+        .unwrap();
+        let f = &b[0].filters;
+        assert_eq!(f.len(), 4);
+        assert_eq!(
+            (f[0].column.as_str(), f[0].op, f[0].negate),
+            ("room", Op::Eq, false)
+        );
+        assert_eq!(f[1].values, vec!["a,b", "c"]);
+        assert_eq!(
+            (f[2].op, f[2].negate, f[2].values[0].as_str()),
+            (Op::Like, true, "x,y%")
+        );
+        assert_eq!((f[3].op, f[3].values[0].as_str()), (Op::Is, "true"));
+        // The reply echoes the filter text as sent.
+        assert_eq!(
+            reply(&b)[0]["filter"],
+            r#"room=eq.1,name=in.("a,b",c),title=not.like."x,y%",done=is.TRUE"#
+        );
+    }
+
+    #[test]
+    fn the_2026_operators_and_negation_follow_sql() {
+        let rec = json!({"id": 3, "name": "Ab_c%d", "done": true, "gone": null});
+        let ins = change("INSERT", &rec, &Value::Null);
+        let one = |filter: &str| {
+            bindings(
+                json!([{"event": "*", "schema": "public", "table": "todos", "filter": filter}]),
+            )
+            .unwrap()
+            .remove(0)
+        };
+        let holds = |filter: &str| one(filter).matches(&ins);
+        assert!(holds("name=like.Ab%") && holds("name=like.*c*") && holds("name=like.A__c%"));
+        assert!(!holds("name=like.ab%") && holds("name=ilike.ab%"));
+        assert!(holds(r"name=like.%\_c\%d") && !holds(r"name=like.%\_x%"));
+        assert!(holds("done=is.true") && !holds("done=is.false") && holds("gone=is.null"));
+        assert!(holds("done=not.is.false") && holds("name=not.is.null"));
+        assert!(holds("id=isdistinct.4") && !holds("id=isdistinct.3"));
+        assert!(holds("gone=isdistinct.1") && !holds("gone=isdistinct.null"));
+        assert!(holds("id=not.eq.4") && !holds("id=not.in.(1,3)"));
+        // NULL compared stays unknown, and NOT unknown is not true either.
+        assert!(!holds("gone=eq.1") && !holds("gone=not.eq.1"));
+        assert!(holds("id=gt.1,done=is.true") && !holds("id=gt.1,done=is.false"));
+        // The typed values the join's check rendered are what is compared.
+        let mut typed = one("id=isdistinct.null");
+        typed.filters[0].typed = Some(vec![Value::Null]);
+        assert!(typed.matches(&ins));
     }
 
     fn change<'a>(kind: &'a str, record: &'a Value, old: &'a Value) -> Change<'a> {

@@ -86,9 +86,10 @@ pub async fn run(
     }
 }
 
-/// What one `realtime.subscribable` call says of each binding sent: its error or its typed
-/// filter values.
-type Rows = Vec<(Option<String>, Option<Vec<Value>>)>;
+/// What one `realtime.subscribable` call says of each binding sent: its error or, per
+/// filter condition, its values as the column's type renders them (None for a condition
+/// whose value is no value of the column).
+type Rows = Vec<(Option<String>, Option<Vec<Option<Vec<Value>>>>)>;
 
 enum CallError {
     Lost(DbFailure),
@@ -130,7 +131,8 @@ impl Call for Db<'_> {
         for row in rows {
             let item: i32 = row.get("item");
             let typed: Option<String> = row.get("typed");
-            let typed = typed.and_then(|t| serde_json::from_str::<Vec<Value>>(&t).ok());
+            let typed =
+                typed.and_then(|t| serde_json::from_str::<Vec<Option<Vec<Value>>>>(&t).ok());
             if let Some(slot) = out.get_mut(item as usize - 1) {
                 *slot = (row.get("error"), typed);
             }
@@ -145,9 +147,13 @@ fn item(role: &str, b: &Binding) -> Value {
     if let Some(t) = &b.table {
         o["table"] = json!(t);
     }
-    if let Some(f) = &b.filter {
-        o["column"] = json!(f.column);
-        o["values"] = json!(f.values);
+    if !b.filters.is_empty() {
+        let filters: Vec<Value> = b
+            .filters
+            .iter()
+            .map(|f| json!({"column": f.column, "op": f.op.name(), "values": f.values}))
+            .collect();
+        o["filters"] = Value::Array(filters);
     }
     if let Some(s) = &b.select {
         o["select"] = json!(s);
@@ -205,13 +211,14 @@ fn verdict(mut bindings: Vec<Binding>, rows: Rows) -> Checked {
         if let Some(why) = error {
             return Checked::Refused(BindingError::Rejected { at: i + 1, why });
         }
-        if let Some(f) = &mut b.filter {
-            f.typed = typed;
+        let typed = typed.unwrap_or_default();
+        for (n, f) in b.filters.iter_mut().enumerate() {
+            f.typed = typed.get(n).cloned().flatten();
             if !f.orderable() {
                 return Checked::Refused(BindingError::Rejected {
                     at: i + 1,
                     why: format!(
-                        "column {}'s values can only be compared with eq, neq or in",
+                        "column {}'s values can only be compared with eq, neq, in or isdistinct",
                         f.column
                     ),
                 });
@@ -246,7 +253,7 @@ mod tests {
                 .iter()
                 .map(|i| match i["table"].as_str() {
                     Some("missing") => (Some("table public.missing does not exist".into()), None),
-                    _ => (None, i.get("values").map(|_| vec![json!(5)])),
+                    _ => (None, i.get("filters").map(|_| vec![Some(vec![json!(5)])])),
                 })
                 .collect())
         }
@@ -276,10 +283,7 @@ mod tests {
         let Checked::Ok(bindings) = a_rx.await.unwrap() else {
             panic!("a should pass")
         };
-        assert_eq!(
-            bindings[0].filter.as_ref().unwrap().typed,
-            Some(vec![json!(5)])
-        );
+        assert_eq!(bindings[0].filters[0].typed, Some(vec![json!(5)]));
         match b_rx.await.unwrap() {
             Checked::Refused(e) => assert_eq!(
                 e.text(),
@@ -305,8 +309,8 @@ mod tests {
     #[test]
     fn ordering_a_column_of_arrays_is_refused() {
         let (mut r, _) = request(&["todos"]);
-        r.bindings[0].filter.as_mut().unwrap().op = crate::postgres_changes::binding::Op::Gt;
-        let rows = vec![(None, Some(vec![json!(["a", "b"])]))];
+        r.bindings[0].filters[0].op = crate::postgres_changes::binding::Op::Gt;
+        let rows = vec![(None, Some(vec![Some(vec![json!(["a", "b"])])]))];
         match verdict(r.bindings, rows) {
             Checked::Refused(e) => assert!(e.text().contains("only be compared with eq")),
             other => panic!("{other:?}"),

@@ -227,9 +227,9 @@ async fn authorize(
         let sub = cand.sub.clone();
         cand.bindings.retain(|&b| {
             sub.bindings[b]
-                .filter
-                .as_ref()
-                .is_none_or(|f| cols.contains(&f.column))
+                .filters
+                .iter()
+                .all(|f| cols.contains(&f.column))
         });
         if cand.bindings.is_empty() {
             metrics.changes_withheld_total.increment(1);

@@ -86,17 +86,19 @@ pub fn canonical(v: &serde_json::Value) -> Option<String> {
     }
 }
 
-/// What a channel's bindings on one place want, if all are indexable `eq` filters.
+/// What a channel's bindings on one place want, if each has an indexable `eq` condition
+/// (the others of a binding are checked by `matches`, as all must hold).
 fn wanted(bindings: &[&Binding]) -> Option<Vec<Wanted>> {
     bindings
         .iter()
         .map(|b| {
-            let f = b.filter.as_ref()?;
-            if f.op != Op::Eq {
-                return None;
-            }
-            let value = canonical(f.typed.as_ref()?.first()?)?;
-            Some((f.column.clone(), value))
+            b.filters.iter().find_map(|f| {
+                if f.op != Op::Eq || f.negate {
+                    return None;
+                }
+                let value = canonical(f.typed.as_ref()?.first()?)?;
+                Some((f.column.clone(), value))
+            })
         })
         .collect()
 }
@@ -348,7 +350,7 @@ mod tests {
                 "realtime:r",
                 json!([{"event": "*", "schema": "public", "table": "msgs", "filter": filter}]),
             );
-            s.bindings[0].filter.as_mut().unwrap().typed = Some(vec![typed]);
+            s.bindings[0].filters[0].typed = Some(vec![typed]);
             subs.add(s);
         };
         room(1, "room=eq.1", json!(1));
