@@ -21,7 +21,7 @@ GRANT USAGE ON SCHEMA realtime TO anon, authenticated, service_role;
 GRANT SELECT, INSERT ON realtime.messages TO anon, authenticated, service_role;
 -- What the sidecar calls, and whom it may act as.
 GRANT USAGE ON SCHEMA realtime TO realtime_sidecar;
-GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, bigint, integer, integer, integer),
+GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, bigint, integer, integer, integer, oid[]),
     realtime.confirm(text, bigint), realtime.relay(bigint, text, text, boolean, json, bytea),
     realtime.authorize(text[], text[], text[], text[], text[], text[]),
     realtime.visible(regclass, text[], text[], text[], integer[]),

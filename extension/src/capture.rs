@@ -26,6 +26,11 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CStr;
 
+/// The table a change record was captured from (the payload's first field).
+pub fn relid_of(payload: &[u8]) -> Option<u32> {
+    Some(u32::from_le_bytes(payload.get(0..4)?.try_into().ok()?))
+}
+
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."capture"() RETURNS trigger
 VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';

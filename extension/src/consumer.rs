@@ -182,8 +182,11 @@ type DrainRow = (
 /// A first row of kind 'gap' reports messages evicted before this consumer read them. A row
 /// of kind 'change' is a captured row change: topic is its table, event its type (INSERT,
 /// UPDATE, DELETE), payload the `data` of Supabase's Postgres Changes event (`change.rs`).
+/// With `decode`, only the changes of those tables are decoded; the others come with a NULL
+/// payload: a consumer whose clients listen to few of the published tables does not pay
+/// for turning every other change into JSON.
 #[pg_extern(sql = r#"
-CREATE FUNCTION realtime."drain"(consumer text, after_seq bigint DEFAULT NULL, max_messages integer DEFAULT 10000, timeout_ms integer DEFAULT 1000, linger_ms integer DEFAULT 0)
+CREATE FUNCTION realtime."drain"(consumer text, after_seq bigint DEFAULT NULL, max_messages integer DEFAULT 10000, timeout_ms integer DEFAULT 1000, linger_ms integer DEFAULT 0, decode oid[] DEFAULT NULL)
 RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, origin bigint, lost_first bigint, lost_last bigint)
 VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
@@ -194,6 +197,7 @@ fn drain(
     max_messages: i32,
     timeout_ms: i32,
     linger_ms: i32,
+    decode: Option<Vec<Option<pg_sys::Oid>>>,
 ) -> TableIterator<
     'static,
     (
@@ -324,14 +328,20 @@ fn drain(
         let m = MessageView::parse(&buf[at..]);
         at += m.header.len as usize;
         if m.is_change() {
-            // Decoded here, once per consumer, so that the writer only copied its row.
-            let data = changes.decode(m.payload, m.topic, m.event, m.header.committed_at);
+            // Decoded here, once per consumer, so that the writer only copied its row; and
+            // only if the consumer asked for its table.
+            let wanted = match (&decode, crate::capture::relid_of(m.payload)) {
+                (None, _) | (_, None) => true,
+                (Some(list), Some(relid)) => list.contains(&Some(pg_sys::Oid::from(relid))),
+            };
+            let data =
+                wanted.then(|| changes.decode(m.payload, m.topic, m.event, m.header.committed_at));
             rows.push((
                 m.header.seq as i64,
                 "change",
                 Some(m.topic.to_owned()),
                 Some(m.event.to_owned()),
-                Some(data),
+                data,
                 None,
                 None,
                 TimestampWithTimeZone::try_from(m.header.committed_at).ok(),

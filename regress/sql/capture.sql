@@ -96,6 +96,21 @@ ALTER TABLE items RENAME COLUMN name TO title;
 SELECT n, event, data->'record'->>'title' AS title FROM take_changes();
 ALTER TABLE items RENAME COLUMN title TO name;
 
+-- A consumer may have only some tables' changes decoded (those its clients listen to): the
+-- others come with a NULL payload, in their place in the order.
+CREATE TABLE other_items (id int PRIMARY KEY);
+ALTER PUBLICATION supabase_realtime ADD TABLE other_items;
+INSERT INTO other_items VALUES (1);
+INSERT INTO items (id) VALUES (50);
+INSERT INTO other_items VALUES (2);
+SELECT d.seq - c.confirmed_seq AS n, d.kind, d.topic, d.event, d.payload IS NULL AS undecoded,
+       d.payload::jsonb->'record' AS record
+FROM realtime.consumers() c, realtime.drain('test', NULL, 100, 0, 0, ARRAY['items'::regclass::oid]) d
+WHERE c.name = 'test';
+DO $$ BEGIN PERFORM realtime.confirm('test', c.last_read_seq) FROM realtime.consumers() c WHERE c.name = 'test'; END $$;
+ALTER PUBLICATION supabase_realtime DROP TABLE other_items;
+DROP TABLE other_items;
+
 -- PREPARE TRANSACTION after a captured change is refused, as after a broadcast.
 BEGIN;
 INSERT INTO items (id) VALUES (40);

@@ -22,7 +22,12 @@ const DRAIN_SQL: &str =
     "SELECT seq, kind, topic, event, payload::text AS payload, binary_payload, \
      private, (extract(epoch FROM committed_at) * 1000000)::int8 AS committed_us, id::text AS id, \
      lost_first, lost_last, origin \
-     FROM realtime.drain($1, $2, $3, $4, $5)";
+     FROM realtime.drain($1, $2, $3, $4, $5, $6)";
+
+/// The tables some channel listens to, as the oids `realtime.drain` decodes changes of.
+const TABLES_SQL: &str = "SELECT coalesce(array_agg(c.oid), '{}') AS oids \
+     FROM unnest($1::text[], $2::text[]) AS u(s, t) \
+     JOIN pg_namespace n ON n.nspname = u.s JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = u.t";
 
 /// Runs until `shutdown` turns true; then confirms the position and returns.
 pub async fn run(
@@ -260,8 +265,28 @@ async fn session(
     // network is stuck, and /healthz says so meanwhile.
     let deadline = Duration::from_millis((timeout_ms + linger) as u64) + Duration::from_secs(5);
     let mut stats_at = Instant::now();
+    // Which tables' changes the drain decodes (None: all), for which subscription generation.
+    let mut decode: Option<Vec<u32>> = None;
+    let mut decode_for: Option<u64> = None;
+    // The last change drained again because a channel joined its table meanwhile.
+    let mut redrained: i64 = -1;
     loop {
         metrics.drain_answered(unix_millis());
+        let generation = to.changes.generation();
+        if decode_for != Some(generation) {
+            decode = match to.changes.tables() {
+                None => None,
+                Some(tables) => {
+                    let (schemas, names): (Vec<String>, Vec<String>) = tables.into_iter().unzip();
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                        [&schemas, &names];
+                    let row =
+                        within(setup, "tables", client.query_one(TABLES_SQL, &params)).await?;
+                    Some(row.get("oids"))
+                }
+            };
+            decode_for = Some(generation);
+        }
         if stats_at.elapsed() >= STATS_EVERY {
             stats_at = Instant::now();
             let row = within(setup, "stats", client.query_one(&stats, &[])).await?;
@@ -272,8 +297,8 @@ async fn session(
                 .set(row.get::<_, f64>("oldest_pending_secs"));
             metrics.oldest_seq.set(oldest as f64);
         }
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-            [&cfg.consumer, &pos, &batch, &timeout_ms, &linger];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&cfg.consumer, &pos, &batch, &timeout_ms, &linger, &decode];
         let rows = tokio::select! {
             r = within(deadline, "drain", client.query(&stmt, &params)) => r?,
             _ = shutdown.changed() => {
@@ -283,6 +308,24 @@ async fn session(
                 return Ok(());
             }
         };
+        let mut rows = rows;
+        // A change left undecoded (no channel listened to its table when the call began)
+        // that a channel now listens to (it joined meanwhile): stop before it and drain
+        // again from there with its table decoded. Once per change, so a table that cannot
+        // be resolved does not loop.
+        let undecoded_wanted = |r: &tokio_postgres::Row| {
+            r.get::<_, &str>(col.kind) == "change"
+                && r.get::<_, Option<&str>>(col.payload).is_none()
+                && r.get::<_, i64>(col.seq) != redrained
+                && r.get::<_, Option<&str>>(col.topic)
+                    .is_some_and(|t| !to.changes.named(t).is_empty())
+        };
+        if let Some(cut) = rows.iter().position(undecoded_wanted) {
+            redrained = rows[cut].get(col.seq);
+            rows.truncate(cut);
+            decode_for = None;
+            metrics.drain_redrains_total.increment(1);
+        }
         if rows.is_empty() {
             continue;
         }

@@ -25,7 +25,9 @@
 //! 3. `socket` (one task per connection) writes what is queued, up to 256 frames a flush.
 //!
 //! Captured row changes (Postgres Changes, `extension/src/capture.rs`) come through the
-//! same drain as rows of kind `change`, already in Supabase's JSON. Before a batch is
+//! same drain as rows of kind `change`, in Supabase's JSON for the tables some channel
+//! listens to (the drain is told which; a channel that joined during a drain makes the
+//! drainer drain again from its table's first undecoded change). Before a batch is
 //! handed out, `postgres_changes::deliver` finds the channels whose bindings match each
 //! change and asks the database, in one call per changed table, which of them may see the
 //! row under RLS and which columns their role may read; then the batch goes out in queue

@@ -52,6 +52,7 @@ pub struct Metrics {
     pub changes_delivered_total: Counter,
     pub changes_withheld_total: Counter,
     pub change_check_failures_total: Counter,
+    pub drain_redrains_total: Counter,
     /// Sequence of the last message this sidecar drained.
     pub last_seq: Gauge,
     /// Bytes of the queue held back behind a transaction that is still committing.
@@ -198,6 +199,10 @@ impl Default for Metrics {
                 "realtime_changes_withheld_total",
                 "Postgres Changes a matching channel did not get: the row is not visible to it under RLS, or its role may not read the table",
             ),
+            drain_redrains_total: r.counter(
+                "realtime_drain_redrains_total",
+                "drains repeated from a change left undecoded because a channel joined its table while the drain was in flight",
+            ),
             change_check_failures_total: r.counter(
                 "realtime_change_check_failures_total",
                 "changes of one table in one batch not delivered because their RLS check failed (the channels were told)",
@@ -284,7 +289,7 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 24] = [
+    const COUNTERS: [&str; 25] = [
         "realtime_auth_batches_total",
         "realtime_auth_requests_total",
         "realtime_client_broadcasts_total",
@@ -309,6 +314,7 @@ mod tests {
         "realtime_changes_delivered_total",
         "realtime_changes_withheld_total",
         "realtime_change_check_failures_total",
+        "realtime_drain_redrains_total",
     ];
     const GAUGES: [&str; 7] = [
         "realtime_connections",

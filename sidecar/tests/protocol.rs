@@ -120,6 +120,45 @@ async fn a_captured_change_is_never_delivered_as_a_broadcast() {
     db.batch_execute("DROP TABLE change_leak").await.unwrap();
 }
 
+/// The drain decodes only the tables some channel listens to; a drain already waiting when a
+/// channel joins was asked for none. The change committed right after the join's reply comes
+/// back undecoded from that drain: it is drained again, decoded, and delivered.
+#[tokio::test]
+async fn a_change_right_after_subscribed_reaches_a_table_the_drain_in_flight_did_not_decode() {
+    let sidecar = Sidecar::start("t_redrain", &[]).await;
+    let db = db().await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS redrain;
+         CREATE TABLE redrain (id int PRIMARY KEY, note text);
+         GRANT SELECT ON redrain TO anon;
+         ALTER PUBLICATION supabase_realtime ADD TABLE redrain;",
+    )
+    .await
+    .unwrap();
+    let mut c = Client::connect(sidecar.port, "2.0.0").await;
+    let binding = json!({"event": "INSERT", "schema": "public", "table": "redrain"});
+    let config = json!({"private": false, "postgres_changes": [binding]});
+    let reply = c.join("realtime:redrain", config).await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let id = reply["response"]["postgres_changes"][0]["id"].clone();
+    let subscribed = c.next_json(5).await.expect("system");
+    assert_eq!(
+        subscribed["payload"]["message"], "Subscribed to PostgreSQL",
+        "{subscribed}"
+    );
+    db.execute("INSERT INTO redrain VALUES (1, 'first')", &[])
+        .await
+        .unwrap();
+    let m = c.next_json(5).await.expect("the change");
+    assert_eq!(m["event"], "postgres_changes", "{m}");
+    assert_eq!(m["payload"]["ids"], json!([id]));
+    assert_eq!(
+        m["payload"]["data"]["record"],
+        json!({"id": 1, "note": "first"})
+    );
+    db.batch_execute("DROP TABLE redrain").await.unwrap();
+}
+
 #[tokio::test]
 async fn binary_payloads_reach_v2_only_and_private_stays_apart() {
     let sidecar = Sidecar::start("t_binary", &[]).await;

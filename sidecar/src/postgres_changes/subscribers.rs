@@ -106,6 +106,9 @@ fn wanted(bindings: &[&Binding]) -> Option<Vec<Wanted>> {
 #[derive(Default)]
 pub struct Subscribers {
     inner: RwLock<Inner>,
+    /// Changes whenever a channel is added or removed: the drainer then asks the database
+    /// to decode the changes of a new set of tables (`tables`).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// Each place a channel listens at, with what it wants there (None: every change).
@@ -146,6 +149,8 @@ impl Subscribers {
             }
         }
         inner.channels.insert(key, Arc::new(sub));
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn remove(&self, conn: ConnId, topic: &str) {
@@ -153,7 +158,27 @@ impl Subscribers {
         let mut inner = self.inner.write().unwrap();
         if let Some(old) = inner.channels.remove(&key) {
             remove_places(&mut inner, &key, &old);
+            self.generation
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The tables whose changes some channel may want, as (schema, table); None when a
+    /// binding covers a whole schema or every schema (then every change is).
+    pub fn tables(&self) -> Option<Vec<(String, String)>> {
+        let inner = self.inner.read().unwrap();
+        inner
+            .places
+            .keys()
+            .map(|(schema, table)| match table {
+                Some(t) if schema != "*" => Some((schema.clone(), t.clone())),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A new token on the channel: its changes are checked for the new identity from the
@@ -334,10 +359,24 @@ mod tests {
             json!([{"event": "*", "schema": "public", "table": "notes"}]),
         ));
         assert_eq!(who(&subs, "public", "todos"), vec![b.clone()]);
-        subs.remove(1, "realtime:a");
+        // A binding on every schema: every change is wanted.
+        assert_eq!(subs.tables(), None);
+        let before = subs.generation();
         subs.remove(2, "realtime:b");
+        assert_ne!(subs.generation(), before);
+        let mut tables = subs.tables().unwrap();
+        tables.sort();
+        assert_eq!(
+            tables,
+            vec![
+                ("other".to_owned(), "todos".to_owned()),
+                ("public".to_owned(), "notes".to_owned())
+            ]
+        );
+        subs.remove(1, "realtime:a");
         subs.remove(2, "realtime:c");
         assert!(subs.is_empty());
+        assert_eq!(subs.tables(), Some(vec![]));
         assert!(subs.inner.read().unwrap().places.is_empty());
     }
 
