@@ -79,6 +79,8 @@ pub(crate) trait Lookup {
 pub struct Outgoing {
     pub to: Arc<Subscriber>,
     pub frame: String,
+    /// A `postgres_changes` event (counted as a delivered change), not a `system` message.
+    pub change: bool,
 }
 
 impl Outgoing {
@@ -88,7 +90,9 @@ impl Outgoing {
         match self.to.tx.try_send(Message::text(self.frame)) {
             Ok(()) => {
                 metrics.deliveries_total.increment(1);
-                metrics.changes_delivered_total.increment(1);
+                if self.change {
+                    metrics.changes_delivered_total.increment(1);
+                }
             }
             Err(TrySendError::Full(_)) => self.to.too_slow.notify_one(),
             Err(TrySendError::Closed(_)) => {}
@@ -178,6 +182,7 @@ pub(crate) async fn prepare(
             out[cand.change].push(Outgoing {
                 to: cand.sub,
                 frame,
+                change: true,
             });
         }
     }
@@ -371,6 +376,7 @@ fn report_undeliverable(subscribers: &Subscribers, data: &Value, out: &mut Vec<O
         out.push(Outgoing {
             to: sub,
             frame: text,
+            change: false,
         });
     }
 }
@@ -800,6 +806,47 @@ mod tests {
             .unwrap()
             .contains("could not be authorized"));
         assert_eq!(m.value("realtime_change_check_failures_total"), Some(1.0));
+    }
+
+    #[tokio::test]
+    async fn a_change_lost_to_a_dropped_table_is_told_to_its_table_s_channels_not_counted_as_delivered(
+    ) {
+        let subs = Subscribers::default();
+        let (s, mut rx) = sub(
+            1,
+            "authenticated",
+            "{}",
+            json!([{"event": "*", "schema": "public", "table": "todos"}]),
+        );
+        subs.add(s);
+        let (other, _rx2) = sub(
+            2,
+            "authenticated",
+            "{}",
+            json!([{"event": "*", "schema": "public", "table": "notes"}]),
+        );
+        subs.add(other);
+        let lost = json!({"schema": null, "table": "todos", "type": "INSERT", "columns": [],
+                          "errors": ["Error 410: the table was dropped before this change was delivered"]})
+        .to_string();
+        let m = Metrics::default();
+        let out = prepare(&Fake::default(), &subs, &[lost.as_str()], 1 << 20, &m)
+            .await
+            .unwrap();
+        assert_eq!(out[0].len(), 1, "only the channel of that table is told");
+        for o in out.into_iter().flatten() {
+            o.send(&m);
+        }
+        let told: Value = match rx.try_recv().unwrap() {
+            Message::Text(t) => serde_json::from_str(&t).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(told["event"], "system");
+        assert_eq!(
+            told["payload"]["message"],
+            "A change to table todos was lost: Error 410: the table was dropped before this change was delivered"
+        );
+        assert_eq!(m.value("realtime_changes_delivered_total"), Some(0.0));
     }
 
     #[test]
