@@ -24,7 +24,7 @@ $$;
 CREATE FUNCTION realtime.sync_capture() RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    rel regclass;
+    rel text;
     -- The published tables, read once for both directions.
     published oid[] := ARRAY(
         SELECT c.oid
@@ -33,21 +33,36 @@ DECLARE
         JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
         WHERE pt.pubname = 'supabase_realtime' AND c.relkind IN ('r', 'p'));
 BEGIN
+    -- Names are read with the loop's own snapshot, and a table dropped by another session
+    -- meanwhile is skipped: its name could no longer be printed (a regclass then prints as
+    -- its number), and creating or dropping its trigger fails. A concurrent DROP TABLE once
+    -- made an unrelated ALTER PUBLICATION fail this way.
     FOR rel IN
-        SELECT p::regclass FROM unnest(published) p
+        SELECT format('%I.%I', n.nspname, c.relname)
+        FROM unnest(published) p
+        JOIN pg_class c ON c.oid = p JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = p AND t.tgname = 'realtime_capture')
     LOOP
-        EXECUTE format('CREATE TRIGGER realtime_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
-                       'FOR EACH ROW EXECUTE FUNCTION realtime.capture()', rel);
+        BEGIN
+            EXECUTE format('CREATE TRIGGER realtime_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
+                           'FOR EACH ROW EXECUTE FUNCTION realtime.capture()', rel);
+        EXCEPTION WHEN undefined_table THEN
+            NULL;
+        END;
     END LOOP;
     FOR rel IN
-        SELECT t.tgrelid::regclass
+        SELECT format('%I.%I', n.nspname, c.relname)
         FROM pg_trigger t
+        JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE t.tgname = 'realtime_capture' AND NOT t.tgisinternal
           AND t.tgfoid = 'realtime.capture()'::regprocedure
           AND t.tgrelid <> ALL (published)
     LOOP
-        EXECUTE format('DROP TRIGGER realtime_capture ON %s', rel);
+        BEGIN
+            EXECUTE format('DROP TRIGGER realtime_capture ON %s', rel);
+        EXCEPTION WHEN undefined_table OR undefined_object THEN
+            NULL;
+        END;
     END LOOP;
 END
 $$;
