@@ -312,15 +312,20 @@ async fn session(
         // A change left undecoded (no channel listened to its table when the call began)
         // that a channel now listens to (it joined meanwhile): stop before it and drain
         // again from there with its table decoded. Once per change, so a table that cannot
-        // be resolved does not loop.
+        // be resolved does not loop. Looked for only when the channels changed during the
+        // call: otherwise every table listened to was decoded.
+        let joined_meanwhile = decode_for != Some(to.changes.generation());
         let undecoded_wanted = |r: &tokio_postgres::Row| {
             r.get::<_, &str>(col.kind) == "change"
                 && r.get::<_, Option<&str>>(col.payload).is_none()
                 && r.get::<_, i64>(col.seq) != redrained
                 && r.get::<_, Option<&str>>(col.topic)
-                    .is_some_and(|t| !to.changes.named(t).is_empty())
+                    .is_some_and(|t| to.changes.any_named(t))
         };
-        if let Some(cut) = rows.iter().position(undecoded_wanted) {
+        let cut = joined_meanwhile
+            .then(|| rows.iter().position(undecoded_wanted))
+            .flatten();
+        if let Some(cut) = cut {
             redrained = rows[cut].get(col.seq);
             rows.truncate(cut);
             decode_for = None;

@@ -205,6 +205,16 @@ impl Subscribers {
         self.inner.read().unwrap().channels.is_empty()
     }
 
+    /// Whether some channel may want changes of a table called `table`, in any schema: a
+    /// look at the places, not at every channel.
+    pub fn any_named(&self, table: &str) -> bool {
+        let inner = self.inner.read().unwrap();
+        inner
+            .places
+            .keys()
+            .any(|(_, t)| t.as_deref().is_none_or(|t| t == table))
+    }
+
     /// The channels with a binding that may name a table called `table`, in any schema
     /// (a change that could not be decoded knows only its table's name). A scan: rare.
     pub fn named(&self, table: &str) -> Vec<Arc<Subscriber>> {
@@ -348,6 +358,7 @@ mod tests {
         let b = (2, "realtime:b".to_owned());
         assert_eq!(who(&subs, "public", "todos"), vec![a.clone(), b.clone()]);
         assert_eq!(who(&subs, "public", "notes"), vec![a.clone(), b.clone()]);
+        assert!(subs.any_named("todos") && subs.any_named("anything"));
         assert_eq!(
             who(&subs, "other", "todos"),
             vec![b.clone(), (2, "realtime:c".into())]
@@ -373,6 +384,7 @@ mod tests {
                 ("public".to_owned(), "notes".to_owned())
             ]
         );
+        assert!(subs.any_named("notes") && !subs.any_named("anything"));
         subs.remove(1, "realtime:a");
         subs.remove(2, "realtime:c");
         assert!(subs.is_empty());
