@@ -11,7 +11,7 @@
 
 use crate::command::{self, Command};
 use crate::frame::Vsn;
-use crate::{join_config, jwt, rest, server};
+use crate::{join_config, jwt, rest};
 use arbitrary::{Arbitrary, Unstructured};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -316,7 +316,7 @@ fn topics_and_query_strings() {
         if let Err(e) = join_config::validate_sub_topic(&text) {
             reason(&e.text())?;
         }
-        let decoded = server::percent_decode(&text);
+        let decoded = crate::url::decode_query(&text);
         if decoded.len() > 3 * text.len() + 3 {
             return Err("percent-decoding grew the input".into());
         }

@@ -71,7 +71,7 @@
 //!
 //! # Files
 //!
-//! `server` listener, HTTP and upgrades · `rest` the REST broadcast · `socket` one
+//! `server` listener, HTTP and upgrades · `url` query and path decoding · `rest` the REST broadcast · `socket` one
 //! connection's loop · `command` a client frame parsed into what it asks · `frame` the wire
 //! format of both serializers · `channels` the channel lifecycle · `join_config` what a
 //! join asks for · `broadcast` the broadcast extension · `postgres_changes/` the Postgres
@@ -103,6 +103,7 @@ pub mod server;
 pub mod shutdown;
 pub mod socket;
 pub mod state;
+pub mod url;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -278,17 +278,12 @@ impl Single {
         }
         let flag = |k: &str| query.get(k).is_some_and(|v| v.eq_ignore_ascii_case("true"));
         Some(Single {
-            topic: percent_decode_path(topic),
-            event: percent_decode_path(event),
+            topic: crate::url::decode_path(topic),
+            event: crate::url::decode_path(event),
             private: flag("private"),
             persist: flag("persist") || query.contains_key("persist[ttl]"),
         })
     }
-}
-
-/// A path segment percent-decoded (a `+` stays a `+`: only query strings use it for space).
-fn percent_decode_path(s: &str) -> String {
-    crate::server::percent_decode(&s.replace('+', "%2B"))
 }
 
 /// `POST /api/broadcast/:topic/events/:event[?private=true]`: one message, its body the

@@ -8,6 +8,7 @@ use crate::rest;
 use crate::socket;
 use crate::state::Shared;
 
+use crate::url;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -18,7 +19,6 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use socket2::{Domain, Socket, Type};
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -96,48 +96,6 @@ fn json_error(status: StatusCode, message: &str) -> Resp {
     )
 }
 
-fn query_params(req: &Request<Incoming>) -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    for pair in req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        out.insert(percent_decode(k), percent_decode(v));
-    }
-    out
-}
-
-pub(crate) fn percent_decode(s: &str) -> String {
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                match (
-                    bytes.get(i + 1).copied().and_then(hex),
-                    bytes.get(i + 2).copied().and_then(hex),
-                ) {
-                    (Some(h), Some(l)) => {
-                        out.push(h * 16 + l);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 async fn route(
     req: Request<Incoming>,
     shared: Arc<Shared>,
@@ -168,7 +126,7 @@ async fn route(
             outcome(rest::broadcast(req, &shared).await)
         }
         (&Method::POST, p) if api_path(p).starts_with("/api/broadcast/") => {
-            match rest::Single::from_path(api_path(p), &query_params(&req)) {
+            match rest::Single::from_path(api_path(p), &url::query_params(&req)) {
                 Some(single) => outcome(rest::broadcast_one(req, &shared, single).await),
                 None => json_error(StatusCode::NOT_FOUND, "Not found"),
             }
@@ -237,7 +195,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
     else {
         return refuse(StatusCode::BAD_REQUEST, "Expected a WebSocket upgrade");
     };
-    let params = query_params(&req);
+    let params = url::query_params(&req);
     let header_key = ["apikey", "x-api-key"].iter().find_map(|h| {
         req.headers()
             .get(*h)
@@ -321,16 +279,4 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
         HeaderValue::from_str(&accept).unwrap(),
     );
     r
-}
-
-#[cfg(test)]
-mod tests {
-    use super::percent_decode;
-
-    #[test]
-    fn decodes_query_values() {
-        assert_eq!(percent_decode("a%2Eb%2ec+d"), "a.b.c d");
-        assert_eq!(percent_decode("100%"), "100%");
-        assert_eq!(percent_decode("%zz"), "%zz");
-    }
 }
