@@ -25,23 +25,19 @@ CREATE FUNCTION realtime.sync_capture() RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     rel text;
-    -- The published tables, read once for both directions.
-    published oid[] := ARRAY(
-        SELECT c.oid
+BEGIN
+    -- Each loop reads the publication and the triggers in one query, so with one snapshot:
+    -- a list of published tables read before another session's ALTER PUBLICATION had
+    -- committed made the second loop drop that session's new trigger (its table looked
+    -- unpublished). Names are read in the same query, and a table dropped by another
+    -- session meanwhile is skipped: creating or dropping its trigger fails.
+    FOR rel IN
+        SELECT format('%I.%I', n.nspname, c.relname)
         FROM pg_publication_tables pt
         JOIN pg_namespace n ON n.nspname = pt.schemaname
         JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-        WHERE pt.pubname = 'supabase_realtime' AND c.relkind IN ('r', 'p'));
-BEGIN
-    -- Names are read with the loop's own snapshot, and a table dropped by another session
-    -- meanwhile is skipped: its name could no longer be printed (a regclass then prints as
-    -- its number), and creating or dropping its trigger fails. A concurrent DROP TABLE once
-    -- made an unrelated ALTER PUBLICATION fail this way.
-    FOR rel IN
-        SELECT format('%I.%I', n.nspname, c.relname)
-        FROM unnest(published) p
-        JOIN pg_class c ON c.oid = p JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = p AND t.tgname = 'realtime_capture')
+        WHERE pt.pubname = 'supabase_realtime' AND c.relkind IN ('r', 'p')
+          AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'realtime_capture')
     LOOP
         BEGIN
             EXECUTE format('CREATE TRIGGER realtime_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
@@ -56,7 +52,9 @@ BEGIN
         JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE t.tgname = 'realtime_capture' AND NOT t.tgisinternal
           AND t.tgfoid = 'realtime.capture()'::regprocedure
-          AND t.tgrelid <> ALL (published)
+          AND NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
+                          WHERE pt.pubname = 'supabase_realtime'
+                            AND pt.schemaname = n.nspname AND pt.tablename = c.relname)
     LOOP
         BEGIN
             EXECUTE format('DROP TRIGGER realtime_capture ON %s', rel);
