@@ -61,11 +61,6 @@ pub enum Op {
 }
 
 impl Op {
-    /// Whether the value is one of the column's (and is read as its type at join).
-    pub fn compares_values(self) -> bool {
-        !matches!(self, Op::Is | Op::Like | Op::Ilike)
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             Op::Eq => "eq",
