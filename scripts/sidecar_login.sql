@@ -25,5 +25,6 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
     realtime.confirm(text, bigint), realtime.relay(bigint, text, text, boolean, json, bytea),
     realtime.authorize(text[], text[], text[], text[], text[], text[]),
     realtime.visible(regclass, text[], text[], text[], integer[]),
-    realtime.selectable(regclass, text[]), realtime.subscribable(jsonb) TO realtime_sidecar;
+    realtime.selectable(regclass, text[]), realtime.subscribable(jsonb),
+    realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer) TO realtime_sidecar;
 GRANT anon, authenticated, service_role TO realtime_sidecar;

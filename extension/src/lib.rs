@@ -10,6 +10,7 @@ mod change;
 mod consumer;
 mod errors;
 mod gucs;
+mod history;
 mod identity;
 mod message;
 mod payload;

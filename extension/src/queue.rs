@@ -80,6 +80,9 @@
 //! from `tail`), copies up to a batch of records out, releases the lock and decodes the copy.
 //! Waiting for data uses a condition variable that publishers broadcast, with a timeout,
 //! honouring query cancel and `statement_timeout`, as `ConditionVariableTimedSleep` does.
+//! `history.rs` reads without a slot: the retained messages of a few topics after a
+//! position (a client's replay or resume), walking the ring in bounded steps (`walk`) so
+//! that writers are never held up for long.
 //!
 //! # Restart
 //!
@@ -316,6 +319,44 @@ impl QueueCore {
         Locate::At(self.published)
     }
 
+    /// Visits the published COMMITTED records from `off` (a record boundary at or after
+    /// `tail`), at most `max_walk` records in all, and returns the offset to continue from.
+    /// `visit` gets each record's offset and header; it reads what else it needs from the
+    /// ring. Lock: shared, held for the whole walk, which is why it is bounded.
+    pub fn walk(
+        &self,
+        ring: &Ring,
+        mut off: u64,
+        max_walk: usize,
+        mut visit: impl FnMut(u64, &RecordHeader),
+    ) -> u64 {
+        let mut walked = 0;
+        while off < self.published && walked < max_walk {
+            let h = ring.header(off);
+            if h.state == STATE_COMMITTED {
+                visit(off, &h);
+            }
+            walked += 1;
+            off += h.len as u64;
+        }
+        off
+    }
+
+    /// When the oldest retained message was committed (None when nothing is retained).
+    /// Lock: shared.
+    pub fn oldest_committed_at(&self, ring: &Ring) -> Option<i64> {
+        let mut found = None;
+        let mut off = self.tail;
+        while off < self.published && found.is_none() {
+            let h = ring.header(off);
+            if h.state == STATE_COMMITTED {
+                found = Some(h.committed_at);
+            }
+            off += h.len as u64;
+        }
+        found
+    }
+
     /// Copies whole published records starting at `off` into `out`: at most `max_count`
     /// messages and, beyond the first, no more than `max_bytes` in all. Lock: shared.
     pub fn read_batch(
@@ -508,6 +549,26 @@ mod tests {
         assert_eq!(r.core.publish(&r.ring), 2);
         let (_, msgs) = r.read_all(0);
         assert_eq!(msgs, vec![(1, "x".into()), (2, "y".into())]);
+    }
+
+    #[test]
+    fn walks_visit_committed_records_in_bounded_steps_and_find_the_oldest_commit() {
+        let mut r = ring(4096);
+        assert_eq!(r.core.oldest_committed_at(&r.ring), None);
+        let aborted = records(&["x"]);
+        let s = r.core.reserve(&r.ring, &aborted).unwrap();
+        r.core.resolve(&r.ring, s, aborted.len() as u64, false, 0);
+        r.core.publish(&r.ring);
+        r.commit(&["a", "b", "c"]).unwrap();
+        assert_eq!(r.core.oldest_committed_at(&r.ring), Some(7));
+        let mut seen = Vec::new();
+        // Two records walked (the aborted one and "a"), one visited.
+        let next = r
+            .core
+            .walk(&r.ring, r.core.tail, 2, |_, h| seen.push(h.seq));
+        assert_eq!(seen, vec![1]);
+        r.core.walk(&r.ring, next, 100, |_, h| seen.push(h.seq));
+        assert_eq!(seen, vec![1, 2, 3]);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `realtime.stats()` and `realtime.consumers()`: what the queue holds and how far each
+//! `realtime.stats()` and `realtime.consumers()`: what the queue holds (and so how far back
+//! a client's resume reaches: `oldest_seq`, `oldest_committed_at`) and how far each
 //! consumer is behind.
 
 use crate::shared::queue;
@@ -25,10 +26,12 @@ fn stats() -> TableIterator<
         name!(consumers, i32),
         name!(pending_bytes, i64),
         name!(oldest_pending_since, Option<TimestampWithTimeZone>),
+        name!(oldest_committed_at, Option<TimestampWithTimeZone>),
     ),
 > {
     let q = queue();
-    let (used, oldest, last, evicted, pending, pending_since) = {
+    let ring = q.ring();
+    let (used, oldest, last, evicted, pending, pending_since, oldest_at) = {
         let g = q.shared();
         let c = g.core();
         (
@@ -37,7 +40,8 @@ fn stats() -> TableIterator<
             c.last_seq(),
             c.evicted,
             c.head - c.published,
-            c.oldest_pending_since(&q.ring()),
+            c.oldest_pending_since(&ring),
+            c.oldest_committed_at(&ring),
         )
     };
     let n = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as i64;
@@ -58,6 +62,7 @@ fn stats() -> TableIterator<
         q.slots().iter().filter(|s| s.in_use()).count() as i32,
         pending as i64,
         pending_since.and_then(|t| TimestampWithTimeZone::try_from(t).ok()),
+        oldest_at.and_then(|t| TimestampWithTimeZone::try_from(t).ok()),
     ))
 }
 

@@ -28,6 +28,15 @@ FROM got WHERE kind = 'message' ORDER BY seq LIMIT 1;
 SELECT gaps, lost_messages = (SELECT lost_last - lost_first + 1 FROM got WHERE kind = 'gap') AS lost_counted
 FROM realtime.consumers() WHERE name = 'slow';
 SELECT messages_evicted > 0 AS evicted FROM realtime.stats();
+-- realtime.history (a client's resume) reports the same loss as a gap row, before what it
+-- still holds: every sequence after the base is either returned or in the gap.
+CREATE TEMP TABLE hist AS SELECT * FROM realtime.history(:base, '{o}', '{false}');
+SELECT lost_first - :base AS first_lost,
+       lost_last = (SELECT min(seq) - 1 FROM hist WHERE kind = 'message') AS gap_ends_before_first
+FROM hist WHERE kind = 'gap';
+SELECT (SELECT lost_last - lost_first + 1 FROM hist WHERE kind = 'gap')
+     + (SELECT count(*) FROM hist WHERE kind = 'message') AS lost_plus_returned,
+       (SELECT seq FROM hist WHERE kind = 'end') = (SELECT last_seq FROM realtime.stats()) AS through_last;
 -- Draining again from the same position reports the gap again but does not count it twice.
 SELECT count(*) FILTER (WHERE kind = 'gap') AS gap_rows FROM realtime.drain('slow', NULL, 1, 0);
 SELECT gaps FROM realtime.consumers() WHERE name = 'slow';

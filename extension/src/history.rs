@@ -1,0 +1,293 @@
+//! `realtime.history`: what the queue still holds for some topics, for the sidecars' replay
+//! (Supabase's `broadcast.replay`) and resume (a client's last position) paths.
+//!
+//! A consumer slot reads everything in order; a rejoining client wants only its topic's
+//! messages after its position, and many clients on few topics rejoin at once after a
+//! sidecar restart. So one call takes a set of topics and one starting sequence, walks the
+//! retained range once, and returns every matching message; the sidecar splits the result
+//! among the clients that asked. The walk holds the queue lock shared for a bounded number
+//! of records at a time (committing writers need it exclusively); if the ring evicted
+//! records while the lock was released, the loss is reported as a gap row, as a drain
+//! reports it, so a result is never silently incomplete.
+
+use crate::errors;
+use crate::message::{MessageView, RecordHeader, FLAG_CHANGE, FLAG_PRIVATE, HEADER_LEN};
+use crate::queue::{Locate, QueueCore, Ring};
+use crate::shared::queue;
+use pgrx::prelude::*;
+use std::collections::{HashMap, VecDeque};
+
+/// Records walked per hold of the queue lock: a fraction of a millisecond.
+const WALK_PER_LOCK: usize = 16_384;
+/// Bytes of matching records copied per call at most (beyond the first): a caller that
+/// gets fewer messages than exist pages on from the `end` row.
+const MAX_BYTES: usize = 64 << 20;
+
+type Row = (
+    i64,
+    &'static str,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<bool>,
+    Option<TimestampWithTimeZone>,
+    Option<pgrx::Uuid>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// What one call asks for: which records match, and how many to keep.
+struct Wanted {
+    topics: HashMap<(bool, Vec<u8>), usize>,
+    since: Option<i64>,
+    relayed: bool,
+    newest: Option<usize>,
+    max_messages: usize,
+}
+
+impl Wanted {
+    /// The index of the topic the record at `off` belongs to, if it matches.
+    fn matches(&self, ring: &Ring, off: u64, h: &RecordHeader) -> Option<usize> {
+        if h.flags & FLAG_CHANGE != 0 || (!self.relayed && h.origin != 0) {
+            return None;
+        }
+        if self.since.is_some_and(|s| h.committed_at < s) {
+            return None;
+        }
+        let mut topic = vec![0u8; h.topic_len as usize];
+        ring.read(off + HEADER_LEN as u64, &mut topic);
+        self.topics
+            .get(&(h.flags & FLAG_PRIVATE != 0, topic))
+            .copied()
+    }
+}
+
+/// What a walk found: messages (whole records, in queue order, or per topic when only the
+/// newest are kept), gaps, and the sequence through which everything was considered.
+#[derive(Default)]
+struct Found {
+    /// (first, last) sequences evicted before the walk reached them.
+    gaps: Vec<(u64, u64)>,
+    records: Vec<Vec<u8>>,
+    per_topic: HashMap<usize, VecDeque<Vec<u8>>>,
+    bytes: usize,
+    through: u64,
+}
+
+/// One hold of the lock: from `off`, walks up to WALK_PER_LOCK records. Returns the offset
+/// to continue from, or None when the walk is over (the end of what is published, or the
+/// call's limits reached).
+fn walk_once(core: &QueueCore, ring: &Ring, w: &Wanted, off: u64, f: &mut Found) -> Option<u64> {
+    let mut full = false;
+    let next = core.walk(ring, off, WALK_PER_LOCK, |at, h| {
+        if full {
+            return;
+        }
+        if let Some(topic) = w.matches(ring, at, h) {
+            let mut rec = vec![0u8; h.len as usize];
+            ring.read(at, &mut rec);
+            match w.newest {
+                Some(n) => {
+                    let kept = f.per_topic.entry(topic).or_default();
+                    kept.push_back(rec);
+                    if kept.len() > n {
+                        kept.pop_front();
+                    }
+                }
+                None => {
+                    f.bytes += rec.len();
+                    f.records.push(rec);
+                    full = f.records.len() >= w.max_messages || f.bytes >= MAX_BYTES;
+                }
+            }
+        }
+        f.through = h.seq;
+    });
+    if full {
+        return None;
+    }
+    if next >= core.published {
+        f.through = core.last_seq();
+        return None;
+    }
+    Some(next)
+}
+
+/// Returns the retained messages of `topics` (each with its `private` flag) committed after
+/// `after_seq`, in queue order, followed by one row of kind 'end' whose seq is the last
+/// sequence the walk considered: every matching message up to it was returned, unless a
+/// row of kind 'gap' says it was evicted first. With `since`, only messages committed at
+/// or after it; with `relayed` false, no client broadcasts (relayed by a sidecar); with
+/// `newest`, only the newest that many per topic. At most `max_messages` are returned; when
+/// the limit cut the walk short, the 'end' row says where to go on from. Captured row
+/// changes are never returned: they are authorized per subscriber when delivered.
+#[pg_extern(sql = r#"
+CREATE FUNCTION realtime."history"(after_seq bigint, topics text[], private boolean[], since timestamptz DEFAULT NULL, newest integer DEFAULT NULL, relayed boolean DEFAULT true, max_messages integer DEFAULT 100000)
+RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, origin bigint, lost_first bigint, lost_last bigint)
+VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn history(
+    after_seq: i64,
+    topics: Vec<Option<String>>,
+    private: Vec<Option<bool>>,
+    since: Option<TimestampWithTimeZone>,
+    newest: Option<i32>,
+    relayed: bool,
+    max_messages: i32,
+) -> TableIterator<
+    'static,
+    (
+        name!(seq, i64),
+        name!(kind, &'static str),
+        name!(topic, Option<String>),
+        name!(event, Option<String>),
+        name!(payload, Option<String>),
+        name!(binary_payload, Option<Vec<u8>>),
+        name!(private, Option<bool>),
+        name!(committed_at, Option<TimestampWithTimeZone>),
+        name!(id, Option<pgrx::Uuid>),
+        name!(origin, Option<i64>),
+        name!(lost_first, Option<i64>),
+        name!(lost_last, Option<i64>),
+    ),
+> {
+    if after_seq < 0 {
+        errors::invalid("after_seq must not be negative", None);
+    }
+    if topics.len() != private.len() {
+        errors::invalid("topics and private must have the same length", None);
+    }
+    if newest.is_some_and(|n| n < 1) {
+        errors::invalid("newest must be at least 1", None);
+    }
+    if max_messages < 1 {
+        errors::invalid("max_messages must be at least 1", None);
+    }
+    let mut wanted = Wanted {
+        topics: HashMap::new(),
+        since: since.map(|t| t.into_inner()),
+        relayed,
+        newest: newest.map(|n| n as usize),
+        max_messages: max_messages as usize,
+    };
+    for (i, (t, p)) in topics.into_iter().zip(private).enumerate() {
+        let (Some(t), Some(p)) = (t, p) else {
+            errors::invalid("topics and private must not contain NULL", None);
+        };
+        wanted.topics.entry((p, t.into_bytes())).or_insert(i);
+    }
+
+    let q = queue();
+    let ring = q.ring();
+    let mut found = Found {
+        through: after_seq as u64,
+        ..Found::default()
+    };
+    let mut off = {
+        let g = q.shared();
+        match g.core().locate(&ring, after_seq as u64, None) {
+            Locate::At(off) => Some(off),
+            Locate::Gap { first, last, off } => {
+                found.gaps.push((first, last));
+                Some(off)
+            }
+            // A position this queue never reached (another epoch's): nothing after it.
+            Locate::Ahead { last_published } => {
+                found.through = last_published;
+                None
+            }
+        }
+    };
+    while let Some(at) = off {
+        let g = q.shared();
+        let core = g.core();
+        let at = if at < core.tail {
+            // Evicted while the lock was released: say what was lost, go on from the tail.
+            if found.through + 1 < core.tail_seq {
+                found.gaps.push((found.through + 1, core.tail_seq - 1));
+            }
+            core.tail
+        } else {
+            at
+        };
+        off = walk_once(core, &ring, &wanted, at, &mut found);
+        drop(g);
+        pgrx::check_for_interrupts!();
+    }
+    TableIterator::new(rows(found))
+}
+
+fn rows(found: Found) -> Vec<Row> {
+    let mut records = found.records;
+    if !found.per_topic.is_empty() {
+        records = found.per_topic.into_values().flatten().collect();
+        records.sort_by_key(|r| RecordHeader::decode(&r[..HEADER_LEN]).seq);
+    }
+    let mut out: Vec<Row> = Vec::with_capacity(records.len() + found.gaps.len() + 1);
+    let mut gaps = found.gaps.into_iter().peekable();
+    for rec in &records {
+        let m = MessageView::parse(rec);
+        while let Some(&(first, last)) = gaps.peek() {
+            if first > m.header.seq {
+                break;
+            }
+            out.push(gap_row(first, last));
+            gaps.next();
+        }
+        let (payload, binary) = if m.is_binary() {
+            (None, Some(m.payload.to_vec()))
+        } else {
+            (Some(String::from_utf8_lossy(m.payload).into_owned()), None)
+        };
+        out.push((
+            m.header.seq as i64,
+            "message",
+            Some(m.topic.to_owned()),
+            Some(m.event.to_owned()),
+            payload,
+            binary,
+            Some(m.is_private()),
+            TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
+            Some(pgrx::Uuid::from_bytes(m.header.id)),
+            (m.header.origin != 0).then_some(m.header.origin as i64),
+            None,
+            None,
+        ));
+    }
+    out.extend(gaps.map(|(first, last)| gap_row(first, last)));
+    out.push((
+        found.through as i64,
+        "end",
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ));
+    out
+}
+
+fn gap_row(first: u64, last: u64) -> Row {
+    (
+        last as i64,
+        "gap",
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        Some(first as i64),
+        Some(last as i64),
+    )
+}
