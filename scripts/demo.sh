@@ -3,8 +3,9 @@
 # chat table whose trigger broadcasts every change, a published task list whose changes
 # travel as Postgres Changes, a writer changing both, and a web page (served by the sidecar,
 # using the official @supabase/realtime-js) that shows rows arriving live with their
-# commit-to-page latency. The terminal shows the same feed. Runs DEMO_SECONDS
-# (default 120), then stops everything it started.
+# commit-to-page latency. The terminal shows the same feed. Halfway the sidecar is killed and
+# started again: page and terminal resume after their last message and say nothing was
+# lost. Runs DEMO_SECONDS (default 120), then stops everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -40,14 +41,18 @@ mkdir -p "$dir/web"
 cp sidecar/web/dist/* "$dir/web/"
 printf '{"apikey": "%s", "rooms": ["lobby", "den", "garden"]}\n' "$apikey" > "$dir/web/config.json"
 
-PORT=$http_port API_JWT_SECRET=$secret CONSUMER_NAME=demo WEB_ROOT="$dir/web" \
-    DATABASE_URL="host=$dir/pg port=$pg_port user=realtime_sidecar dbname=postgres" \
-    target/release/realtime-sidecar > "$dir/sidecar.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$http_port") 2>/dev/null && break
-    sleep 0.1
-done
+start_sidecar() {
+    PORT=$http_port API_JWT_SECRET=$secret CONSUMER_NAME=demo WEB_ROOT="$dir/web" \
+        DATABASE_URL="host=$dir/pg port=$pg_port user=realtime_sidecar dbname=postgres" \
+        target/release/realtime-sidecar >> "$dir/sidecar.log" 2>&1 &
+    sidecar=$!
+    pids+=($sidecar)
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$http_port") 2>/dev/null && break
+        sleep 0.1
+    done
+}
+start_sidecar
 
 # The writer: a row every 200 ms into one of three rooms, and now and then an edit; a task
 # every second, one ticked off every 1.4 s, and finished ones deleted now and then.
@@ -80,4 +85,15 @@ pids+=($!)
 echo
 echo "pg_realtime demo: open http://127.0.0.1:$http_port/ to watch rows arrive (for ${seconds}s)."
 echo "The same feed, received here by realtime-js through the sidecar:"
-node sidecar/web/watch.mjs "ws://127.0.0.1:$http_port" "$apikey" "$seconds" lobby den garden
+node sidecar/web/watch.mjs "ws://127.0.0.1:$http_port" "$apikey" "$seconds" lobby den garden &
+watch=$!
+pids+=($watch)
+# Halfway, the sidecar is killed (SIGKILL: no goodbye to anyone) and started again a second
+# later. The page and the terminal feed rejoin with their last position and say that no
+# row was missed, though rows were committed while it was away.
+sleep $((seconds / 2))
+echo "  -- killing the sidecar (SIGKILL) and starting it again in a second --"
+kill -KILL "$sidecar"
+sleep 1
+start_sidecar
+wait "$watch"

@@ -37,7 +37,7 @@ sys.exit('harness.fixed_port accepted 54999, inside the ephemeral range')"
 echo "== cluster for the end-to-end tests"
 cluster="$log/cluster"
 port=${TEST_PG_PORT:-24350}
-scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 64" "max_connections = 200"
+scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 64" "max_connections = 200" "realtime.queue_size = 32MB"
 trap 'scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true' EXIT
 runuser -u postgres -- psql -h "$cluster" -p "$port" -U postgres -X -q -v ON_ERROR_STOP=1 \
     -c "CREATE EXTENSION pg_realtime" -f scripts/sidecar_login.sql

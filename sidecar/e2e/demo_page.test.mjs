@@ -69,3 +69,26 @@ test('the demo page subscribes and shows a row inserted in the database', async 
   if (shot) await page.screenshot({ path: shot });
   assert.deepEqual(errors, []);
 });
+
+test('the demo page survives a sidecar killed and started again, with no missing row, and says so', async () => {
+  const page = await browser.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  await page.goto(`http://127.0.0.1:${port}/`);
+  await page.waitForSelector('#status span.SUBSCRIBED >> nth=2', { timeout: 15000 });
+  const insert = async (body) =>
+    (await db.query("INSERT INTO chat_messages (room_id, author, body) VALUES ('den', 'test', $1) RETURNING id", [body])).rows[0].id;
+  const before = await insert('before the restart');
+  await page.locator(`#rows tr[data-id="${before}"]`).waitFor({ timeout: 15000 });
+  sidecar.kill('SIGKILL');
+  // Committed while no sidecar runs.
+  const during = [];
+  for (let i = 0; i < 3; i++) during.push(await insert(`while away ${i}`));
+  ({ process: sidecar } = await startSidecar(SECRET, 'demo_page_e2e', { WEB_ROOT: webRoot }, port));
+  for (const id of during) await page.locator(`#rows tr[data-id="${id}"]`).waitFor({ timeout: 30000 });
+  await page.locator('#resume.recovered').waitFor({ timeout: 15000 });
+  assert.match(await page.locator('#resume').textContent(), /^den: reconnected, [1-9]\d* rows? recovered, none missing$/);
+  const ids = await page.locator('#rows tr').evaluateAll((trs) => trs.map((tr) => tr.dataset.id));
+  assert.equal(new Set(ids).size, ids.length, 'no row shown twice');
+  assert.deepEqual(errors, []);
+});

@@ -25,11 +25,12 @@ function freePort() {
 }
 
 /// Starts the sidecar (SIDECAR_BIN) and waits until it is healthy; returns { process, port }.
-export async function startSidecar(secret, consumer, env = {}) {
+/// With `port`, on that port (a sidecar started again where a killed one was).
+export async function startSidecar(secret, consumer, env = {}, port = undefined) {
   // Sidecars connect as the least-privilege login (scripts/sidecar_login.sql), not the superuser.
   const dsn = process.env.PG_REALTIME_SIDECAR_DSN;
   assert.ok(dsn && process.env.SIDECAR_BIN, 'SIDECAR_BIN and PG_REALTIME_SIDECAR_DSN must be set');
-  const port = await freePort();
+  port ??= await freePort();
   const child = spawn(process.env.SIDECAR_BIN, [], {
     env: { ...process.env, PORT: String(port), API_JWT_SECRET: secret, DATABASE_URL: dsn, CONSUMER_NAME: consumer, LOG_LEVEL: 'warn', ...env },
     stdio: ['ignore', 'inherit', 'inherit'],

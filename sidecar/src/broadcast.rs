@@ -6,11 +6,13 @@
 
 use crate::command::ClientBroadcast;
 use crate::frame::Inbound;
+use crate::history::gate::Gate;
 use crate::hub::{Hub, Link, TopicKey};
 use crate::join_config::JoinConfig;
 use crate::reason::Refusal;
 use crate::relay::{self, AckTo, Failure};
 use crate::state::Shared;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// One channel's broadcast settings and verdicts.
@@ -37,10 +39,19 @@ impl State {
         }
     }
 
-    /// Starts delivery to the channel, if it may read.
-    pub fn start(&self, hub: &Hub, link: &Link, key: &TopicKey, join_ref: Option<String>) {
+    /// Starts delivery to the channel, if it may read; behind `gate` while its history
+    /// is sent.
+    pub fn start(
+        &self,
+        hub: &Hub,
+        link: &Link,
+        key: &TopicKey,
+        join_ref: Option<String>,
+        gate: Option<Arc<Gate>>,
+    ) {
         if self.read {
-            hub.subscribe(key.clone(), link.subscriber(join_ref, self.self_broadcast));
+            let sub = link.subscriber(join_ref, self.self_broadcast, gate);
+            hub.subscribe(key.clone(), sub);
         }
     }
 
@@ -67,7 +78,7 @@ impl State {
         }
         if read {
             self.read = true;
-            self.start(hub, link, key, join_ref.clone());
+            self.start(hub, link, key, join_ref.clone(), None);
         } else {
             self.stop(hub, link, key);
             self.read = false;

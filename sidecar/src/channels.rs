@@ -11,6 +11,7 @@ use crate::authorizer::{self, Access, Identity};
 use crate::broadcast;
 use crate::command::{Command, Frame};
 use crate::frame::{self, Inbound, Vsn};
+use crate::history::{self, ask::Ask, gate::Gate};
 use crate::hub::{ConnId, Link, TopicKey};
 use crate::join_config::{self, JoinConfig};
 use crate::jwt::{self, Claims, JwtError};
@@ -40,6 +41,8 @@ pub struct Channel {
     pub presence: bool,
     /// The channel has Postgres Changes bindings (registered in `Shared::changes`).
     pub postgres_changes: bool,
+    /// The gate its live broadcasts wait behind while its history is sent (`history`).
+    history_gate: Option<Arc<Gate>>,
     /// The private channel's re-checks; see `Checks`.
     checks: Checks,
 }
@@ -234,6 +237,9 @@ impl Channels {
 
     /// Stops everything the channel receives and gives back its place in the counts.
     fn unsubscribe(&self, topic: &str, ch: &Channel) {
+        if let Some(gate) = &ch.history_gate {
+            gate.close();
+        }
         ch.broadcast.stop(&self.shared.hub, &self.link, &ch.key);
         if ch.postgres_changes {
             self.shared.changes.remove(self.link.id, topic);
@@ -340,6 +346,10 @@ impl Channels {
             self.join_error(&m, Refusal::PostgresChanges(why));
             return Ok(());
         }
+        if let Some(Err(why)) = &config.history {
+            self.join_error(&m, Refusal::History(why.clone()));
+            return Ok(());
+        }
         if self.pending_joins.contains(&m.topic) {
             self.join_error(&m, Refusal::JoinInProgress);
             return Ok(());
@@ -402,6 +412,28 @@ impl Channels {
         (read, write): (bool, bool),
         bindings: Vec<Binding>,
     ) {
+        let mut ask = config.history.clone().and_then(Result::ok);
+        if let (Some(Ask::Resume { epoch, seq }), Some(old)) =
+            (&mut ask, self.channels.get(&m.topic))
+        {
+            // A second join of a channel this socket has (realtime-js may send two on a
+            // reconnect, both with the payload of before): resume after what this socket
+            // was already sent, not before it.
+            if let Some((e, s)) = old.history_gate.as_ref().and_then(|g| g.last_sent()) {
+                if e == *epoch {
+                    *seq = (*seq).max(s);
+                }
+            }
+        }
+        if ask.is_some() && !read {
+            // Admitted on presence read alone, it gets no broadcasts: nor their history.
+            let why = Refusal::ReadDenied {
+                topic: sub_topic,
+                role_refusal: None,
+            };
+            self.join_error(&m, why);
+            return;
+        }
         let key = TopicKey {
             private: config.private,
             topic: sub_topic,
@@ -410,7 +442,16 @@ impl Channels {
             self.unsubscribe(&m.topic, &old);
         }
         let broadcast = broadcast::State::new(&config, read, write);
-        broadcast.start(&self.shared.hub, &self.link, &key, m.join_ref.clone());
+        let gate = ask
+            .as_ref()
+            .map(|_| Gate::new(self.shared.cfg.max_outbound_frames));
+        broadcast.start(
+            &self.shared.hub,
+            &self.link,
+            &key,
+            m.join_ref.clone(),
+            gate.clone(),
+        );
         self.shared.metrics.channels.increment(1.0);
         self.shared.metrics.joins_total.increment(1);
         let replied = postgres_changes::reply(&bindings);
@@ -458,6 +499,25 @@ impl Channels {
             };
             self.push_system(&m.topic, m.join_ref.as_deref(), status, message);
         }
+        if let (Some(ask), Some(gate)) = (ask, &gate) {
+            // After the reply (in `out`, written first), the history and then the held live
+            // frames arrive through the outbound queue.
+            let request = history::fetch::Request {
+                ask,
+                key: key.clone(),
+                join_ref: m.join_ref.clone(),
+                vsn: self.link.vsn,
+                tx: self.link.tx.clone(),
+                too_slow: self.link.too_slow.clone(),
+                gate: gate.clone(),
+            };
+            if let Err(e) = self.shared.history.try_send(request) {
+                let request = match e {
+                    mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
+                };
+                history::fetch::unavailable(request, &self.shared.metrics);
+            }
+        }
         let generation = self.next_generation;
         self.next_generation += 1;
         let channel = Channel {
@@ -466,6 +526,7 @@ impl Channels {
             broadcast,
             presence: config.presence,
             postgres_changes: has_changes,
+            history_gate: gate,
             claims,
             checks: Checks {
                 generation,
@@ -743,8 +804,40 @@ mod tests {
                 private,
                 id: None,
                 origin: None,
+                epoch: 5,
+                seq: 1,
+                replayed: false,
             });
             std::iter::from_fn(|| self.hub_rx.try_recv().ok()).count() > 0
+        }
+
+        /// The sequences of the public messages of `topic` this connection got, of those
+        /// dispatched now with `seqs`.
+        fn got(&mut self, topic: &str, seqs: &[i64]) -> Vec<i64> {
+            for &seq in seqs {
+                self.c.shared.hub.dispatch(&QueueMessage {
+                    topic: topic.into(),
+                    event: "e".into(),
+                    payload: Payload::Json("{}".into()),
+                    private: false,
+                    id: None,
+                    origin: None,
+                    epoch: 5,
+                    seq,
+                    replayed: false,
+                });
+            }
+            std::iter::from_fn(|| self.hub_rx.try_recv().ok())
+                .map(|m| {
+                    let Message::Binary(b) = m else {
+                        panic!("a 2.0.0 broadcast")
+                    };
+                    let meta_at = 5 + b[1] as usize + b[2] as usize;
+                    let meta: Value =
+                        serde_json::from_slice(&b[meta_at..meta_at + b[3] as usize]).unwrap();
+                    meta["seq"].as_i64().unwrap()
+                })
+                .collect()
         }
     }
 
@@ -791,6 +884,71 @@ mod tests {
         assert_eq!(events, vec!["phx_reply", "phx_close"]);
         assert!(!t.delivered("room", false));
         assert_eq!(t.c.metrics().value("realtime_channels"), Some(0.0));
+    }
+
+    #[tokio::test]
+    async fn a_resuming_join_holds_live_messages_until_its_history_is_sent() {
+        let mut t = conn();
+        let resume = json!({"config": {"broadcast": {"resume": {"epoch": "5", "seq": 10}}}});
+        t.send(json!(["1", "1", "realtime:room", "phx_join", resume]))
+            .unwrap();
+        assert_eq!(status(&t.written()[0].2), ("ok", ""));
+        let req = t.be.history.try_recv().expect("a history request");
+        assert_eq!(req.ask, history::ask::Ask::Resume { epoch: 5, seq: 10 });
+        // Live messages 11 and 12 come while the history is read: held, not sent.
+        assert!(t.got("room", &[11, 12]).is_empty());
+        // The history went through 11: 12 follows it, once; 11 again (a drainer behind the
+        // history) does not, 13 does.
+        req.gate.open(5, 11, &req.tx, &req.too_slow);
+        assert_eq!(t.got("room", &[11, 13]), vec![12, 13]);
+        // The same join again on this socket (realtime-js may send two on a reconnect,
+        // both naming the older position): it resumes after what this socket was sent.
+        t.send(json!(["1", "2", "realtime:room", "phx_join", resume]))
+            .unwrap();
+        assert_eq!(status(&t.written()[0].2), ("ok", ""));
+        let again = t.be.history.try_recv().expect("a history request");
+        assert_eq!(again.ask, history::ask::Ask::Resume { epoch: 5, seq: 13 });
+        assert!(req.gate.is_closed(), "the replaced channel's gate");
+        // Leaving closes the gate: the history still being sent stops.
+        t.send(json!(["1", "3", "realtime:room", "phx_leave", {}]))
+            .unwrap();
+        assert!(again.gate.is_closed());
+    }
+
+    #[tokio::test]
+    async fn history_is_refused_to_a_join_without_broadcast_read_and_to_bad_positions() {
+        let mut t = conn();
+        let ask = json!({"config": {"private": true, "presence": {"enabled": true},
+                         "broadcast": {"replay": {"since": 1}}}});
+        t.send(json!(["1", "1", "realtime:room", "phx_join", ask]))
+            .unwrap();
+        // Presence read alone admits a private join, but not its replay.
+        t.authorize(3, |r| match r.extension {
+            "presence" => Verdict::Allowed,
+            _ => Verdict::Denied(None),
+        })
+        .await;
+        assert_eq!(
+            status(&t.written()[0].2),
+            (
+                "error",
+                "Unauthorized: You do not have permissions to read from this Channel topic: room"
+            )
+        );
+        assert!(t.be.history.try_recv().is_err());
+        let bad = json!({"config": {"broadcast": {"resume": {"epoch": "5", "seq": -3}}}});
+        t.send(json!(["1", "2", "realtime:b", "phx_join", bad]))
+            .unwrap();
+        let w = t.written();
+        assert!(status(&w[0].2).1.starts_with("UnableToResume: "), "{w:?}");
+        let public_replay = json!({"config": {"broadcast": {"replay": {"since": 1}}}});
+        t.send(json!(["1", "3", "realtime:c", "phx_join", public_replay]))
+            .unwrap();
+        assert_eq!(
+            status(&t.written()[0].2).1,
+            "UnableToReplayMessages: Replay is not allowed for public channels"
+        );
+        assert!(!t.c.has_channels());
     }
 
     #[tokio::test]

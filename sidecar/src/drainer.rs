@@ -37,7 +37,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut epoch: Option<String> = None;
+    let mut epoch: Option<i64> = None;
     let mut backoff = Duration::from_millis(100);
     let to = Destinations {
         hub: &hub,
@@ -194,7 +194,8 @@ impl DrainColumns {
 const STATS_EVERY: Duration = Duration::from_secs(1);
 const STATS_SQL: &str = "SELECT pending_bytes, \
      coalesce(extract(epoch FROM clock_timestamp() - oldest_pending_since), 0)::float8 \
-     AS oldest_pending_secs, oldest_seq \
+     AS oldest_pending_secs, oldest_seq, \
+     coalesce(extract(epoch FROM clock_timestamp() - oldest_committed_at), 0)::float8 AS retained_secs \
      FROM realtime.stats()";
 
 /// One connected session: resume the slot and drain until an error or shutdown.
@@ -202,7 +203,7 @@ async fn session(
     cfg: &Config,
     to: Destinations<'_>,
     metrics: &Metrics,
-    epoch: &mut Option<String>,
+    epoch: &mut Option<i64>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), SessionError> {
     let setup = Duration::from_secs(cfg.db_connect_timeout_secs);
@@ -221,16 +222,24 @@ async fn session(
     )
     .await?
     .get("position");
-    let now_epoch: String = within(
+    // The epoch as unix microseconds: the `meta.epoch` of every message delivered.
+    let now_epoch: i64 = within(
         setup,
         "stats",
-        client.query_one("SELECT epoch::text AS epoch FROM realtime.stats()", &[]),
+        client.query_one(
+            "SELECT (extract(epoch FROM epoch) * 1000000)::int8 AS epoch FROM realtime.stats()",
+            &[],
+        ),
     )
     .await?
     .get("epoch");
-    match epoch.as_deref() {
+    match *epoch {
         Some(old) if old != now_epoch => {
-            tracing::warn!(old, new = %now_epoch, "database restarted; undelivered messages were lost");
+            tracing::warn!(
+                old,
+                new = now_epoch,
+                "database restarted; undelivered messages were lost"
+            );
             // The slot is new, positioned at the end: read from the new queue's start instead,
             // so what was committed since the restart, before this reconnect, is delivered.
             pos = 0;
@@ -296,6 +305,9 @@ async fn session(
                 .oldest_pending_seconds
                 .set(row.get::<_, f64>("oldest_pending_secs"));
             metrics.oldest_seq.set(oldest as f64);
+            metrics
+                .retained_seconds
+                .set(row.get::<_, f64>("retained_secs"));
         }
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
             [&cfg.consumer, &pos, &batch, &timeout_ms, &linger, &decode];
@@ -415,6 +427,9 @@ async fn session(
                     row.get(col.id)
                 },
                 origin,
+                epoch: now_epoch,
+                seq,
+                replayed: false,
             });
         }
         metrics.last_seq.set(pos as f64);

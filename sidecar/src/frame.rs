@@ -233,22 +233,50 @@ fn push_json_str(out: &mut String, s: &str) {
     out.push_str(&Value::String(s.to_owned()).to_string());
 }
 
+/// A delivered message's `meta`: Supabase's `id` (database messages) and `replayed` (sent
+/// from the queue's history at a join), and the message's position in the queue, which a
+/// client names to resume after it (`history`). The epoch is a string: an opaque name of
+/// the queue's lifetime, compared for equality only.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Meta<'a> {
+    pub id: Option<&'a str>,
+    pub replayed: bool,
+    pub epoch: i64,
+    pub seq: i64,
+}
+
+impl Meta<'_> {
+    pub fn json(&self) -> String {
+        let mut s = String::with_capacity(96);
+        s.push('{');
+        if let Some(id) = self.id {
+            s.push_str("\"id\":");
+            push_json_str(&mut s, id);
+            s.push(',');
+        }
+        if self.replayed {
+            s.push_str("\"replayed\":true,");
+        }
+        s.push_str(&format!(
+            "\"epoch\":\"{}\",\"seq\":{}}}",
+            self.epoch, self.seq
+        ));
+        s
+    }
+}
+
 /// A user broadcast for 1.0.0 sockets (a text frame). `payload_json` is inserted as is:
 /// it is JSON text that Postgres produced.
-pub fn user_broadcast_v1(topic: &str, event: &str, payload_json: &str, id: Option<&str>) -> String {
-    let mut s = String::with_capacity(96 + topic.len() + event.len() + payload_json.len());
+pub fn user_broadcast_v1(topic: &str, event: &str, payload_json: &str, meta: &Meta) -> String {
+    let mut s = String::with_capacity(160 + topic.len() + event.len() + payload_json.len());
     s.push_str("{\"topic\":");
     push_json_str(&mut s, topic);
     s.push_str(",\"event\":\"broadcast\",\"payload\":{\"event\":");
     push_json_str(&mut s, event);
     s.push_str(",\"payload\":");
     s.push_str(payload_json);
-    s.push_str(",\"type\":\"broadcast\"");
-    if let Some(id) = id {
-        s.push_str(",\"meta\":{\"id\":");
-        push_json_str(&mut s, id);
-        s.push('}');
-    }
+    s.push_str(",\"type\":\"broadcast\",\"meta\":");
+    s.push_str(&meta.json());
     s.push_str("},\"ref\":null}");
     s
 }
@@ -283,17 +311,16 @@ pub fn postgres_changes(vsn: Vsn, topic: &str, ids: &[u32], data_json: &str) -> 
 
 /// A user broadcast for 2.0.0 sockets (binary, kind 4): kind, topic_len, event_len,
 /// metadata_len, encoding, then topic, event, metadata JSON and the raw payload. Returns None
-/// when a field does not fit its one-byte length.
+/// when a field does not fit its one-byte length (the metadata always does: at most an id,
+/// `replayed`, a 64-bit epoch and a 64-bit sequence, about 110 bytes).
 pub fn user_broadcast_v2(
     topic: &str,
     event: &str,
     encoding: u8,
     payload: &[u8],
-    id: Option<&str>,
+    meta: &Meta,
 ) -> Option<Bytes> {
-    let meta = id
-        .map(|id| json!({ "id": id }).to_string())
-        .unwrap_or_default();
+    let meta = meta.json();
     let lens = [topic.len(), event.len(), meta.len()];
     if lens.iter().any(|&l| l > 255) {
         return None;
@@ -383,20 +410,41 @@ mod tests {
 
     #[test]
     fn user_broadcast_frames() {
-        let v1 = user_broadcast_v1("realtime:room", "INSERT", "{\"a\": 1}", Some("u-1"));
+        let meta = Meta {
+            id: Some("u-1"),
+            replayed: false,
+            epoch: 1_795_000_000_000_000,
+            seq: 42,
+        };
+        let v1 = user_broadcast_v1("realtime:room", "INSERT", "{\"a\": 1}", &meta);
         let v: Value = serde_json::from_str(&v1).unwrap();
         assert_eq!(
             v,
             json!({"topic":"realtime:room","event":"broadcast","ref":null,
-                   "payload":{"event":"INSERT","payload":{"a":1},"type":"broadcast","meta":{"id":"u-1"}}})
+                   "payload":{"event":"INSERT","payload":{"a":1},"type":"broadcast",
+                              "meta":{"id":"u-1","epoch":"1795000000000000","seq":42}}})
         );
-        let v2 = user_broadcast_v2("realtime:room", "INSERT", ENCODING_JSON, b"{}", Some("u-1"))
-            .unwrap();
-        assert_eq!(&v2[..5], &[4, 13, 6, 12, 1]);
-        assert_eq!(
-            &v2[5..],
-            b"realtime:roomINSERT{\"id\":\"u-1\"}{}".as_slice()
-        );
-        assert!(user_broadcast_v2(&"t".repeat(256), "e", 1, b"", None).is_none());
+        let v2 = user_broadcast_v2("realtime:room", "INSERT", ENCODING_JSON, b"{}", &meta).unwrap();
+        let meta_json = br#"{"id":"u-1","epoch":"1795000000000000","seq":42}"#;
+        assert_eq!(&v2[..5], &[4, 13, 6, meta_json.len() as u8, 1]);
+        assert_eq!(&v2[5 + 13 + 6..5 + 13 + 6 + meta_json.len()], meta_json);
+        assert!(user_broadcast_v2(&"t".repeat(256), "e", 1, b"", &meta).is_none());
+    }
+
+    #[test]
+    fn the_largest_meta_fits_the_binary_frames_metadata_field() {
+        let id = "00000000-0000-0000-0000-000000000000";
+        let meta = Meta {
+            id: Some(id),
+            replayed: true,
+            epoch: i64::MIN,
+            seq: i64::MAX,
+        };
+        let json = meta.json();
+        assert!(json.len() <= 255, "{} bytes", json.len());
+        let v: Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["replayed"], true);
+        assert_eq!(v["seq"], i64::MAX);
+        assert_eq!(v["epoch"], i64::MIN.to_string());
     }
 }

@@ -2,7 +2,8 @@
 //! the same bytes are queued to every subscriber; a subscriber whose queue is full is told
 //! to disconnect instead of slowing anyone else down.
 
-use crate::frame::{self, Vsn};
+use crate::frame::{self, Meta, Vsn};
+use crate::history::gate::Gate;
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -33,6 +34,8 @@ pub struct Subscriber {
     pub tx: mpsc::Sender<Message>,
     /// Notified when the connection fell behind and must close.
     pub too_slow: Arc<Notify>,
+    /// Set while the channel's history is being sent (`history::gate`).
+    pub gate: Option<Arc<Gate>>,
 }
 
 /// How the hub and the relay reach this connection.
@@ -48,7 +51,12 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn subscriber(&self, join_ref: Option<String>, self_broadcast: bool) -> Subscriber {
+    pub fn subscriber(
+        &self,
+        join_ref: Option<String>,
+        self_broadcast: bool,
+        gate: Option<Arc<Gate>>,
+    ) -> Subscriber {
         Subscriber {
             conn: self.id,
             vsn: self.vsn,
@@ -57,6 +65,7 @@ impl Link {
             self_broadcast,
             tx: self.tx.clone(),
             too_slow: self.too_slow.clone(),
+            gate,
         }
     }
 }
@@ -72,6 +81,44 @@ pub struct QueueMessage {
     pub id: Option<String>,
     /// The connection a client broadcast came from.
     pub origin: Option<i64>,
+    /// The queue's epoch and the message's sequence: its position, sent in `meta`.
+    pub epoch: i64,
+    pub seq: i64,
+    /// Sent from the queue's history at a join rather than live (`meta.replayed`).
+    pub replayed: bool,
+}
+
+impl QueueMessage {
+    /// The frame for sockets of serializer `vsn`; None when it cannot carry the message (a
+    /// binary payload to a 1.0.0 socket, which Supabase drops too; a field over 255 bytes).
+    pub fn frame(&self, vsn: Vsn) -> Option<Message> {
+        let channel_topic = format!("realtime:{}", self.topic);
+        let meta = Meta {
+            id: self.id.as_deref(),
+            replayed: self.replayed,
+            epoch: self.epoch,
+            seq: self.seq,
+        };
+        match vsn {
+            Vsn::V1 => match &self.payload {
+                Payload::Json(p) => Some(Message::text(frame::user_broadcast_v1(
+                    &channel_topic,
+                    &self.event,
+                    p,
+                    &meta,
+                ))),
+                Payload::Binary(_) => None,
+            },
+            Vsn::V2 => {
+                let (encoding, bytes) = match &self.payload {
+                    Payload::Json(p) => (frame::ENCODING_JSON, p.as_bytes()),
+                    Payload::Binary(b) => (frame::ENCODING_BINARY, &b[..]),
+                };
+                frame::user_broadcast_v2(&channel_topic, &self.event, encoding, bytes, &meta)
+                    .map(Message::Binary)
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -161,7 +208,6 @@ impl Hub {
         };
         let topics = self.topics.read().unwrap();
         let Some(subs) = topics.get(&key) else { return };
-        let channel_topic = format!("realtime:{}", m.topic);
         let v1: OnceLock<Option<Message>> = OnceLock::new();
         let v2: OnceLock<Option<Message>> = OnceLock::new();
         for sub in &subs.list {
@@ -169,33 +215,17 @@ impl Hub {
                 continue;
             }
             let frame = match sub.vsn {
-                Vsn::V1 => v1.get_or_init(|| match &m.payload {
-                    Payload::Json(p) => Some(Message::text(frame::user_broadcast_v1(
-                        &channel_topic,
-                        &m.event,
-                        p,
-                        m.id.as_deref(),
-                    ))),
-                    // 1.0.0 sockets cannot carry binary payloads; Supabase drops them too.
-                    Payload::Binary(_) => None,
-                }),
-                Vsn::V2 => v2.get_or_init(|| {
-                    let (encoding, bytes) = match &m.payload {
-                        Payload::Json(p) => (frame::ENCODING_JSON, p.as_bytes()),
-                        Payload::Binary(b) => (frame::ENCODING_BINARY, &b[..]),
-                    };
-                    frame::user_broadcast_v2(
-                        &channel_topic,
-                        &m.event,
-                        encoding,
-                        bytes,
-                        m.id.as_deref(),
-                    )
-                    .map(Message::Binary)
-                }),
+                Vsn::V1 => v1.get_or_init(|| m.frame(Vsn::V1)),
+                Vsn::V2 => v2.get_or_init(|| m.frame(Vsn::V2)),
             };
-            if let Some(f) = frame {
-                self.deliver(sub, f.clone());
+            let Some(f) = frame else { continue };
+            match &sub.gate {
+                None => self.deliver(sub, f.clone()),
+                Some(gate) => {
+                    if let Some(f) = gate.pass(m.epoch, m.seq, f, &sub.too_slow) {
+                        self.deliver(sub, f);
+                    }
+                }
             }
         }
     }
@@ -241,6 +271,7 @@ mod tests {
             self_broadcast: false,
             tx,
             too_slow: Arc::new(Notify::new()),
+            gate: None,
         };
         (s, rx)
     }
@@ -253,6 +284,9 @@ mod tests {
             private: false,
             id: None,
             origin,
+            epoch: 1,
+            seq: 1,
+            replayed: false,
         }
     }
 

@@ -1,6 +1,7 @@
 //! What a `phx_join` asks for: Supabase's join payload, read leniently as Supabase does
 //! (booleans may be strings; an invalid payload falls back to defaults).
 
+use crate::history::ask::{self, Ask, AskError};
 use crate::postgres_changes::{self, Binding, BindingError};
 use crate::reason::InvalidTopic;
 use serde_json::Value;
@@ -20,6 +21,9 @@ pub struct JoinConfig {
     pub postgres_changes: Vec<Binding>,
     /// Why the bindings cannot be served, if they cannot: the join is refused with it.
     pub postgres_changes_error: Option<BindingError>,
+    /// What the join asks of the queue's history (`replay` or `resume`), if anything; an
+    /// error refuses the join.
+    pub history: Option<Result<Ask, AskError>>,
     pub access_token: Option<String>,
 }
 
@@ -62,11 +66,16 @@ pub fn parse_join(payload: &Value) -> JoinConfig {
             Ok(b) => (b, None),
             Err(e) => (Vec::new(), Some(e)),
         };
+    let private = flexible_bool(config.and_then(|c| c.get("private")));
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
     JoinConfig {
+        history: ask::parse(config.and_then(|c| c.get("broadcast")), private, now_ms),
         self_broadcast: flexible_bool(get("broadcast", "self")),
         ack: flexible_bool(get("broadcast", "ack")),
         replication_ready: flexible_bool(get("broadcast", "replication_ready")),
-        private: flexible_bool(config.and_then(|c| c.get("private"))),
+        private,
         presence: flexible_bool(get("presence", "enabled")),
         postgres_changes,
         postgres_changes_error,

@@ -59,12 +59,23 @@
 //! and the hub skips the sending connection (named by `origin`) unless it joined with
 //! `self: true`. The sender hears how it ended (with `ack: true` a reply; a failure always).
 //!
+//! # A rejoining channel's history: channels → history → socket
+//!
+//! A join with `config.broadcast.replay` (Supabase's) or `config.broadcast.resume` (a
+//! position, `meta.epoch` and `meta.seq` of the last message the client saw) is answered and
+//! subscribed in the hub at once, behind a `history::gate` that holds its live frames. The
+//! `history::fetch` task reads the history of every waiting join in one `realtime.history`
+//! call (one walk of the queue's ring for all their topics), sends each join its share,
+//! paced, with a `system` message saying whether everything was recovered, then opens the
+//! gate at the sequence the history went through: held frames after it follow, the rest were
+//! already sent. Nothing is missed at the seam because the subscription comes before the read.
+//!
 //! # Tasks and their shared state
 //!
-//! One task each for the listener (`server`), the drainer, the authorizer, the relay and
-//! the bindings' check, and one per connection. They share `state::Shared` (settings, the
-//! hub, the Postgres Changes subscribers, the token verifier, the metrics, the request
-//! queues) and nothing else; a connection's channels
+//! One task each for the listener (`server`), the drainer, the authorizer, the relay,
+//! the bindings' check and the history, and one per connection. They share
+//! `state::Shared` (settings, the hub, the Postgres Changes subscribers, the token
+//! verifier, the metrics, the request queues) and nothing else; a connection's channels
 //! are touched only by its own task. On SIGTERM the listener stops, every socket is sent
 //! a close frame with its reason (`reason::Disconnect`) and the drainer confirms its
 //! position, so a restarted sidecar resumes where this one stopped (`shutdown`).
@@ -75,8 +86,9 @@
 //! connection's loop · `command` a client frame parsed into what it asks · `frame` the wire
 //! format of both serializers · `channels` the channel lifecycle · `join_config` what a
 //! join asks for · `broadcast` the broadcast extension · `postgres_changes/` the Postgres
-//! Changes extension (bindings, the join-time check, who listens, delivery) · `hub` topics
-//! and fan-out ·
+//! Changes extension (bindings, the join-time check, who listens, delivery) · `history/`
+//! replay and resume (what a join asks, the batched read, the gate) · `hub` topics and
+//! fan-out ·
 //! `drainer` the queue side · `authorizer` batched `realtime.authorize` · `relay` batched
 //! `realtime.relay` · `db_worker` what those two share (reconnects, batches) · `reason`
 //! every reason a client can be given · `jwt` · `metrics` · `config` · `state` · `shutdown`.
@@ -91,6 +103,7 @@ pub mod drainer;
 pub mod frame;
 #[cfg(test)]
 mod fuzz;
+pub mod history;
 pub mod hub;
 pub mod join_config;
 pub mod jwt;
@@ -122,6 +135,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     // Bounded: a flood of joins waits here (backpressure) rather than timing out.
     let (authorize_tx, authorize_rx) = tokio::sync::mpsc::channel(20_000);
     let (check_tx, check_rx) = tokio::sync::mpsc::channel(20_000);
+    let (history_tx, history_rx) = tokio::sync::mpsc::channel(20_000);
     let changes = Arc::new(postgres_changes::subscribers::Subscribers::default());
     let shared = Arc::new(state::Shared {
         cfg: cfg.clone(),
@@ -132,6 +146,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         relay: relay_tx,
         authorize: authorize_tx,
         check: check_tx,
+        history: history_tx,
         changes: changes.clone(),
         instance: state::instance_id(),
     });
@@ -161,6 +176,12 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         metrics.clone(),
         shutdown.clone(),
     ));
+    let history = tokio::spawn(history::fetch::run(
+        cfg.clone(),
+        history_rx,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
     let accept = tokio::spawn(server::serve(listener, shared));
     let upkeep = tokio::spawn({
         let metrics = metrics.clone();
@@ -182,6 +203,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let _ = tokio::time::timeout(grace, relay).await;
     let _ = tokio::time::timeout(grace, authorizer).await;
     let _ = tokio::time::timeout(grace, checker).await;
+    let _ = tokio::time::timeout(grace, history).await;
     shutdown::wait_for_connections(&metrics, grace).await;
     upkeep.abort();
     Ok(())

@@ -53,6 +53,12 @@ pub struct Metrics {
     pub changes_withheld_total: Counter,
     pub change_check_failures_total: Counter,
     pub drain_redrains_total: Counter,
+    pub history_requests_total: Counter,
+    pub history_calls_total: Counter,
+    pub history_messages_total: Counter,
+    pub history_unrecovered_total: Counter,
+    /// Age (seconds) of the oldest message the queue retains: how far back a resume reaches.
+    pub retained_seconds: Gauge,
     /// Sequence of the last message this sidecar drained.
     pub last_seq: Gauge,
     /// Bytes of the queue held back behind a transaction that is still committing.
@@ -207,6 +213,26 @@ impl Default for Metrics {
                 "realtime_change_check_failures_total",
                 "changes of one table in one batch not delivered because their RLS check failed (the channels were told)",
             ),
+            history_requests_total: r.counter(
+                "realtime_history_requests_total",
+                "joins that asked for replay or resume",
+            ),
+            history_calls_total: r.counter(
+                "realtime_history_calls_total",
+                "realtime.history calls (one per batch of joins, more for long histories)",
+            ),
+            history_messages_total: r.counter(
+                "realtime_history_messages_total",
+                "messages sent to joining channels from the queue's history",
+            ),
+            history_unrecovered_total: r.counter(
+                "realtime_history_unrecovered_total",
+                "resumes answered recovered: false (evicted, another epoch, a position ahead, or the database unreadable)",
+            ),
+            retained_seconds: r.gauge(
+                "realtime_queue_retained_seconds",
+                "age of the oldest message the queue retains: how far back a resume reaches",
+            ),
             last_seq: r.gauge("realtime_last_seq", "sequence of the last drained message"),
             pending_bytes: r.gauge(
                 "realtime_queue_pending_bytes",
@@ -289,7 +315,7 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 25] = [
+    const COUNTERS: [&str; 29] = [
         "realtime_auth_batches_total",
         "realtime_auth_requests_total",
         "realtime_client_broadcasts_total",
@@ -315,8 +341,12 @@ mod tests {
         "realtime_changes_withheld_total",
         "realtime_change_check_failures_total",
         "realtime_drain_redrains_total",
+        "realtime_history_requests_total",
+        "realtime_history_calls_total",
+        "realtime_history_messages_total",
+        "realtime_history_unrecovered_total",
     ];
-    const GAUGES: [&str; 7] = [
+    const GAUGES: [&str; 8] = [
         "realtime_connections",
         "realtime_channels",
         "realtime_db_up",
@@ -324,6 +354,7 @@ mod tests {
         "realtime_queue_pending_bytes",
         "realtime_queue_oldest_seq",
         "realtime_queue_oldest_pending_seconds",
+        "realtime_queue_retained_seconds",
     ];
 
     #[test]

@@ -5,6 +5,7 @@
 //! where Supabase has one; tests and realtime-js apps compare them.
 
 use crate::authorizer::DbFailure;
+use crate::history::ask::AskError;
 use crate::jwt::JwtError;
 use crate::postgres_changes::BindingError;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -68,6 +69,8 @@ pub enum Refusal {
     JoinInProgress,
     /// A `postgres_changes` binding this server cannot serve (an unsupported filter, say).
     PostgresChanges(BindingError),
+    /// A `replay` or `resume` that cannot be served.
+    History(AskError),
     /// No read permission; with the role guard's refusal when that is the cause.
     ReadDenied {
         topic: String,
@@ -102,6 +105,7 @@ impl Refusal {
                 "JoinInProgress: a join of this topic is still waiting for its authorization".into()
             }
             Refusal::PostgresChanges(why) => why.text(),
+            Refusal::History(why) => why.text(),
             Refusal::ReadDenied { topic, role_refusal } => {
                 let mut t = format!("Unauthorized: You do not have permissions to read from this Channel topic: {topic}");
                 if let Some(r) = role_refusal {

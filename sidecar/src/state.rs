@@ -24,6 +24,8 @@ pub struct Shared {
     pub relay: mpsc::Sender<relay::Broadcast>,
     /// Postgres Changes bindings waiting for their join-time check.
     pub check: mpsc::Sender<CheckRequest>,
+    /// Joins waiting for their replay or resume (`history`).
+    pub history: mpsc::Sender<crate::history::fetch::Request>,
     /// The channels with Postgres Changes bindings, which the drainer serves.
     pub changes: Arc<Subscribers>,
     /// Random per process: the high half of this sidecar's relay origins.
@@ -74,6 +76,7 @@ pub mod testing {
         pub authorize: mpsc::Receiver<AuthRequest>,
         pub relay: mpsc::Receiver<relay::Broadcast>,
         pub check: mpsc::Receiver<CheckRequest>,
+        pub history: mpsc::Receiver<crate::history::fetch::Request>,
         /// Kept so that `shutdown` stays open.
         pub stop: watch::Sender<bool>,
     }
@@ -88,8 +91,10 @@ pub mod testing {
         let (authorize, authorize_rx) = mpsc::channel(64);
         let (relay, relay_rx) = mpsc::channel(64);
         let (check, check_rx) = mpsc::channel(64);
+        let (history, history_rx) = mpsc::channel(64);
         let shared = Shared {
             check,
+            history,
             changes: Arc::default(),
             hub: Arc::new(Hub::new(metrics.clone())),
             verifier: Verifier::new(SECRET),
@@ -104,6 +109,7 @@ pub mod testing {
             authorize: authorize_rx,
             relay: relay_rx,
             check: check_rx,
+            history: history_rx,
             stop,
         };
         (Arc::new(shared), backends)

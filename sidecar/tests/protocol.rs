@@ -31,10 +31,25 @@ async fn db_broadcast_reaches_v1_client_with_supabase_envelope() {
         .as_str()
         .expect("meta.id")
         .to_owned();
+    // The position: the queue's epoch (as realtime.stats() gives it, in unix microseconds)
+    // and the message's sequence.
+    let (epoch, seq): (i64, i64) = {
+        let r = db
+            .query_one(
+                "SELECT (extract(epoch FROM epoch) * 1000000)::int8, last_seq FROM realtime.stats()",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    let got_seq = m["payload"]["meta"]["seq"].as_i64().expect("meta.seq");
+    assert!(got_seq > 0 && got_seq <= seq, "{m}");
     assert_eq!(
         m,
         json!({"topic": "realtime:room:v1", "event": "broadcast", "ref": null,
-               "payload": {"event": "message", "type": "broadcast", "meta": {"id": id},
+               "payload": {"event": "message", "type": "broadcast",
+                           "meta": {"id": id, "epoch": epoch.to_string(), "seq": got_seq},
                            "payload": {"id": id, "text": "hi"}}})
     );
 }
@@ -518,9 +533,12 @@ async fn client_broadcasts_go_through_the_database_with_self_and_ack() {
     };
     let (topic, event, meta, encoding, payload) = decode_kind4(&frame);
     assert_eq!(
-        (topic.as_str(), event.as_str(), meta.as_str(), encoding),
-        ("realtime:chat", "msg", "", 1)
+        (topic.as_str(), event.as_str(), encoding),
+        ("realtime:chat", "msg", 1)
     );
+    // A client broadcast carries its position but no id, as in Supabase.
+    let meta: Value = serde_json::from_str(&meta).unwrap();
+    assert!(meta.get("id").is_none() && meta["seq"].is_i64(), "{meta}");
     assert_eq!(
         serde_json::from_slice::<Value>(&payload).unwrap(),
         json!({"t": 1})
@@ -528,7 +546,8 @@ async fn client_broadcasts_go_through_the_database_with_self_and_ack() {
     let m = c.next_json(5).await.unwrap();
     assert_eq!(
         m["payload"],
-        json!({"event": "msg", "payload": {"t": 1}, "type": "broadcast"})
+        json!({"event": "msg", "payload": {"t": 1}, "type": "broadcast",
+               "meta": {"epoch": meta["epoch"], "seq": meta["seq"]}})
     );
 
     // B (self true) pushes a binary kind-3 frame: everyone, B included, gets it.
@@ -541,7 +560,7 @@ async fn client_broadcasts_go_through_the_database_with_self_and_ack() {
     for client in [&mut a, &mut c] {
         let m = client.next_json(5).await.unwrap();
         assert_eq!(
-            m["payload"],
+            without_meta(&m["payload"]),
             json!({"event": "bin", "payload": {"x": 2}, "type": "broadcast"})
         );
     }
@@ -606,7 +625,7 @@ async fn rest_broadcast_is_relayed_and_answers_like_supabase() {
     for (event, n) in [("one", 1), ("two", 2)] {
         let m = c.next_json(5).await.unwrap();
         assert_eq!(
-            m["payload"],
+            without_meta(&m["payload"]),
             json!({"event": event, "payload": {"n": n}, "type": "broadcast"})
         );
     }

@@ -71,9 +71,31 @@ function showChange(change) {
   summarize();
 }
 
+// Resume: after each message, the channel's join payload names its position (meta.epoch,
+// meta.seq), so that when the socket drops (a sidecar restart, a network blip) realtime-js's
+// automatic rejoin gets everything committed meanwhile, and a system message says whether
+// anything was lost.
+function remember(channel, meta) {
+  if (meta?.seq === undefined) return;
+  const { config: c } = channel.joinPush.payload();
+  channel.updateJoinPayload({ config: { ...c, broadcast: { ...c.broadcast, resume: { epoch: meta.epoch, seq: meta.seq } } } });
+}
+
+function showResume(room, s) {
+  resumeEl.className = s.recovered ? 'recovered' : 'lost';
+  resumeEl.textContent = s.recovered
+    ? `${room}: reconnected, ${s.resent} row${s.resent === 1 ? '' : 's'} recovered, none missing`
+    : `${room}: reconnected, messages lost: ${s.message}`;
+}
+
+const resumeEl = document.getElementById('resume');
 for (const room of config.rooms) {
   const channel = client.channel(`room:${room}`, { config: { private: false } });
-  channel.on('broadcast', { event: '*' }, (msg) => show(room, msg));
+  channel.on('broadcast', { event: '*' }, (msg) => {
+    show(room, msg);
+    remember(channel, msg.meta);
+  });
+  channel.on('system', {}, (s) => 'recovered' in s && showResume(room, s));
   channel.subscribe((status) => setStatus(room, status));
 }
 

@@ -1,6 +1,7 @@
 // The demo's terminal twin of the page: subscribes like the page does (realtime-js over the
 // `ws` transport: the rooms' broadcasts and the task list's Postgres Changes) and prints each
-// row with its commit-to-receive latency, for SECONDS seconds.
+// row with its commit-to-receive latency, for SECONDS seconds. Like the page, it resumes after
+// its last position when its socket drops (the demo restarts the sidecar halfway).
 // Usage: node watch.mjs URL APIKEY SECONDS ROOM...
 import WebSocket from 'ws';
 import { RealtimeClient } from '@supabase/realtime-js';
@@ -12,10 +13,16 @@ const latencies = [];
 for (const room of rooms) {
   const channel = client.channel(`room:${room}`, { config: { private: false } });
   channel.on('broadcast', { event: '*' }, (msg) => {
+    const { config } = channel.joinPush.payload();
+    const resume = { epoch: msg.meta.epoch, seq: msg.meta.seq };
+    channel.updateJoinPayload({ config: { ...config, broadcast: { ...config.broadcast, resume } } });
     const row = msg.payload.record ?? msg.payload.old_record ?? {};
     const latency = Date.now() - Date.parse(row.updated_at);
     latencies.push(latency);
     console.log(`  room:${room.padEnd(7)} ${msg.event.padEnd(6)} #${String(row.id).padEnd(5)} ${row.body}  (${latency} ms)`);
+  });
+  channel.on('system', {}, (s) => {
+    if ('recovered' in s) console.log(`  room:${room} resumed: recovered ${s.recovered}, ${s.resent} sent again; ${s.message}`);
   });
   channel.subscribe((status) => console.log(`  room:${room} ${status}`));
 }

@@ -138,6 +138,12 @@ impl Sidecar {
             .unwrap_or_else(|| panic!("metric {name} missing"))
     }
 
+    /// SIGKILL, then reap: the process dies without a word to its clients or the database.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
     /// SIGTERM, then wait for exit (graceful shutdown).
     pub fn stop(&mut self) -> std::process::ExitStatus {
         Command::new("kill")
@@ -343,4 +349,13 @@ pub fn decode_kind4(b: &[u8]) -> (String, String, String, u8, Vec<u8>) {
         enc,
         b[5 + t + e + m..].to_vec(),
     )
+}
+
+/// A broadcast's payload without its `meta` (the position, which every test need not check).
+pub fn without_meta(payload: &Value) -> Value {
+    let mut p = payload.clone();
+    if let Some(o) = p.as_object_mut() {
+        o.remove("meta");
+    }
+    p
 }

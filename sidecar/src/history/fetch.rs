@@ -1,0 +1,459 @@
+//! The history worker: answers the joins that asked for replay or resume, with one
+//! `realtime.history` call per batch of joins (one walk of the queue's retained range for
+//! all their topics, not one per client: a thousand clients of one topic rejoining after
+//! a restart cost one walk), on its own connection, as the authorizer batches verdicts.
+//! Each join's share is then sent to its socket by a task of its own, paced so that it
+//! never fills more than half the socket's outbound queue (live messages of the
+//! connection's other channels keep their room, and a long catch-up is not taken for a
+//! slow client), and finally its gate opens (`gate`).
+
+use super::ask::Ask;
+use super::gate::Gate;
+use crate::config::Config;
+use crate::db_worker;
+use crate::frame::{self, Vsn};
+use crate::hub::{Payload, QueueMessage, TopicKey};
+use crate::metrics::Metrics;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Client;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Most joins answered by one call.
+const BATCH: usize = 10_000;
+/// Messages per call; a longer history is read in pages.
+const PAGE: i32 = 100_000;
+/// Pages per batch at most: a bound on the loop, far above what a ring holds.
+const MAX_PAGES: usize = 1_000;
+/// A client that takes nothing from its queue for this long while its history waits is cut
+/// off as too slow.
+const STALL_LIMIT: Duration = Duration::from_secs(30);
+
+const SQL: &str = "SELECT seq, kind, topic, event, payload::text AS payload, binary_payload, \
+     private, (extract(epoch FROM committed_at) * 1000000)::int8 AS committed_us, id::text AS id, \
+     lost_first, lost_last, origin \
+     FROM realtime.history($1, $2, $3, to_timestamp($4::float8 / 1000), $5, $6, $7)";
+
+const EPOCH_SQL: &str =
+    "SELECT (extract(epoch FROM epoch) * 1000000)::int8 AS epoch FROM realtime.stats()";
+
+/// A joined channel's request for history, and how to reach it.
+pub struct Request {
+    pub ask: Ask,
+    pub key: TopicKey,
+    pub join_ref: Option<String>,
+    pub vsn: Vsn,
+    pub tx: mpsc::Sender<Message>,
+    pub too_slow: Arc<Notify>,
+    pub gate: Arc<Gate>,
+}
+
+/// One message of a history call's result.
+struct Found {
+    key: TopicKey,
+    committed_us: i64,
+    message: QueueMessage,
+    /// Its frame per serializer, encoded once for every client that gets it.
+    frames: [OnceLock<Option<Message>>; 2],
+}
+
+impl Found {
+    fn frame(&self, vsn: Vsn) -> Option<Message> {
+        let i = usize::from(vsn == Vsn::V2);
+        self.frames[i]
+            .get_or_init(|| self.message.frame(vsn))
+            .clone()
+    }
+}
+
+/// What one or more pages of `realtime.history` returned.
+#[derive(Default)]
+struct Read {
+    found: Vec<Found>,
+    /// (first, last) sequences evicted before the walk reached them.
+    gaps: Vec<(i64, i64)>,
+    /// Every message up to this sequence was considered.
+    through: i64,
+}
+
+pub async fn run(
+    cfg: Arc<Config>,
+    mut rx: mpsc::Receiver<Request>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let fail_metrics = metrics.clone();
+    let fail = move |r: Request| unavailable(r, &fail_metrics);
+    loop {
+        let Some(client) =
+            db_worker::connect(&cfg, "history", &mut rx, &mut shutdown, fail.clone()).await
+        else {
+            return;
+        };
+        let epoch = match client.query_one(EPOCH_SQL, &[]).await {
+            Ok(row) => row.get::<_, i64>("epoch"),
+            Err(e) => {
+                tracing::warn!(error = %e, "history connection failed; reconnecting");
+                continue;
+            }
+        };
+        while let Some(batch) = db_worker::next_batch(&mut rx, BATCH, &mut shutdown).await {
+            metrics.history_requests_total.increment(batch.len() as u64);
+            let (resumes, replays): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .partition(|r| matches!(r.ask, Ask::Resume { .. }));
+            let mut lost = false;
+            for (group, resume) in [(resumes, true), (replays, false)] {
+                if group.is_empty() {
+                    continue;
+                }
+                if lost {
+                    group.into_iter().for_each(|r| unavailable(r, &metrics));
+                    continue;
+                }
+                let served = if resume {
+                    serve_resumes(&client, &cfg, epoch, group, &metrics).await
+                } else {
+                    serve_replays(&client, &cfg, epoch, group, &metrics).await
+                };
+                if let Err((e, group)) = served {
+                    tracing::warn!(error = %e, "realtime.history failed");
+                    group.into_iter().for_each(|r| unavailable(r, &metrics));
+                    lost = client.is_closed();
+                }
+            }
+            if lost {
+                break;
+            }
+        }
+        if *shutdown.borrow() || rx.is_closed() {
+            return;
+        }
+    }
+}
+
+type Served = Result<(), (String, Vec<Request>)>;
+
+/// Reads pages of history after `from` for `keys` until the walk reached the end of the
+/// queue (a page shorter than PAGE).
+#[allow(clippy::too_many_arguments)]
+async fn read(
+    client: &Client,
+    cfg: &Config,
+    from: i64,
+    keys: &[TopicKey],
+    since_ms: Option<i64>,
+    newest: Option<i32>,
+    relayed: bool,
+    epoch: i64,
+    metrics: &Metrics,
+) -> Result<Read, String> {
+    let topics: Vec<&str> = keys.iter().map(|k| k.topic.as_str()).collect();
+    let private: Vec<bool> = keys.iter().map(|k| k.private).collect();
+    let since = since_ms.map(|s| s as f64);
+    let mut out = Read {
+        through: from,
+        ..Read::default()
+    };
+    for _ in 0..MAX_PAGES {
+        metrics.history_calls_total.increment(1);
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &out.through,
+            &topics,
+            &private,
+            &since,
+            &newest,
+            &relayed,
+            &PAGE,
+        ];
+        let rows = tokio::time::timeout(cfg.db_call_deadline(), client.query(SQL, &params))
+            .await
+            .map_err(|_| "realtime.history did not answer in time".to_owned())?
+            .map_err(|e| {
+                e.as_db_error()
+                    .map_or_else(|| e.to_string(), |d| d.message().to_owned())
+            })?;
+        let mut messages = 0;
+        for row in rows {
+            let seq: i64 = row.get("seq");
+            match row.get::<_, &str>("kind") {
+                "end" => out.through = seq,
+                "gap" => out.gaps.push((row.get("lost_first"), row.get("lost_last"))),
+                _ => {
+                    messages += 1;
+                    out.found.push(found(&row, epoch));
+                }
+            }
+        }
+        if newest.is_some() || messages < PAGE {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+fn found(row: &tokio_postgres::Row, epoch: i64) -> Found {
+    let payload = match row.get::<_, Option<Vec<u8>>>("binary_payload") {
+        Some(b) => Payload::Binary(Bytes::from(b)),
+        None => Payload::Json(
+            row.get::<_, Option<String>>("payload")
+                .unwrap_or_else(|| "null".into()),
+        ),
+    };
+    let origin: Option<i64> = row.get("origin");
+    let key = TopicKey {
+        private: row.get("private"),
+        topic: row.get("topic"),
+    };
+    Found {
+        committed_us: row.get("committed_us"),
+        message: QueueMessage {
+            topic: key.topic.clone(),
+            event: row.get("event"),
+            payload,
+            private: key.private,
+            // Client broadcasts carry no meta.id, as live.
+            id: if origin.is_some() {
+                None
+            } else {
+                row.get("id")
+            },
+            origin,
+            epoch,
+            seq: row.get("seq"),
+            replayed: true,
+        },
+        key,
+        frames: [OnceLock::new(), OnceLock::new()],
+    }
+}
+
+fn distinct_keys(requests: &[Request]) -> Vec<TopicKey> {
+    let mut keys: Vec<TopicKey> = requests.iter().map(|r| r.key.clone()).collect();
+    keys.sort_by(|a, b| (&a.topic, a.private).cmp(&(&b.topic, b.private)));
+    keys.dedup();
+    keys
+}
+
+/// Each message's index per topic, in queue order.
+fn by_topic(read: &Read) -> HashMap<&TopicKey, Vec<usize>> {
+    let mut map: HashMap<&TopicKey, Vec<usize>> = HashMap::new();
+    for (i, f) in read.found.iter().enumerate() {
+        map.entry(&f.key).or_default().push(i);
+    }
+    map
+}
+
+/// The messages of one topic, in queue order.
+fn of_topic<'a>(
+    read: &'a Read,
+    index: &'a HashMap<&TopicKey, Vec<usize>>,
+    key: &TopicKey,
+) -> impl Iterator<Item = &'a Found> + 'a {
+    index
+        .get(key)
+        .into_iter()
+        .flatten()
+        .map(|&i| &read.found[i])
+}
+
+async fn serve_resumes(
+    client: &Client,
+    cfg: &Config,
+    epoch: i64,
+    requests: Vec<Request>,
+    metrics: &Metrics,
+) -> Served {
+    // A position of another epoch (the database restarted since): everything this epoch
+    // still holds is sent, after a word that what came before is lost.
+    let after = |r: &Request| match r.ask {
+        Ask::Resume { epoch: e, seq } if e == epoch => seq,
+        _ => 0,
+    };
+    let from = requests.iter().map(after).min().unwrap_or(0);
+    let keys = distinct_keys(&requests);
+    let read = match read(client, cfg, from, &keys, None, None, true, epoch, metrics).await {
+        Ok(r) => r,
+        Err(e) => return Err((e, requests)),
+    };
+    let index = by_topic(&read);
+    for r in requests {
+        let Ask::Resume {
+            epoch: asked_epoch,
+            seq,
+        } = r.ask
+        else {
+            continue;
+        };
+        let after = after(&r);
+        let mine: Vec<&Found> = of_topic(&read, &index, &r.key)
+            .filter(|f| f.message.seq > after)
+            .collect();
+        let frames: Vec<(i64, Message)> = mine
+            .iter()
+            .filter_map(|f| Some((f.message.seq, f.frame(r.vsn)?)))
+            .collect();
+        let missing = read.gaps.iter().filter(|&&(_, last)| last > after).fold(
+            None,
+            |span: Option<(i64, i64)>, &(first, last)| {
+                let first = first.max(after + 1);
+                Some(span.map_or((first, last), |(f, l)| (f.min(first), l.max(last))))
+            },
+        );
+        let sub = &r.key.topic;
+        let status = if asked_epoch != epoch {
+            json!({"recovered": false, "epoch_changed": true, "first_missing": seq + 1,
+                   "message": format!("The database restarted after position {seq} of epoch {asked_epoch}: messages after it that were not delivered are lost; the {} messages the new epoch {epoch} holds were sent", frames.len())})
+        } else if seq > read.through {
+            json!({"recovered": false, "first_missing": null, "last_missing": null,
+                   "message": format!("Position {seq} is beyond the last message of this queue ({}): it is not a position of this epoch's messages", read.through)})
+        } else if let Some((first, last)) = missing {
+            json!({"recovered": false, "first_missing": first, "last_missing": last,
+                   "message": format!("Messages {first} to {last} are no longer retained; the {} messages after them were sent", frames.len())})
+        } else {
+            json!({"recovered": true,
+                   "message": format!("Resumed after position {seq}: {} messages sent", frames.len())})
+        };
+        let mut payload = status;
+        let recovered = payload["recovered"] == Value::Bool(true);
+        if !recovered {
+            metrics.history_unrecovered_total.increment(1);
+        }
+        payload["extension"] = json!("broadcast");
+        payload["status"] = json!(if recovered { "ok" } else { "error" });
+        payload["channel"] = json!(sub);
+        payload["epoch"] = json!(epoch.to_string());
+        payload["resent"] = json!(frames.len());
+        let system = Message::text(frame::encode(
+            r.vsn,
+            r.join_ref.as_deref(),
+            None,
+            &format!("realtime:{sub}"),
+            "system",
+            &payload,
+        ));
+        let through = read.through;
+        metrics
+            .history_messages_total
+            .increment(frames.len() as u64);
+        tokio::spawn(send(r, epoch, frames, Some(system), through));
+    }
+    Ok(())
+}
+
+async fn serve_replays(
+    client: &Client,
+    cfg: &Config,
+    epoch: i64,
+    requests: Vec<Request>,
+    metrics: &Metrics,
+) -> Served {
+    let since = |r: &Request| match r.ask {
+        Ask::Replay { since_ms, .. } => since_ms,
+        _ => 0,
+    };
+    let min_since = requests.iter().map(since).min().unwrap_or(0);
+    let keys = distinct_keys(&requests);
+    let newest = Some(super::ask::MAX_REPLAY as i32);
+    let read = match read(
+        client,
+        cfg,
+        0,
+        &keys,
+        Some(min_since),
+        newest,
+        false,
+        epoch,
+        metrics,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => return Err((e, requests)),
+    };
+    let index = by_topic(&read);
+    for r in requests {
+        let Ask::Replay { since_ms, limit } = r.ask else {
+            continue;
+        };
+        let mine: Vec<&Found> = of_topic(&read, &index, &r.key)
+            .filter(|f| f.committed_us >= since_ms.saturating_mul(1000))
+            .collect();
+        let skip = mine.len().saturating_sub(limit as usize);
+        let frames: Vec<(i64, Message)> = mine[skip..]
+            .iter()
+            .filter_map(|f| Some((f.message.seq, f.frame(r.vsn)?)))
+            .collect();
+        metrics
+            .history_messages_total
+            .increment(frames.len() as u64);
+        let through = read.through;
+        tokio::spawn(send(r, epoch, frames, None, through));
+    }
+    Ok(())
+}
+
+/// The history could not be read: the channel goes live, told that nothing was recovered.
+pub fn unavailable(r: Request, metrics: &Metrics) {
+    metrics.history_unrecovered_total.increment(1);
+    let sub = r.key.topic.clone();
+    let system = matches!(r.ask, Ask::Resume { .. }).then(|| {
+        Message::text(frame::encode(
+            r.vsn,
+            r.join_ref.as_deref(),
+            None,
+            &format!("realtime:{sub}"),
+            "system",
+            &json!({"extension": "broadcast", "status": "error", "channel": sub,
+                    "recovered": false, "first_missing": null, "last_missing": null, "resent": 0,
+                    "message": "The database could not be read to resume this channel; it is live from now on"}),
+        ))
+    });
+    // Nothing was sent from history: every held live frame passes.
+    tokio::spawn(send(r, 0, Vec::new(), system, 0));
+}
+
+/// Sends one channel's history (sequence, frame), then its system message, then opens its
+/// gate; paced so that it never takes more than half the outbound queue.
+async fn send(
+    r: Request,
+    epoch: i64,
+    frames: Vec<(i64, Message)>,
+    system: Option<Message>,
+    through: i64,
+) {
+    let room = r.tx.max_capacity() / 2;
+    let mut progress = Instant::now();
+    let frames = frames.into_iter().map(|(seq, f)| (Some(seq), f));
+    for (seq, f) in frames.chain(system.map(|s| (None, s))) {
+        loop {
+            if r.gate.is_closed() || r.tx.is_closed() {
+                return;
+            }
+            if r.tx.capacity() > room {
+                break;
+            }
+            if progress.elapsed() > STALL_LIMIT {
+                r.gate.close();
+                r.too_slow.notify_one();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if r.tx.try_send(f).is_err() {
+            r.gate.close();
+            r.too_slow.notify_one();
+            return;
+        }
+        if let Some(seq) = seq {
+            r.gate.sent(epoch, seq);
+        }
+        progress = Instant::now();
+    }
+    r.gate.open(epoch, through, &r.tx, &r.too_slow);
+}

@@ -1,0 +1,22 @@
+//! History at a join: Supabase's replay, and resume after a position.
+//!
+//! Every message the hub delivers carries its position in `meta`: the queue's `epoch` (the
+//! database server's lifetime; a restart starts a new one) and its `seq`. A client that
+//! lost its socket rejoins with `config.broadcast.resume = {epoch, seq}` of the last
+//! message it saw and gets, on that topic, everything committed after it that the queue
+//! still holds, in order, then the live messages, with no duplicate and no hole; a `system`
+//! message says `recovered: true`, or `recovered: false` with the first and last missing
+//! sequence (evicted from the ring before the client came back, or lost in a restart).
+//! Supabase's `config.broadcast.replay = {since, limit}` (private channels) sends the
+//! newest `limit` (at most 25) database-originated messages committed since `since`, with
+//! `meta.replayed`. Both read the queue's ring, which keeps messages by space, not time:
+//! `realtime.stats()` says how far back it reaches.
+//!
+//! The way: the join is answered and the channel subscribed in the hub behind a `gate` that
+//! holds its live frames; `fetch` reads the history of every waiting join in one
+//! `realtime.history` call, sends each its share, paced, and opens its gate at the sequence
+//! the history went through. `ask` reads what the join asked for.
+
+pub mod ask;
+pub mod fetch;
+pub mod gate;

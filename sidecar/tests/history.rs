@@ -1,0 +1,515 @@
+//! History at a join, end to end: Supabase's replay (`config.broadcast.replay`) and this
+//! server's resume after a position (`config.broadcast.resume`), against a real sidecar,
+//! a real Postgres and raw WebSocket clients. realtime-js's side is in
+//! `e2e/history.test.mjs`.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+/// One test at a time: one of them evicts the whole queue, which would show up as a gap
+/// in the others.
+static SERIAL: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
+
+const MEMBER: &str = "44444444-4444-4444-8444-444444444444";
+const STRANGER: &str = "55555555-5555-4555-8555-555555555555";
+
+/// A topic no other run of this test used (positions are per queue, topics are not).
+fn topic(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}:{nanos}")
+}
+
+/// What a client got: broadcasts (n of the payload, position, replayed) and system
+/// messages, in arrival order.
+#[derive(Debug, Clone, PartialEq)]
+enum Got {
+    Broadcast {
+        n: i64,
+        epoch: String,
+        seq: i64,
+        replayed: bool,
+    },
+    System(Value),
+}
+
+/// Reads a 1.0.0 client until `done` holds of what it got, or `secs` pass.
+async fn read_until(c: &mut Client, secs: u64, done: impl Fn(&[Got]) -> bool) -> Vec<Got> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut got = Vec::new();
+    while !done(&got) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "timed out; got {got:?}");
+        let Some(m) = c.next_json(left.as_secs().max(1)).await else {
+            continue;
+        };
+        match m["event"].as_str() {
+            Some("broadcast") => {
+                let meta = &m["payload"]["meta"];
+                got.push(Got::Broadcast {
+                    n: m["payload"]["payload"]["n"].as_i64().unwrap_or(-1),
+                    epoch: meta["epoch"].as_str().expect("meta.epoch").to_owned(),
+                    seq: meta["seq"].as_i64().expect("meta.seq"),
+                    replayed: meta["replayed"] == true,
+                });
+            }
+            Some("system") => got.push(Got::System(m["payload"].clone())),
+            _ => {}
+        }
+    }
+    got
+}
+
+fn ns(got: &[Got]) -> Vec<i64> {
+    got.iter()
+        .filter_map(|g| match g {
+            Got::Broadcast { n, .. } => Some(*n),
+            _ => None,
+        })
+        .collect()
+}
+
+fn last_position(got: &[Got]) -> (String, i64) {
+    got.iter()
+        .rev()
+        .find_map(|g| match g {
+            Got::Broadcast { epoch, seq, .. } => Some((epoch.clone(), *seq)),
+            _ => None,
+        })
+        .expect("a broadcast")
+}
+
+fn system(got: &[Got]) -> Vec<Value> {
+    got.iter()
+        .filter_map(|g| match g {
+            Got::System(v) => Some(v.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn has_n(n: i64) -> impl Fn(&[Got]) -> bool {
+    move |got| ns(got).contains(&n)
+}
+
+/// Sends messages n = from..to on `topic` (public), ten every 10 ms: 1,000 a second.
+fn publish(topic: &str, from: i64, to: i64) -> tokio::task::JoinHandle<()> {
+    let topic = topic.to_owned();
+    tokio::spawn(async move {
+        let db = db().await;
+        let mut next = from;
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        while next < to {
+            tick.tick().await;
+            let last = (next + 10).min(to);
+            db.execute(
+                "SELECT realtime.send(jsonb_build_object('n', g), 'n', $1, false) FROM generate_series($2::int8, $3::int8 - 1) g",
+                &[&topic, &next, &last],
+            )
+            .await
+            .unwrap();
+            next = last;
+        }
+    })
+}
+
+async fn send(db: &tokio_postgres::Client, topic: &str, from: i64, to: i64, private: bool) {
+    db.execute(
+        "SELECT realtime.send(jsonb_build_object('n', g), 'n', $1, $4) FROM generate_series($2::int8, $3::int8 - 1) g",
+        &[&topic, &from, &to, &private],
+    )
+    .await
+    .unwrap();
+}
+
+async fn resume(c: &mut Client, topic: &str, epoch: &str, seq: i64) -> Value {
+    c.join(
+        &format!("realtime:{topic}"),
+        json!({"broadcast": {"resume": {"epoch": epoch, "seq": seq}}}),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn resume_after_a_dropped_socket_at_1000_a_second_loses_and_repeats_nothing() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start("t_history_drop", &[]).await;
+    let topic = topic("resume:drop");
+    let mut a = Client::connect(sidecar.port, "1.0.0").await;
+    a.join_public(&format!("realtime:{topic}")).await;
+    let publisher = publish(&topic, 0, 3000);
+    let first = read_until(&mut a, 20, has_n(1000)).await;
+    // The socket is gone without a close frame; messages keep being committed meanwhile.
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (epoch, seq) = last_position(&first);
+    let mut b = Client::connect(sidecar.port, "1.0.0").await;
+    assert_eq!(resume(&mut b, &topic, &epoch, seq).await["status"], "ok");
+    let second = read_until(&mut b, 30, has_n(2999)).await;
+    publisher.await.unwrap();
+
+    let mut all = ns(&first);
+    all.extend(ns(&second));
+    assert_eq!(
+        all,
+        (0..3000).collect::<Vec<_>>(),
+        "every message once, in order"
+    );
+    // Replayed messages first, then the system message, then live ones.
+    let sys_at = second
+        .iter()
+        .position(|g| matches!(g, Got::System(_)))
+        .expect("a system message");
+    let sys = system(&second);
+    assert_eq!(sys.len(), 1, "{sys:?}");
+    assert_eq!(sys[0]["recovered"], true, "{}", sys[0]);
+    assert_eq!(sys[0]["status"], "ok");
+    assert_eq!(sys[0]["extension"], "broadcast");
+    assert_eq!(sys[0]["epoch"], epoch.as_str());
+    let resent = sys[0]["resent"].as_u64().unwrap() as usize;
+    assert!(
+        resent > 0,
+        "messages were committed while the socket was away"
+    );
+    assert_eq!(sys_at, resent);
+    for (i, g) in second.iter().enumerate() {
+        if let Got::Broadcast {
+            replayed, seq: s, ..
+        } = g
+        {
+            assert_eq!(*replayed, i < sys_at, "message {i}");
+            assert!(*s > seq);
+        }
+    }
+    assert!(sidecar.metric("realtime_history_messages_total").await >= resent as f64);
+}
+
+#[tokio::test]
+async fn resume_after_the_sidecar_is_killed_loses_nothing() {
+    let _serial = SERIAL.lock().await;
+    let mut killed = Sidecar::start("t_history_kill", &[]).await;
+    let topic = topic("resume:kill");
+    let mut a = Client::connect(killed.port, "1.0.0").await;
+    a.join_public(&format!("realtime:{topic}")).await;
+    let publisher = publish(&topic, 0, 3000);
+    let first = read_until(&mut a, 20, has_n(500)).await;
+    killed.kill();
+    // Whatever was already in flight to the client still counts as seen.
+    let mut first = first;
+    while let Some(m) = a.next_json(1).await {
+        if m["event"] == "broadcast" {
+            let meta = &m["payload"]["meta"];
+            first.push(Got::Broadcast {
+                n: m["payload"]["payload"]["n"].as_i64().unwrap(),
+                epoch: meta["epoch"].as_str().unwrap().to_owned(),
+                seq: meta["seq"].as_i64().unwrap(),
+                replayed: false,
+            });
+        }
+    }
+    // The same sidecar started again (same consumer, same port), as a supervisor would.
+    let again = Sidecar::start_on(killed.port, "t_history_kill", &[]).await;
+    let (epoch, seq) = last_position(&first);
+    let mut b = Client::connect(again.port, "1.0.0").await;
+    assert_eq!(resume(&mut b, &topic, &epoch, seq).await["status"], "ok");
+    let second = read_until(&mut b, 30, has_n(2999)).await;
+    publisher.await.unwrap();
+    let mut all = ns(&first);
+    all.extend(ns(&second));
+    assert_eq!(
+        all,
+        (0..3000).collect::<Vec<_>>(),
+        "every message once, in order"
+    );
+    assert_eq!(system(&second)[0]["recovered"], true);
+}
+
+#[tokio::test]
+async fn resume_past_the_retained_range_says_recovered_false_with_the_gap() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start("t_history_evicted", &[]).await;
+    let db = db().await;
+    let topic = topic("resume:evicted");
+    let mut a = Client::connect(sidecar.port, "1.0.0").await;
+    a.join_public(&format!("realtime:{topic}")).await;
+    send(&db, &topic, 0, 5, false).await;
+    let first = read_until(&mut a, 10, has_n(4)).await;
+    drop(a);
+    let (epoch, seq) = last_position(&first);
+    // More than the whole ring (scripts/test.sh sets realtime.queue_size = 32MB) on
+    // another topic: everything up to here is evicted.
+    let (capacity,): (i64,) = {
+        let r = db
+            .query_one("SELECT capacity_bytes FROM realtime.stats()", &[])
+            .await
+            .unwrap();
+        (r.get(0),)
+    };
+    let big = 900_000i64;
+    for _ in 0..(capacity / big + 2) {
+        db.execute(
+            "SELECT realtime.send(jsonb_build_object('pad', repeat('x', $1::int)), 'pad', 'evict', false)",
+            &[&(big as i32)],
+        )
+        .await
+        .unwrap();
+    }
+    send(&db, &topic, 5, 8, false).await;
+    let oldest: i64 = db
+        .query_one("SELECT oldest_seq FROM realtime.stats()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        oldest > seq + 1,
+        "the ring evicted the client's next message"
+    );
+
+    let mut b = Client::connect(sidecar.port, "1.0.0").await;
+    assert_eq!(resume(&mut b, &topic, &epoch, seq).await["status"], "ok");
+    let got = read_until(&mut b, 10, |g| !system(g).is_empty()).await;
+    let sys = &system(&got)[0];
+    assert_eq!(sys["recovered"], false, "{sys}");
+    assert_eq!(sys["status"], "error");
+    assert_eq!(sys["first_missing"], seq + 1, "{sys}");
+    assert_eq!(sys["last_missing"], oldest - 1, "{sys}");
+    // What is still retained after the gap was sent before the system message.
+    assert_eq!(ns(&got), vec![5, 6, 7]);
+    assert_eq!(
+        sidecar.metric("realtime_history_unrecovered_total").await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn resume_of_another_epoch_or_from_the_future_or_malformed_is_told_not_crashed() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start("t_history_bad", &[]).await;
+    let db = db().await;
+    let topic = topic("resume:bad");
+    send(&db, &topic, 0, 3, false).await;
+    let (epoch, last): (i64, i64) = {
+        let r = db
+            .query_one(
+                "SELECT (extract(epoch FROM epoch) * 1000000)::int8, last_seq FROM realtime.stats()",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+
+    // Another epoch (a position from before a database restart): what this epoch holds of
+    // the topic is sent, and the system message names the change.
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    assert_eq!(resume(&mut c, &topic, "12345", 2).await["status"], "ok");
+    let got = read_until(&mut c, 10, |g| !system(g).is_empty()).await;
+    assert_eq!(ns(&got), vec![0, 1, 2]);
+    let sys = &system(&got)[0];
+    assert_eq!(
+        (
+            &sys["recovered"],
+            &sys["epoch_changed"],
+            &sys["first_missing"]
+        ),
+        (&json!(false), &json!(true), &json!(3)),
+        "{sys}"
+    );
+    assert_eq!(sys["epoch"], epoch.to_string());
+
+    // A position this queue never reached: nothing sent, recovered false, then live.
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let ahead = resume(&mut c, &topic, &epoch.to_string(), last + 1_000_000).await;
+    assert_eq!(ahead["status"], "ok");
+    let got = read_until(&mut c, 10, |g| !system(g).is_empty()).await;
+    assert!(ns(&got).is_empty());
+    let sys = &system(&got)[0];
+    assert_eq!(sys["recovered"], false, "{sys}");
+    assert!(sys["message"]
+        .as_str()
+        .unwrap()
+        .contains("beyond the last message"));
+    send(&db, &topic, 3, 4, false).await;
+    assert_eq!(ns(&read_until(&mut c, 10, has_n(3)).await), vec![3]);
+
+    // Not a position: the join is refused with a reason, and the socket stays.
+    for bad in [
+        json!({"epoch": epoch.to_string(), "seq": -1}),
+        json!({"seq": "x"}),
+        json!("soon"),
+    ] {
+        let r = c
+            .join(
+                &format!("realtime:{topic}:x"),
+                json!({"broadcast": {"resume": bad}}),
+            )
+            .await;
+        assert_eq!(r["status"], "error", "{bad}: {r}");
+        assert!(
+            r["response"]["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("UnableToResume: "),
+            "{r}"
+        );
+    }
+    // Never another topic's messages: a resume from 0 on an empty topic gets nothing.
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let empty = topic_name_never_sent();
+    assert_eq!(
+        resume(&mut c, &empty, &epoch.to_string(), 0).await["status"],
+        "ok"
+    );
+    let got = read_until(&mut c, 10, |g| !system(g).is_empty()).await;
+    assert!(ns(&got).is_empty(), "{got:?}");
+    assert_eq!(system(&got)[0]["recovered"], true);
+}
+
+fn topic_name_never_sent() -> String {
+    topic("resume:empty")
+}
+
+async fn private_setup() -> tokio_postgres::Client {
+    let db = db().await;
+    db.batch_execute(include_str!("../../pgbench/supabase_auth.sql"))
+        .await
+        .unwrap();
+    db.batch_execute(include_str!("private_policies.sql"))
+        .await
+        .unwrap();
+    db
+}
+
+fn user_token(sub: &str) -> String {
+    token(json!({"role": "authenticated", "sub": sub, "exp": now() + 3600}))
+}
+
+async fn join_private(c: &mut Client, topic: &str, sub: &str, broadcast: Value) -> Value {
+    let payload = json!({"config": {"private": true, "broadcast": broadcast},
+                         "access_token": user_token(sub)});
+    let r = c
+        .push(Some("1"), &format!("realtime:{topic}"), "phx_join", payload)
+        .await;
+    c.reply(&r).await
+}
+
+#[tokio::test]
+async fn supabase_replay_sends_the_newest_database_messages_once_and_needs_read() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start("t_history_replay", &[]).await;
+    let db = private_setup().await;
+    let topic = topic("replay:room");
+    db.execute(
+        "INSERT INTO private_members VALUES ($1::text::uuid, $2, false)",
+        &[&MEMBER, &topic],
+    )
+    .await
+    .unwrap();
+    let since: i64 = db
+        .query_one("SELECT (extract(epoch FROM now()) * 1000)::int8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    send(&db, &topic, 0, 30, true).await;
+    // A public message of the same name is another topic.
+    send(&db, &topic, 100, 101, false).await;
+
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let r = join_private(
+        &mut c,
+        &topic,
+        MEMBER,
+        json!({"replay": {"since": since, "limit": 10}}),
+    )
+    .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let got = read_until(&mut c, 10, has_n(29)).await;
+    assert_eq!(
+        ns(&got),
+        (20..30).collect::<Vec<_>>(),
+        "the newest 10, oldest first"
+    );
+    assert!(got
+        .iter()
+        .all(|g| matches!(g, Got::Broadcast { replayed: true, .. })));
+    assert!(
+        system(&got).is_empty(),
+        "Supabase sends no system message for a replay"
+    );
+    // Then live, with nothing replayed twice.
+    send(&db, &topic, 30, 31, true).await;
+    let live = read_until(&mut c, 10, has_n(30)).await;
+    assert_eq!(ns(&live), vec![30]);
+    assert!(matches!(
+        live[0],
+        Got::Broadcast {
+            replayed: false,
+            ..
+        }
+    ));
+
+    // Without a limit: Supabase's 25. A limit above it is capped.
+    for replay in [
+        json!({"since": since}),
+        json!({"since": since, "limit": 1000}),
+    ] {
+        let mut c = Client::connect(sidecar.port, "1.0.0").await;
+        let r = join_private(&mut c, &topic, MEMBER, json!({ "replay": replay })).await;
+        assert_eq!(r["status"], "ok", "{r}");
+        let got = read_until(&mut c, 10, has_n(30)).await;
+        assert_eq!(ns(&got), (6..31).collect::<Vec<_>>());
+    }
+    // A `since` after everything: nothing.
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let later = since + 50_000;
+    let r = join_private(&mut c, &topic, MEMBER, json!({"replay": {"since": later}})).await;
+    assert_eq!(r["status"], "ok");
+    send(&db, &topic, 31, 32, true).await;
+    let got = read_until(&mut c, 10, has_n(31)).await;
+    assert_eq!(ns(&got), vec![31]);
+
+    // No read permission: refused, for replay and for resume alike.
+    let mut s = Client::connect(sidecar.port, "1.0.0").await;
+    for ask in [
+        json!({"replay": {"since": since}}),
+        json!({"resume": {"epoch": "1", "seq": 1}}),
+    ] {
+        let r = join_private(&mut s, &topic, STRANGER, ask).await;
+        assert_eq!(
+            r["response"]["reason"],
+            format!("Unauthorized: You do not have permissions to read from this Channel topic: {topic}"),
+            "{r}"
+        );
+    }
+    // Public channels: Supabase's refusal; bad parameters: Supabase's text.
+    let r = s
+        .join(
+            &format!("realtime:{topic}"),
+            json!({"broadcast": {"replay": {"since": since}}}),
+        )
+        .await;
+    assert_eq!(
+        r["response"]["reason"],
+        "UnableToReplayMessages: Replay is not allowed for public channels"
+    );
+    let r = join_private(
+        &mut s,
+        &topic,
+        MEMBER,
+        json!({"replay": {"since": "yesterday"}}),
+    )
+    .await;
+    assert!(
+        r["response"]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("UnableToReplayMessages: Replay params are not valid"),
+        "{r}"
+    );
+}
