@@ -22,9 +22,11 @@ GRANT SELECT, INSERT ON realtime.messages TO anon, authenticated, service_role;
 -- What the sidecar calls, and whom it may act as.
 GRANT USAGE ON SCHEMA realtime TO realtime_sidecar;
 GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, bigint, integer, integer, integer, oid[]),
-    realtime.confirm(text, bigint), realtime.relay(bigint, text, text, boolean, json, bytea),
+    realtime.confirm(text, bigint), realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean),
     realtime.authorize(text[], text[], text[], text[], text[], text[]),
     realtime.visible(regclass, text[], text[], text[], integer[]),
     realtime.selectable(regclass, text[]), realtime.subscribable(jsonb),
     realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer) TO realtime_sidecar;
+-- Persisted client broadcasts: written when relayed, read at a replay, deleted when expired.
+GRANT SELECT, INSERT, DELETE ON realtime.persisted_messages TO realtime_sidecar;
 GRANT anon, authenticated, service_role TO realtime_sidecar;

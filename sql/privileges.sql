@@ -22,7 +22,7 @@ REVOKE EXECUTE ON FUNCTION realtime.drop_consumer(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.confirm(text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.drain(text, bigint, integer, integer, integer, oid[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.authorize(text[], text[], text[], text[], text[], text[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.visible(regclass, text[], text[], text[], integer[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.selectable(regclass, text[]) FROM PUBLIC;

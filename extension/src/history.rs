@@ -11,7 +11,9 @@
 //! reports it, so a result is never silently incomplete.
 
 use crate::errors;
-use crate::message::{MessageView, RecordHeader, FLAG_CHANGE, FLAG_PRIVATE, HEADER_LEN};
+use crate::message::{
+    MessageView, RecordHeader, FLAG_CHANGE, FLAG_PERSIST, FLAG_PRIVATE, HEADER_LEN,
+};
 use crate::queue::{Locate, QueueCore, Ring};
 use crate::shared::queue;
 use pgrx::prelude::*;
@@ -50,7 +52,8 @@ struct Wanted {
 impl Wanted {
     /// The index of the topic the record at `off` belongs to, if it matches.
     fn matches(&self, ring: &Ring, off: u64, h: &RecordHeader) -> Option<usize> {
-        if h.flags & FLAG_CHANGE != 0 || (!self.relayed && h.origin != 0) {
+        let relayed = h.origin != 0 && h.flags & FLAG_PERSIST == 0;
+        if h.flags & FLAG_CHANGE != 0 || (!self.relayed && relayed) {
             return None;
         }
         if self.since.is_some_and(|s| h.committed_at < s) {
@@ -119,7 +122,8 @@ fn walk_once(core: &QueueCore, ring: &Ring, w: &Wanted, off: u64, f: &mut Found)
 /// `after_seq`, in queue order, followed by one row of kind 'end' whose seq is the last
 /// sequence the walk considered: every matching message up to it was returned, unless a
 /// row of kind 'gap' says it was evicted first. With `since`, only messages committed at
-/// or after it; with `relayed` false, no client broadcasts (relayed by a sidecar); with
+/// or after it; with `relayed` false, no client broadcasts (relayed by a sidecar) but those
+/// sent with `persist`; with
 /// `newest`, only the newest that many per topic. At most `max_messages` are returned; when
 /// the limit cut the walk short, the 'end' row says where to go on from. Captured row
 /// changes are never returned: they are authorized per subscriber when delivered.

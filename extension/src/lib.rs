@@ -38,6 +38,7 @@ extension_sql_file!(
     name = "subscribable",
     requires = [visible::selectable]
 );
+extension_sql_file!("../../sql/persisted.sql", name = "persisted");
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]

@@ -16,6 +16,10 @@ pub const FLAG_PRIVATE: u8 = 1;
 pub const FLAG_BINARY: u8 = 2;
 /// A captured row change (`capture.rs`), decoded when drained (`change.rs`).
 pub const FLAG_CHANGE: u8 = 4;
+/// A client broadcast sent with `persist`: Supabase's replay includes it, as it includes
+/// the database's messages (`history.rs`); the sidecar also keeps it in
+/// `realtime.persisted_messages` for its ttl.
+pub const FLAG_PERSIST: u8 = 8;
 
 pub const HEADER_LEN: usize = 56;
 /// Where `committed_at` sits in an encoded header.

@@ -4,7 +4,7 @@
 
 use crate::args;
 use crate::errors;
-use crate::message::{FLAG_BINARY, FLAG_PRIVATE};
+use crate::message::{FLAG_BINARY, FLAG_PERSIST, FLAG_PRIVATE};
 use crate::payload;
 use crate::xact;
 use pgrx::pg_sys;
@@ -99,9 +99,11 @@ fn send_binary(fcinfo: pg_sys::FunctionCallInfo) {
 
 /// A client's broadcast, relayed by a sidecar so that every sidecar sees it in the one order
 /// the queue gives. `origin` names the sending connection (nonzero); the payload is passed
-/// through as the client sent it: JSON text, or bytes from a 2.0.0 binary push.
+/// through as the client sent it: JSON text, or bytes from a 2.0.0 binary push. `id` is the
+/// message's id when the sidecar chose it (a persisted message's row has the same one);
+/// `persist` marks a message its sender asked to keep, which Supabase's replay includes.
 #[pg_extern(sql = r#"
-CREATE FUNCTION realtime."relay"(origin bigint, topic text, event text, private boolean, payload json, binary_payload bytea)
+CREATE FUNCTION realtime."relay"(origin bigint, topic text, event text, private boolean, payload json, binary_payload bytea, id uuid DEFAULT NULL, persist boolean DEFAULT false)
 RETURNS void VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
 fn relay(fcinfo: pg_sys::FunctionCallInfo) {
@@ -113,13 +115,26 @@ fn relay(fcinfo: pg_sys::FunctionCallInfo) {
         let topic = args::required_text(fcinfo, 1, "topic");
         let event = args::required_text(fcinfo, 2, "event");
         let private = args::bool_or(fcinfo, 3, false);
-        let id = payload::new_id();
+        let id = match args::datum(fcinfo, 6) {
+            // A uuid datum points to its 16 bytes.
+            Some(d) => {
+                let mut id = [0u8; 16];
+                id.copy_from_slice(std::slice::from_raw_parts(d.cast_mut_ptr::<u8>(), 16));
+                id
+            }
+            None => payload::new_id(),
+        };
+        let persist = if args::bool_or(fcinfo, 7, false) {
+            FLAG_PERSIST
+        } else {
+            0
+        };
         match (args::datum(fcinfo, 4), args::datum(fcinfo, 5)) {
             (Some(json), None) => xact::append(
                 topic,
                 event,
                 args::varlena_bytes(json),
-                flags(private),
+                flags(private) | persist,
                 id,
                 origin,
             ),
@@ -127,7 +142,7 @@ fn relay(fcinfo: pg_sys::FunctionCallInfo) {
                 topic,
                 event,
                 args::varlena_bytes(bin),
-                flags(private) | FLAG_BINARY,
+                flags(private) | FLAG_BINARY | persist,
                 id,
                 origin,
             ),

@@ -21,4 +21,17 @@ SELECT realtime.relay(42, 'room:1', 'e', false, 'not json', NULL);
 SELECT * FROM take();
 
 -- Relaying speaks for a client connection: not for PUBLIC.
-SELECT has_function_privilege('public', 'realtime.relay(bigint,text,text,boolean,json,bytea)', 'EXECUTE') AS public_can_relay;
+SELECT has_function_privilege('public', 'realtime.relay(bigint,text,text,boolean,json,bytea,uuid,boolean)', 'EXECUTE') AS public_can_relay;
+
+-- A sidecar may choose the id (a persisted message's row shares it) and mark the message
+-- persisted: Supabase's replay (realtime.history with relayed => false) includes it, and
+-- leaves the other client broadcasts out.
+SELECT last_seq AS base FROM realtime.stats() \gset
+SELECT realtime.relay(42, 'room:p', 'kept', true, '{"k": 1}', NULL, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', true);
+SELECT realtime.relay(42, 'room:p', 'fleeting', true, '{"k": 2}', NULL);
+SELECT seq - :base AS seq, event, id = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11' AS chosen_id, origin FROM realtime.drain('test', NULL, 10, 0) ORDER BY seq;
+SELECT count(*) AS confirmed FROM take();
+SELECT seq - :base AS seq, kind, event FROM realtime.history(:base, '{room:p}', '{true}', relayed => false);
+SELECT seq - :base AS seq, kind, event FROM realtime.history(:base, '{room:p}', '{true}');
+-- The table persisted messages are kept in is the sidecar's alone.
+SELECT has_table_privilege('public', 'realtime.persisted_messages', 'SELECT') AS public_can_read_persisted;
