@@ -118,3 +118,53 @@ test('realtime-js replays the newest messages of a private channel (Supabase rep
     sidecar.kill('SIGTERM');
   }
 });
+
+test('realtime-js persisted broadcasts (send with persist, httpSend with persist) are replayed to a later joiner; the others are not', async () => {
+  const { process: sidecar, port } = await startSidecar(SECRET, 'history_js_persist');
+  const topic = `persist-js-${Date.now()}`;
+  for (const f of ['../../pgbench/supabase_auth.sql', '../tests/private_policies.sql']) {
+    await db.query(fs.readFileSync(new URL(f, import.meta.url), 'utf8'));
+  }
+  await db.query('INSERT INTO private_members VALUES ($1, $2, true)', [MEMBER, topic]);
+  const token = jwt(SECRET, { role: 'authenticated', sub: MEMBER, exp: Math.floor(Date.now() / 1000) + 3600 });
+  const since = Date.now() - 1000;
+  const writer = client(port);
+  const reader = client(port);
+  try {
+    await writer.setAuth(token);
+    const out = writer.channel(topic, { config: { private: true, broadcast: { ack: true } } });
+    await subscribed(out);
+    assert.equal(await out.send({ type: 'broadcast', event: 'kept', payload: { n: 1 }, persist: true }), 'ok');
+    assert.equal(await out.send({ type: 'broadcast', event: 'fleeting', payload: { n: 2 } }), 'ok');
+    assert.deepEqual(await out.httpSend('kept', { n: 3 }, { persist: { ttl: 60 } }), { success: true });
+    assert.deepEqual(await out.httpSend('kept-bin', new Uint8Array([7, 8, 9]).buffer, { persist: true }), { success: true });
+    const { rows } = await db.query(
+      "SELECT event, round(extract(epoch FROM expires_at - sent_at)) AS ttl FROM realtime.persisted_messages WHERE topic = $1 ORDER BY sent_at",
+      [topic],
+    );
+    assert.deepEqual(rows.map((r) => [r.event, Number(r.ttl)]), [['kept', 259200], ['kept', 60], ['kept-bin', 259200]]);
+
+    await reader.setAuth(token);
+    const got = [];
+    const replayed = reader.channel(topic, { config: { private: true, broadcast: { replay: { since } } } });
+    replayed.on('broadcast', { event: '*' }, (m) => got.push(m));
+    await subscribed(replayed);
+    // A live message once the replay arrived (the history was read before any of it was
+    // sent, so this one is live): nothing else was replayed in between.
+    await waitFor(() => got.length >= 3, 10000, 'the persisted messages');
+    await db.query(`SELECT realtime.send('{"n": 4}', 'live', $1, true)`, [topic]);
+    await waitFor(() => got.some((m) => m.event === 'live'), 10000, 'the live message');
+    const seen = (m) => (m.payload instanceof ArrayBuffer ? [...new Uint8Array(m.payload)] : m.payload.n);
+    assert.deepEqual(got.map((m) => [m.event, seen(m), m.meta.replayed === true]), [
+      ['kept', 1, true],
+      ['kept', 3, true],
+      ['kept-bin', [7, 8, 9], true],
+      ['live', 4, false],
+    ]);
+    for (const m of got.slice(0, 3)) assert.match(m.meta.id, /^[0-9a-f-]{36}$/);
+  } finally {
+    await close(writer);
+    await close(reader);
+    sidecar.kill('SIGTERM');
+  }
+});

@@ -95,7 +95,14 @@ pub fn push(
     m: &Inbound,
     b: ClientBroadcast,
 ) -> Result<(), Refusal> {
-    let ClientBroadcast { event, payload } = b;
+    let ClientBroadcast {
+        event,
+        payload,
+        persist,
+    } = b;
+    let persist = persist
+        .and_then(|ttl| crate::persist::check(ttl, key.private))
+        .map_err(Refusal::Persist)?;
     if key.private && !state.write {
         // Supabase drops these silently; an error reply says why instead.
         return Err(Refusal::WriteDenied {
@@ -109,6 +116,7 @@ pub fn push(
         reference: m.reference.clone(),
         topic: m.topic.clone(),
         ack: state.ack,
+        persist: persist.is_some(),
     };
     let broadcast = relay::Broadcast {
         origin: link.origin,
@@ -116,6 +124,7 @@ pub fn push(
         event,
         private: key.private,
         payload,
+        persist,
         reply,
     };
     if let Err(mpsc::error::TrySendError::Full(b)) = shared.relay.try_send(broadcast) {

@@ -285,8 +285,17 @@ impl Channels {
             Command::Broadcast(Ok(b)) => {
                 let ch = &self.channels[&m.topic];
                 let (key, state) = (&ch.key, &ch.broadcast);
+                let persisted = b.persist != Ok(None);
                 if let Err(why) = broadcast::push(&self.shared, &self.link, key, state, &m, b) {
-                    self.refuse(&m, why);
+                    let reply = crate::relay::refusal(&why.text(), persisted);
+                    self.push_text(frame::encode(
+                        self.link.vsn,
+                        m.join_ref.as_deref(),
+                        m.reference.as_deref(),
+                        &m.topic,
+                        "phx_reply",
+                        &reply,
+                    ));
                 }
             }
             Command::Broadcast(Err(why)) => self.refuse(&m, Refusal::UnableToBroadcast(why.into())),
@@ -510,6 +519,7 @@ impl Channels {
                 tx: self.link.tx.clone(),
                 too_slow: self.link.too_slow.clone(),
                 gate: gate.clone(),
+                carry: None,
             };
             if let Err(e) = self.shared.history.try_send(request) {
                 let request = match e {
@@ -899,7 +909,7 @@ mod tests {
         assert!(t.got("room", &[11, 12]).is_empty());
         // The history went through 11: 12 follows it, once; 11 again (a drainer behind the
         // history) does not, 13 does.
-        req.gate.open(5, 11, &req.tx, &req.too_slow);
+        req.gate.open(5, (11, vec![]), None, &req.tx, &req.too_slow);
         assert_eq!(t.got("room", &[11, 13]), vec![12, 13]);
         // The same join again on this socket (realtime-js may send two on a reconnect,
         // both naming the older position): it resumes after what this socket was sent.

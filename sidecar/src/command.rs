@@ -5,6 +5,7 @@
 use crate::frame::{self, DecodeError, Inbound, Vsn};
 use crate::hub::Payload;
 use crate::join_config::{self, JoinConfig};
+use crate::persist::{self, PersistError};
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -37,13 +38,24 @@ pub enum Command {
 pub struct ClientBroadcast {
     pub event: String,
     pub payload: Payload,
+    /// The ttl (seconds) to keep it for, if its sender asked (`persist`), or why what it
+    /// asked is not a ttl.
+    pub persist: Result<Option<i32>, PersistError>,
 }
 
-fn broadcast(event: String, payload: Payload) -> Result<ClientBroadcast, &'static str> {
+fn broadcast(
+    event: String,
+    payload: Payload,
+    persist: Result<Option<i32>, PersistError>,
+) -> Result<ClientBroadcast, &'static str> {
     if event.is_empty() || event.len() > MAX_EVENT_BYTES {
         return Err("the event name must be 1 to 255 bytes long");
     }
-    Ok(ClientBroadcast { event, payload })
+    Ok(ClientBroadcast {
+        event,
+        payload,
+        persist,
+    })
 }
 
 /// Parses a text frame of either serializer.
@@ -65,7 +77,8 @@ pub fn from_text(vsn: Vsn, text: &str) -> Result<Frame, DecodeError> {
                 None => Err("a broadcast needs an event name"),
                 Some(event) => {
                     let body = payload.get("payload").unwrap_or(&Value::Null);
-                    broadcast(event.to_owned(), Payload::Json(body.to_string()))
+                    let persist = persist::from_value(payload.get("persist"));
+                    broadcast(event.to_owned(), Payload::Json(body.to_string()), persist)
                 }
             })
         }
@@ -92,7 +105,13 @@ pub fn from_binary(bytes: &Bytes) -> Result<Frame, DecodeError> {
         event: "broadcast".into(),
         payload: Value::Null,
     };
-    let command = Command::Broadcast(payload.and_then(|p| broadcast(push.event, p)));
+    // realtime-js puts `persist` (and only its allow-listed keys) in the metadata.
+    let persist = match serde_json::from_slice::<Value>(&push.metadata) {
+        Ok(meta) => persist::from_value(meta.get("persist")),
+        Err(_) if push.metadata.is_empty() => Ok(None),
+        Err(_) => Err(PersistError::BadTtl),
+    };
+    let command = Command::Broadcast(payload.and_then(|p| broadcast(push.event, p, persist)));
     Ok(Frame { head, command })
 }
 
@@ -135,7 +154,8 @@ mod tests {
                 b,
                 ClientBroadcast {
                     event: "e".into(),
-                    payload: Payload::Json(r#"{"x":1}"#.into())
+                    payload: Payload::Json(r#"{"x":1}"#.into()),
+                    persist: Ok(None),
                 }
             ),
             other => panic!("{other:?}"),

@@ -108,6 +108,8 @@ pub struct BinaryPush {
     pub reference: Option<String>,
     pub topic: String,
     pub event: String,
+    /// The push's metadata (JSON, realtime-js's allow-listed keys: `persist`), or empty.
+    pub metadata: Bytes,
     pub encoding: u8,
     pub payload: Bytes,
 }
@@ -144,13 +146,14 @@ pub fn decode_binary(frame: &Bytes) -> Result<BinaryPush, DecodeError> {
     let reference = text(field(lens[1])?)?;
     let topic = text(field(lens[2])?)?;
     let event = text(field(lens[3])?)?;
-    let _metadata = field(lens[4])?;
+    let metadata = field(lens[4])?;
     let payload = frame.slice(at..);
     Ok(BinaryPush {
         join_ref: (!join_ref.is_empty()).then_some(join_ref),
         reference: (!reference.is_empty()).then_some(reference),
         topic,
         event,
+        metadata,
         encoding,
         payload,
     })
@@ -247,21 +250,19 @@ pub struct Meta<'a> {
 
 impl Meta<'_> {
     pub fn json(&self) -> String {
-        let mut s = String::with_capacity(96);
-        s.push('{');
+        let mut fields = Vec::with_capacity(4);
         if let Some(id) = self.id {
-            s.push_str("\"id\":");
-            push_json_str(&mut s, id);
-            s.push(',');
+            fields.push(format!("\"id\":{}", Value::String(id.to_owned())));
         }
         if self.replayed {
-            s.push_str("\"replayed\":true,");
+            fields.push("\"replayed\":true".to_owned());
         }
-        s.push_str(&format!(
-            "\"epoch\":\"{}\",\"seq\":{}}}",
-            self.epoch, self.seq
-        ));
-        s
+        // Sequence 0: a persisted message replayed from its table after the ring dropped
+        // it; it has no position any more.
+        if self.seq > 0 {
+            fields.push(format!("\"epoch\":\"{}\",\"seq\":{}", self.epoch, self.seq));
+        }
+        format!("{{{}}}", fields.join(","))
     }
 }
 

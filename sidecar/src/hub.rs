@@ -222,7 +222,7 @@ impl Hub {
             match &sub.gate {
                 None => self.deliver(sub, f.clone()),
                 Some(gate) => {
-                    if let Some(f) = gate.pass(m.epoch, m.seq, f, &sub.too_slow) {
+                    if let Some(f) = gate.pass(m.epoch, m.seq, f) {
                         self.deliver(sub, f);
                     }
                 }

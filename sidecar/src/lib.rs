@@ -90,7 +90,7 @@
 //! replay and resume (what a join asks, the batched read, the gate) · `hub` topics and
 //! fan-out ·
 //! `drainer` the queue side · `authorizer` batched `realtime.authorize` · `relay` batched
-//! `realtime.relay` · `db_worker` what those two share (reconnects, batches) · `reason`
+//! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what those two share (reconnects, batches) · `reason`
 //! every reason a client can be given · `jwt` · `metrics` · `config` · `state` · `shutdown`.
 
 pub mod authorizer;
@@ -108,6 +108,7 @@ pub mod hub;
 pub mod join_config;
 pub mod jwt;
 pub mod metrics;
+pub mod persist;
 pub mod postgres_changes;
 pub mod reason;
 pub mod relay;
@@ -146,7 +147,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         relay: relay_tx,
         authorize: authorize_tx,
         check: check_tx,
-        history: history_tx,
+        history: history_tx.clone(),
         changes: changes.clone(),
         instance: state::instance_id(),
     });
@@ -179,6 +180,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let history = tokio::spawn(history::fetch::run(
         cfg.clone(),
         history_rx,
+        history_tx.clone(),
         metrics.clone(),
         shutdown.clone(),
     ));

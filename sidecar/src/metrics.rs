@@ -57,6 +57,7 @@ pub struct Metrics {
     pub history_calls_total: Counter,
     pub history_messages_total: Counter,
     pub history_unrecovered_total: Counter,
+    pub persisted_expired_total: Counter,
     /// Age (seconds) of the oldest message the queue retains: how far back a resume reaches.
     pub retained_seconds: Gauge,
     /// Sequence of the last message this sidecar drained.
@@ -229,6 +230,10 @@ impl Default for Metrics {
                 "realtime_history_unrecovered_total",
                 "resumes answered recovered: false (evicted, another epoch, a position ahead, or the database unreadable)",
             ),
+            persisted_expired_total: r.counter(
+                "realtime_persisted_expired_total",
+                "persisted client broadcasts deleted past their ttl",
+            ),
             retained_seconds: r.gauge(
                 "realtime_queue_retained_seconds",
                 "age of the oldest message the queue retains: how far back a resume reaches",
@@ -315,7 +320,7 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 29] = [
+    const COUNTERS: [&str; 30] = [
         "realtime_auth_batches_total",
         "realtime_auth_requests_total",
         "realtime_client_broadcasts_total",
@@ -345,6 +350,7 @@ mod tests {
         "realtime_history_calls_total",
         "realtime_history_messages_total",
         "realtime_history_unrecovered_total",
+        "realtime_persisted_expired_total",
     ];
     const GAUGES: [&str; 8] = [
         "realtime_connections",

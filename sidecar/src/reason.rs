@@ -7,6 +7,7 @@
 use crate::authorizer::DbFailure;
 use crate::history::ask::AskError;
 use crate::jwt::JwtError;
+use crate::persist::PersistError;
 use crate::postgres_changes::BindingError;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
@@ -71,6 +72,8 @@ pub enum Refusal {
     PostgresChanges(BindingError),
     /// A `replay` or `resume` that cannot be served.
     History(AskError),
+    /// A broadcast that asked to be kept and cannot be.
+    Persist(PersistError),
     /// No read permission; with the role guard's refusal when that is the cause.
     ReadDenied {
         topic: String,
@@ -106,6 +109,7 @@ impl Refusal {
             }
             Refusal::PostgresChanges(why) => why.text(),
             Refusal::History(why) => why.text(),
+            Refusal::Persist(why) => why.text(),
             Refusal::ReadDenied { topic, role_refusal } => {
                 let mut t = format!("Unauthorized: You do not have permissions to read from this Channel topic: {topic}");
                 if let Some(r) = role_refusal {

@@ -19,6 +19,16 @@ const BATCH: usize = 1000;
 const RELAY_SQL: &str = "SELECT count(realtime.relay(o, t, e, p, j::json, b)) \
      FROM unnest($1::int8[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::bytea[]) AS u(o, t, e, p, j, b)";
 
+/// A batch with persisted messages: those are also written to realtime.persisted_messages
+/// with their expiry, under the id the queue gets too, in the same statement (so a message
+/// is kept if and only if it was relayed). Batches without any use the statement above.
+const RELAY_PERSIST_SQL: &str = "WITH m AS (SELECT gen_random_uuid() AS id, u.* \
+     FROM unnest($1::int8[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::bytea[], $7::int4[]) \
+     AS u(o, t, e, p, j, b, ttl)), \
+     kept AS (INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, binary_payload, expires_at) \
+     SELECT id, t, p, e, j::json, b, clock_timestamp() + ttl * interval '1 second' FROM m WHERE ttl IS NOT NULL) \
+     SELECT count(realtime.relay(o, t, e, p, j::json, b, id, ttl IS NOT NULL)) FROM m";
+
 /// Why a broadcast was not relayed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Failure {
@@ -51,6 +61,8 @@ pub enum AckTo {
         reference: Option<String>,
         topic: String,
         ack: bool,
+        /// The push asked to be kept: realtime-js returns a refusal's `response.error` then.
+        persist: bool,
     },
     /// A REST request, answered once all its messages are settled.
     Http(oneshot::Sender<Result<(), Failure>>),
@@ -65,6 +77,7 @@ impl AckTo {
             reference,
             topic,
             ack,
+            persist,
         } = self
         else {
             if let AckTo::Http(tx) = self {
@@ -88,7 +101,7 @@ impl AckTo {
                 reference.as_deref(),
                 &topic,
                 "phx_reply",
-                &json!({"status": "error", "response": {"reason": f.reason()}}),
+                &refusal(&f.reason(), persist),
             ),
             (Err(f), false) => {
                 frame::system(vsn, join_ref.as_deref(), &topic, "error", &f.reason())
@@ -99,6 +112,16 @@ impl AckTo {
     }
 }
 
+/// An error reply's payload: Supabase's `reason`, and for a push that asked to be kept,
+/// the same text as `error`, which realtime-js returns to the app for such pushes.
+pub fn refusal(why: &str, persist: bool) -> serde_json::Value {
+    let mut response = json!({ "reason": why });
+    if persist {
+        response["error"] = json!(why);
+    }
+    json!({"status": "error", "response": response})
+}
+
 /// A client broadcast on its way to the database.
 pub struct Broadcast {
     pub origin: i64,
@@ -106,6 +129,8 @@ pub struct Broadcast {
     pub event: String,
     pub private: bool,
     pub payload: Payload,
+    /// Keep it for this many seconds (`persist`).
+    pub persist: Option<i32>,
     pub reply: AckTo,
 }
 
@@ -240,12 +265,22 @@ async fn relay(
             Payload::Json(_) => None,
         })
         .collect();
-    client
-        .execute(
-            RELAY_SQL,
-            &[&origins, &topics, &events, &privates, &json, &binary],
-        )
-        .await?;
+    let ttls: Vec<Option<i32>> = batch.iter().map(|m| m.persist).collect();
+    if ttls.iter().any(Option::is_some) {
+        client
+            .execute(
+                RELAY_PERSIST_SQL,
+                &[&origins, &topics, &events, &privates, &json, &binary, &ttls],
+            )
+            .await?;
+    } else {
+        client
+            .execute(
+                RELAY_SQL,
+                &[&origins, &topics, &events, &privates, &json, &binary],
+            )
+            .await?;
+    }
     Ok(())
 }
 
@@ -286,6 +321,7 @@ mod tests {
             reference: Some(event.into()),
             topic: "realtime:room".into(),
             ack,
+            persist: false,
         };
         (broadcast(event, reply), rx)
     }
@@ -297,6 +333,7 @@ mod tests {
             event: event.into(),
             private: false,
             payload: Payload::Json("{}".into()),
+            persist: None,
             reply,
         }
     }

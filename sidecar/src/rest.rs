@@ -7,6 +7,7 @@
 
 use crate::authorizer::{self, Identity, Verdict};
 use crate::hub::Payload;
+use crate::persist::{self, PersistError};
 use crate::reason::Refusal;
 use crate::relay::{self, AckTo, Failure};
 use crate::state::Shared;
@@ -180,9 +181,12 @@ async fn check_writes<'a>(
 }
 
 /// Relays the messages and answers once all have committed (202) or one failed.
-async fn relay_all(shared: &Shared, messages: Vec<(String, String, bool, Payload)>) -> Outcome {
+/// One message to relay: topic, event, private, payload, and the ttl to keep it for.
+type ToRelay = (String, String, bool, Payload, Option<i32>);
+
+async fn relay_all(shared: &Shared, messages: Vec<ToRelay>) -> Outcome {
     let mut waits = Vec::with_capacity(messages.len());
-    for (topic, event, private, payload) in messages {
+    for (topic, event, private, payload, persist) in messages {
         let (tx, rx) = oneshot::channel();
         let broadcast = relay::Broadcast {
             origin: shared.origin(u64::from(u32::MAX)),
@@ -190,6 +194,7 @@ async fn relay_all(shared: &Shared, messages: Vec<(String, String, bool, Payload
             event,
             private,
             payload,
+            persist,
             reply: AckTo::Http(tx),
         };
         if shared.relay.send(broadcast).await.is_err() {
@@ -249,7 +254,8 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
         .into_iter()
         .map(|m| {
             let payload = Payload::Json(m.payload.to_string());
-            (m.topic, m.event, m.private, payload)
+            // Supabase's batch endpoint does not persist (realtime-js says so too).
+            (m.topic, m.event, m.private, payload, None)
         })
         .collect();
     relay_all(shared, messages).await
@@ -263,8 +269,8 @@ pub struct Single {
     pub event: String,
     pub private: bool,
     /// `persist=true` or `persist[ttl]=N`: keep the message for replay (realtime-js's
-    /// `httpSend(..., {persist})`).
-    pub persist: bool,
+    /// `httpSend(..., {persist})`), for this ttl in seconds; or why it cannot be kept.
+    pub persist: Result<Option<i32>, PersistError>,
 }
 
 impl Single {
@@ -281,7 +287,10 @@ impl Single {
             topic: crate::url::decode_path(topic),
             event: crate::url::decode_path(event),
             private: flag("private"),
-            persist: flag("persist") || query.contains_key("persist[ttl]"),
+            persist: persist::from_query(
+                query.get("persist").map(String::as_str),
+                query.get("persist[ttl]").map(String::as_str),
+            ),
         })
     }
 }
@@ -294,12 +303,14 @@ pub async fn broadcast_one(req: Request<Incoming>, shared: &Shared, single: Sing
         Ok(who) => who,
         Err(outcome) => return outcome,
     };
-    if single.persist {
-        // Replay of client broadcasts is not built: refused rather than sent unkept.
-        return invalid_error(
-            "PersistNotSupported: this server does not keep broadcasts for replay yet; send without persist",
-        );
-    }
+    let persist = match single
+        .persist
+        .clone()
+        .and_then(|ttl| persist::check(ttl, single.private))
+    {
+        Ok(ttl) => ttl,
+        Err(why) => return invalid_error(&why.text()),
+    };
     if let Err(why) = crate::join_config::validate_sub_topic(&single.topic) {
         return invalid_error(&why.text());
     }
@@ -344,7 +355,7 @@ pub async fn broadcast_one(req: Request<Incoming>, shared: &Shared, single: Sing
     }
     relay_all(
         shared,
-        vec![(single.topic, single.event, single.private, payload)],
+        vec![(single.topic, single.event, single.private, payload, persist)],
     )
     .await
 }
@@ -378,11 +389,13 @@ mod tests {
                 topic: "room:1/a+b".into(),
                 event: "ping it".into(),
                 private: true,
-                persist: false,
+                persist: Ok(None),
             })
         );
         let ttl = Single::from_path("/api/broadcast/t/events/e", &q(&[("persist[ttl]", "60")]));
-        assert!(ttl.unwrap().persist);
+        assert_eq!(ttl.unwrap().persist, Ok(Some(60)));
+        let bad = Single::from_path("/api/broadcast/t/events/e", &q(&[("persist[ttl]", "0")]));
+        assert_eq!(bad.unwrap().persist, Err(PersistError::BadTtl));
         assert_eq!(Single::from_path("/api/broadcast", &q(&[])), None);
         assert_eq!(Single::from_path("/api/broadcast/t/events/", &q(&[])), None);
         assert_eq!(

@@ -149,7 +149,10 @@ async fn resume_after_a_dropped_socket_at_1000_a_second_loses_and_repeats_nothin
     drop(a);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (epoch, seq) = last_position(&first);
-    let mut b = Client::connect(sidecar.port, "1.0.0").await;
+    // It comes back through another sidecar (a second process taking the first one's
+    // clients): positions are the queue's, the same for every sidecar.
+    let other = Sidecar::start("t_history_drop_other", &[]).await;
+    let mut b = Client::connect(other.port, "1.0.0").await;
     assert_eq!(resume(&mut b, &topic, &epoch, seq).await["status"], "ok");
     let second = read_until(&mut b, 30, has_n(2999)).await;
     publisher.await.unwrap();
@@ -187,7 +190,35 @@ async fn resume_after_a_dropped_socket_at_1000_a_second_loses_and_repeats_nothin
             assert!(*s > seq);
         }
     }
-    assert!(sidecar.metric("realtime_history_messages_total").await >= resent as f64);
+    assert!(other.metric("realtime_history_messages_total").await >= resent as f64);
+    drop(sidecar);
+}
+
+#[tokio::test]
+async fn a_resume_longer_than_the_outbound_queue_is_paced_not_cut_off() {
+    let _serial = SERIAL.lock().await;
+    // A history ten times the socket's outbound queue: sent all at once, it would overflow
+    // it and the client would be cut off as too slow.
+    let sidecar = Sidecar::start("t_history_paced", &[("MAX_OUTBOUND_FRAMES", "500")]).await;
+    let db = db().await;
+    let topic = topic("resume:paced");
+    let mut a = Client::connect(sidecar.port, "1.0.0").await;
+    a.join_public(&format!("realtime:{topic}")).await;
+    send(&db, &topic, 0, 1, false).await;
+    let (epoch, seq) = last_position(&read_until(&mut a, 10, has_n(0)).await);
+    drop(a);
+    send(&db, &topic, 1, 5001, false).await;
+    let mut b = Client::connect(sidecar.port, "1.0.0").await;
+    assert_eq!(resume(&mut b, &topic, &epoch, seq).await["status"], "ok");
+    let got = read_until(&mut b, 60, |g| !system(g).is_empty()).await;
+    assert_eq!(ns(&got), (1..5001).collect::<Vec<_>>());
+    let sys = &system(&got)[0];
+    assert_eq!(
+        (&sys["recovered"], &sys["resent"]),
+        (&json!(true), &json!(5000)),
+        "{sys}"
+    );
+    assert_eq!(sidecar.metric("realtime_slow_disconnects_total").await, 0.0);
 }
 
 #[tokio::test]
@@ -359,11 +390,12 @@ async fn resume_of_another_epoch_or_from_the_future_or_malformed_is_told_not_cra
             "{r}"
         );
     }
-    // Never another topic's messages: a resume from 0 on an empty topic gets nothing.
+    // Never another topic's messages: a resume on a topic nobody sent to, from a position
+    // before the three messages sent above to another topic, gets nothing.
     let mut c = Client::connect(sidecar.port, "1.0.0").await;
     let empty = topic_name_never_sent();
     assert_eq!(
-        resume(&mut c, &empty, &epoch.to_string(), 0).await["status"],
+        resume(&mut c, &empty, &epoch.to_string(), last - 3).await["status"],
         "ok"
     );
     let got = read_until(&mut c, 10, |g| !system(g).is_empty()).await;
@@ -435,9 +467,11 @@ async fn supabase_replay_sends_the_newest_database_messages_once_and_needs_read(
         (20..30).collect::<Vec<_>>(),
         "the newest 10, oldest first"
     );
-    assert!(got
-        .iter()
-        .all(|g| matches!(g, Got::Broadcast { replayed: true, .. })));
+    assert!(
+        got.iter()
+            .all(|g| matches!(g, Got::Broadcast { replayed: true, .. })),
+        "{got:?}"
+    );
     assert!(
         system(&got).is_empty(),
         "Supabase sends no system message for a replay"
@@ -446,13 +480,17 @@ async fn supabase_replay_sends_the_newest_database_messages_once_and_needs_read(
     send(&db, &topic, 30, 31, true).await;
     let live = read_until(&mut c, 10, has_n(30)).await;
     assert_eq!(ns(&live), vec![30]);
-    assert!(matches!(
-        live[0],
-        Got::Broadcast {
-            replayed: false,
-            ..
-        }
-    ));
+    assert!(
+        matches!(
+            live.last(),
+            Some(Got::Broadcast {
+                replayed: false,
+                ..
+            })
+        ),
+        "{live:?}"
+    );
+    assert!(system(&live).is_empty(), "{live:?}");
 
     // Without a limit: Supabase's 25. A limit above it is capped.
     for replay in [
@@ -512,4 +550,178 @@ async fn supabase_replay_sends_the_newest_database_messages_once_and_needs_read(
             .starts_with("UnableToReplayMessages: Replay params are not valid"),
         "{r}"
     );
+}
+
+/// A 2.0.0 binary push (kind 3) with `metadata` (realtime-js puts `persist` there).
+fn binary_push(
+    topic: &str,
+    event: &str,
+    metadata: &str,
+    payload: &str,
+) -> tokio_tungstenite::tungstenite::Message {
+    let (join_ref, reference) = ("1", "9");
+    let mut f = vec![
+        3u8,
+        join_ref.len() as u8,
+        reference.len() as u8,
+        topic.len() as u8,
+        event.len() as u8,
+        metadata.len() as u8,
+        1,
+    ];
+    for part in [join_ref, reference, topic, event, metadata, payload] {
+        f.extend_from_slice(part.as_bytes());
+    }
+    tokio_tungstenite::tungstenite::Message::binary(f)
+}
+
+#[tokio::test]
+async fn persisted_client_broadcasts_are_replayed_even_after_the_ring_dropped_them() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start("t_history_persist", &[]).await;
+    let db = private_setup().await;
+    let topic = topic("persist:room");
+    db.execute(
+        "INSERT INTO private_members VALUES ($1::text::uuid, $2, true)",
+        &[&MEMBER, &topic],
+    )
+    .await
+    .unwrap();
+    let since: i64 = db
+        .query_one("SELECT (extract(epoch FROM now()) * 1000)::int8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let mut w = Client::connect(sidecar.port, "2.0.0").await;
+    let r = join_private(&mut w, &topic, MEMBER, json!({"ack": true})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let channel = format!("realtime:{topic}");
+    // Kept (binary push metadata, as realtime-js sends it), not kept, kept for 60 s (a
+    // text push's `persist`).
+    w.send_raw(binary_push(
+        &channel,
+        "kept",
+        r#"{"persist":true}"#,
+        r#"{"n":1}"#,
+    ))
+    .await;
+    assert_eq!(w.reply("9").await["status"], "ok");
+    let r = w.broadcast(&channel, "fleeting", json!({"n": 2})).await;
+    assert_eq!(w.reply(&r).await["status"], "ok");
+    let body =
+        json!({"type": "broadcast", "event": "kept", "payload": {"n": 3}, "persist": {"ttl": 60}});
+    let r = w.push(Some("1"), &channel, "broadcast", body).await;
+    assert_eq!(w.reply(&r).await["status"], "ok");
+    let rows = db
+        .query(
+            "SELECT event, extract(epoch FROM expires_at - sent_at)::int AS ttl FROM realtime.persisted_messages \
+             WHERE topic = $1 ORDER BY sent_at",
+            &[&topic],
+        )
+        .await
+        .unwrap();
+    let kept: Vec<(String, i32)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(kept, vec![("kept".into(), 259_200), ("kept".into(), 60)]);
+
+    // Refused by name, in `response.error` too (realtime-js hands that to the app): a
+    // public channel, a bad ttl.
+    let mut p = Client::connect(sidecar.port, "1.0.0").await;
+    p.join_public(&format!("realtime:{topic}:public")).await;
+    let body = json!({"type": "broadcast", "event": "e", "payload": {}, "persist": true});
+    let r = p
+        .push(
+            Some("1"),
+            &format!("realtime:{topic}:public"),
+            "broadcast",
+            body,
+        )
+        .await;
+    let reply = p.reply(&r).await;
+    assert_eq!(
+        reply["response"]["error"],
+        "PersistNotAllowed: only messages on private channels can be persisted",
+        "{reply}"
+    );
+    let body = json!({"type": "broadcast", "event": "e", "payload": {}, "persist": {"ttl": 0}});
+    let r = w.push(Some("1"), &channel, "broadcast", body).await;
+    let reply = w.reply(&r).await;
+    assert!(
+        reply["response"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("InvalidPersist: "),
+        "{reply}"
+    );
+
+    // REST (realtime-js's httpSend): kept on a private topic; refused on a public one.
+    let auth = format!("Bearer {}", user_token(MEMBER));
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    let path =
+        format!("/realtime/v1/api/broadcast/{topic}/events/kept?private=true&persist%5Bttl%5D=120");
+    let (status, body) = http(sidecar.port, "POST", &path, &headers, r#"{"n":4}"#)
+        .await
+        .unwrap();
+    assert_eq!(status, 202, "{body}");
+    let path = format!("/api/broadcast/{topic}/events/kept?persist=true");
+    let (status, body) = http(sidecar.port, "POST", &path, &headers, r#"{"n":5}"#)
+        .await
+        .unwrap();
+    assert_eq!(status, 422);
+    assert!(body.contains("PersistNotAllowed"), "{body}");
+
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let r = join_private(&mut c, &topic, MEMBER, json!({"replay": {"since": since}})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    // Everything replayed comes before this live message.
+    send(&db, &topic, 99, 100, true).await;
+    let got = read_until(&mut c, 10, has_n(99)).await;
+    assert_eq!(ns(&got), vec![1, 3, 4, 99], "the kept ones, then live");
+
+    // The ring moves on (more than its size sent on another topic): the kept messages are
+    // still replayed, from their table, without a position; the database's are gone.
+    let capacity: i64 = db
+        .query_one("SELECT capacity_bytes FROM realtime.stats()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for _ in 0..(capacity / 900_000 + 2) {
+        db.execute(
+            "SELECT realtime.send(jsonb_build_object('pad', repeat('x', 900000)), 'pad', 'evict', false)",
+            &[],
+        )
+        .await
+        .unwrap();
+    }
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let r = join_private(&mut c, &topic, MEMBER, json!({"replay": {"since": since}})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    send(&db, &topic, 100, 101, true).await;
+    let mut metas = Vec::new();
+    loop {
+        let m = c
+            .next_json(10)
+            .await
+            .expect("the replayed and the live messages");
+        if m["event"] != "broadcast" {
+            continue;
+        }
+        let n = m["payload"]["payload"]["n"].as_i64().unwrap();
+        metas.push((n, m["payload"]["meta"].clone()));
+        if n == 100 {
+            break;
+        }
+    }
+    let ns: Vec<i64> = metas.iter().map(|(n, _)| *n).collect();
+    assert_eq!(ns, vec![1, 3, 4, 100]);
+    for (n, meta) in &metas[..3] {
+        assert_eq!(meta["replayed"], true, "{n}: {meta}");
+        assert!(
+            meta.get("seq").is_none(),
+            "{n}: no position once the ring dropped it: {meta}"
+        );
+        assert!(meta["id"].is_string(), "{n}: {meta}");
+    }
 }

@@ -56,6 +56,15 @@ async fn postgres_restart_is_survived_and_nothing_committed_since_is_lost() {
     let mut c = Client::connect(sidecar.port, "1.0.0").await;
     c.join_public("realtime:survive").await;
     let db = db().await;
+    // A position of the epoch before the restart, for the resume at the end.
+    db.execute(
+        "SELECT realtime.send('{\"before\": 1}', 'ev', 'survive', false)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let before = c.next_json(10).await.expect("a message before the restart");
+    let old_meta = before["payload"]["meta"].clone();
     db.batch_execute("ALTER ROLE realtime_sidecar NOLOGIN")
         .await
         .unwrap();
@@ -101,4 +110,39 @@ async fn postgres_restart_is_survived_and_nothing_committed_since_is_lost() {
     .unwrap();
     let m = c.next_json(10).await.expect("delivery resumes");
     assert_eq!(m["payload"]["payload"]["after"], "restart");
+
+    // A client that was away across the restart resumes with its old position: it gets what
+    // the new epoch holds of the topic, and a system message naming the epoch change. (Also
+    // a fixed bug: the history task's connection had died with the restart, and the first
+    // resume after it was told the database could not be read, with nothing resent.)
+    let mut late = Client::connect(sidecar.port, "1.0.0").await;
+    let r = late
+        .join(
+            "realtime:survive",
+            serde_json::json!({"broadcast": {"resume": old_meta}}),
+        )
+        .await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let mut payloads = Vec::new();
+    let system = loop {
+        let m = late.next_json(10).await.expect("the resume's messages");
+        match m["event"].as_str() {
+            Some("broadcast") => payloads.push(m["payload"]["payload"].clone()),
+            Some("system") => break m["payload"].clone(),
+            _ => {}
+        }
+    };
+    assert_eq!(
+        payloads.len(),
+        4,
+        "the 3 sent while away and the one after: {payloads:?}"
+    );
+    assert_eq!(system["recovered"], false, "{system}");
+    assert_eq!(system["epoch_changed"], true, "{system}");
+    assert_ne!(system["epoch"], old_meta["epoch"]);
+    assert_eq!(
+        system["first_missing"],
+        old_meta["seq"].as_i64().unwrap() + 1,
+        "{system}"
+    );
 }

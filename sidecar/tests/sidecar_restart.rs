@@ -58,7 +58,8 @@ async fn sidecar_restart_resumes_from_its_slot_without_loss() {
     .await
     .unwrap();
     let after = last_seq(&db).await;
-    let second = Sidecar::start("t_resume", &[]).await;
+    // start_on, not start: the same slot, as a restarted sidecar finds it.
+    let second = Sidecar::start_on(free_port(), "t_resume", &[]).await;
     drained_to(&second, after).await;
     assert_eq!(second.metric("realtime_drain_messages_total").await, 5.0);
     assert_eq!(

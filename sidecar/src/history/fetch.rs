@@ -8,7 +8,7 @@
 //! slow client), and finally its gate opens (`gate`).
 
 use super::ask::Ask;
-use super::gate::Gate;
+use super::gate::{Gate, Opened};
 use crate::config::Config;
 use crate::db_worker;
 use crate::frame::{self, Vsn};
@@ -39,6 +39,22 @@ const SQL: &str = "SELECT seq, kind, topic, event, payload::text AS payload, bin
      lost_first, lost_last, origin \
      FROM realtime.history($1, $2, $3, to_timestamp($4::float8 / 1000), $5, $6, $7)";
 
+/// The newest persisted client broadcasts (`persist`) of the topics since a time, at most
+/// Supabase's 25 per topic, not expired: what a replay adds from the table when the ring no
+/// longer holds them.
+const PERSISTED_SQL: &str =
+    "SELECT id::text AS id, topic, private, event, payload::text AS payload, \
+     binary_payload, (extract(epoch FROM sent_at) * 1000000)::int8 AS committed_us FROM ( \
+     SELECT m.*, row_number() OVER (PARTITION BY m.topic, m.private ORDER BY m.sent_at DESC) AS r \
+     FROM realtime.persisted_messages m JOIN unnest($1::text[], $2::bool[]) AS k(t, p) \
+     ON m.topic = k.t AND m.private = k.p \
+     WHERE m.sent_at >= to_timestamp($3::float8 / 1000) AND m.expires_at > now()) x WHERE r <= $4";
+
+/// Persisted messages past their ttl are deleted this often (by every sidecar: the delete
+/// is idempotent and cheap on the expiry index).
+const EXPIRE_EVERY: Duration = Duration::from_secs(60);
+const EXPIRE_SQL: &str = "DELETE FROM realtime.persisted_messages WHERE expires_at < now()";
+
 const EPOCH_SQL: &str =
     "SELECT (extract(epoch FROM epoch) * 1000000)::int8 AS epoch FROM realtime.stats()";
 
@@ -51,7 +67,27 @@ pub struct Request {
     pub tx: mpsc::Sender<Message>,
     pub too_slow: Arc<Notify>,
     pub gate: Arc<Gate>,
+    /// Set on a further pass (the gate overflowed while the last one was sent: `gate`).
+    pub carry: Option<Carry>,
 }
+
+/// What earlier passes of one join's history came to, for its final system message.
+#[derive(Clone, Debug, Default)]
+pub struct Carry {
+    /// The position the client resumed from (None for Supabase's replay, which ends with
+    /// no system message).
+    pub from: Option<(i64, i64)>,
+    pub resent: usize,
+    /// The first and last sequence found evicted, over all passes.
+    pub missing: Option<(i64, i64)>,
+    pub passes: u32,
+    /// What a replay sent (it filters the topic's messages, so a later pass must not send
+    /// these again, and must send the others).
+    pub skip: Vec<i64>,
+}
+
+/// Passes at most before a client that cannot catch up is cut off as too slow.
+const MAX_PASSES: u32 = 100;
 
 /// One message of a history call's result.
 struct Found {
@@ -81,14 +117,20 @@ struct Read {
     through: i64,
 }
 
+/// `again` is this task's own queue, where a join whose gate overflowed comes back for its
+/// next pass.
 pub async fn run(
     cfg: Arc<Config>,
     mut rx: mpsc::Receiver<Request>,
+    again: mpsc::Sender<Request>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let fail_metrics = metrics.clone();
     let fail = move |r: Request| unavailable(r, &fail_metrics);
+    // Joins whose read found the connection gone (Postgres restarted, say): served once more
+    // on the next connection rather than told the database could not be read.
+    let mut retry: Vec<Request> = Vec::new();
     loop {
         let Some(client) =
             db_worker::connect(&cfg, "history", &mut rx, &mut shutdown, fail.clone()).await
@@ -102,7 +144,25 @@ pub async fn run(
                 continue;
             }
         };
-        while let Some(batch) = db_worker::next_batch(&mut rx, BATCH, &mut shutdown).await {
+        let mut expire = tokio::time::interval(EXPIRE_EVERY);
+        let mut retried = std::mem::take(&mut retry);
+        loop {
+            let batch = if !retried.is_empty() {
+                Some(std::mem::take(&mut retried))
+            } else {
+                tokio::select! {
+                    b = db_worker::next_batch(&mut rx, BATCH, &mut shutdown) => b,
+                    _ = expire.tick() => {
+                        expire_persisted(&client, &cfg, &metrics).await;
+                        continue;
+                    }
+                }
+            };
+            let Some(batch) = batch else { break };
+            if client.is_closed() {
+                retry = batch;
+                break;
+            }
             metrics.history_requests_total.increment(batch.len() as u64);
             let (resumes, replays): (Vec<_>, Vec<_>) = batch
                 .into_iter()
@@ -113,18 +173,22 @@ pub async fn run(
                     continue;
                 }
                 if lost {
-                    group.into_iter().for_each(|r| unavailable(r, &metrics));
+                    retry.extend(group);
                     continue;
                 }
                 let served = if resume {
-                    serve_resumes(&client, &cfg, epoch, group, &metrics).await
+                    serve_resumes(&client, &cfg, epoch, group, &again, &metrics).await
                 } else {
-                    serve_replays(&client, &cfg, epoch, group, &metrics).await
+                    serve_replays(&client, &cfg, epoch, group, &again, &metrics).await
                 };
                 if let Err((e, group)) = served {
                     tracing::warn!(error = %e, "realtime.history failed");
-                    group.into_iter().for_each(|r| unavailable(r, &metrics));
                     lost = client.is_closed();
+                    if lost {
+                        retry.extend(group);
+                    } else {
+                        group.into_iter().for_each(|r| unavailable(r, &metrics));
+                    }
                 }
             }
             if lost {
@@ -132,12 +196,82 @@ pub async fn run(
             }
         }
         if *shutdown.borrow() || rx.is_closed() {
+            retry.into_iter().for_each(|r| unavailable(r, &metrics));
             return;
         }
     }
 }
 
 type Served = Result<(), (String, Vec<Request>)>;
+
+async fn expire_persisted(client: &Client, cfg: &Config, metrics: &Metrics) {
+    match tokio::time::timeout(cfg.db_call_deadline(), client.execute(EXPIRE_SQL, &[])).await {
+        Ok(Ok(n)) => metrics.persisted_expired_total.increment(n),
+        Ok(Err(e)) => tracing::warn!(error = %e, "deleting expired persisted messages failed"),
+        Err(_) => tracing::warn!("deleting expired persisted messages did not answer in time"),
+    }
+}
+
+/// Adds the persisted messages of `keys` since `since_ms` that the ring no longer holds
+/// (no position: their sequence is 0), and puts everything in commit-time order.
+async fn add_persisted(
+    client: &Client,
+    cfg: &Config,
+    keys: &[TopicKey],
+    since_ms: i64,
+    epoch: i64,
+    read: &mut Read,
+) -> Result<(), String> {
+    let topics: Vec<&str> = keys.iter().map(|k| k.topic.as_str()).collect();
+    let private: Vec<bool> = keys.iter().map(|k| k.private).collect();
+    let since = since_ms as f64;
+    let newest = i64::from(super::ask::MAX_REPLAY);
+    let params: [&(dyn ToSql + Sync); 4] = [&topics, &private, &since, &newest];
+    let rows = tokio::time::timeout(cfg.db_call_deadline(), client.query(PERSISTED_SQL, &params))
+        .await
+        .map_err(|_| "reading persisted messages did not answer in time".to_owned())?
+        .map_err(|e| {
+            e.as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_owned())
+        })?;
+    let held: std::collections::HashSet<String> = read
+        .found
+        .iter()
+        .filter_map(|f| f.message.id.clone())
+        .collect();
+    for row in rows {
+        let id: String = row.get("id");
+        if held.contains(&id) {
+            continue;
+        }
+        let payload = match row.get::<_, Option<Vec<u8>>>("binary_payload") {
+            Some(b) => Payload::Binary(Bytes::from(b)),
+            None => Payload::Json(row.get::<_, Option<String>>("payload").unwrap_or_default()),
+        };
+        let key = TopicKey {
+            private: row.get("private"),
+            topic: row.get("topic"),
+        };
+        read.found.push(Found {
+            committed_us: row.get("committed_us"),
+            message: QueueMessage {
+                topic: key.topic.clone(),
+                event: row.get("event"),
+                payload,
+                private: key.private,
+                id: Some(id),
+                origin: None,
+                epoch,
+                seq: 0,
+                replayed: true,
+            },
+            key,
+            frames: [OnceLock::new(), OnceLock::new()],
+        });
+    }
+    read.found.sort_by_key(|f| (f.committed_us, f.message.seq));
+    Ok(())
+}
 
 /// Reads pages of history after `from` for `keys` until the walk reached the end of the
 /// queue (a page shorter than PAGE).
@@ -186,7 +320,7 @@ async fn read(
                 "gap" => out.gaps.push((row.get("lost_first"), row.get("lost_last"))),
                 _ => {
                     messages += 1;
-                    out.found.push(found(&row, epoch));
+                    out.found.push(found(&row, epoch, relayed));
                 }
             }
         }
@@ -197,7 +331,10 @@ async fn read(
     Ok(out)
 }
 
-fn found(row: &tokio_postgres::Row, epoch: i64) -> Found {
+/// A message row of `realtime.history`. A replay (`relayed` false) returns only the
+/// database's messages and persisted client broadcasts: all keep their id, as Supabase's
+/// replay gives each its row's id; a resume's client broadcasts carry none, as live.
+fn found(row: &tokio_postgres::Row, epoch: i64, relayed: bool) -> Found {
     let payload = match row.get::<_, Option<Vec<u8>>>("binary_payload") {
         Some(b) => Payload::Binary(Bytes::from(b)),
         None => Payload::Json(
@@ -217,8 +354,7 @@ fn found(row: &tokio_postgres::Row, epoch: i64) -> Found {
             event: row.get("event"),
             payload,
             private: key.private,
-            // Client broadcasts carry no meta.id, as live.
-            id: if origin.is_some() {
+            id: if origin.is_some() && relayed {
                 None
             } else {
                 row.get("id")
@@ -267,6 +403,7 @@ async fn serve_resumes(
     cfg: &Config,
     epoch: i64,
     requests: Vec<Request>,
+    again: &mpsc::Sender<Request>,
     metrics: &Metrics,
 ) -> Served {
     // A position of another epoch (the database restarted since): everything this epoch
@@ -291,11 +428,9 @@ async fn serve_resumes(
             continue;
         };
         let after = after(&r);
-        let mine: Vec<&Found> = of_topic(&read, &index, &r.key)
-            .filter(|f| f.message.seq > after)
-            .collect();
-        let frames: Vec<(i64, Message)> = mine
-            .iter()
+        let skip = r.carry.as_ref().map_or(&[][..], |c| &c.skip[..]);
+        let frames: Vec<(i64, Message)> = of_topic(&read, &index, &r.key)
+            .filter(|f| f.message.seq > after && !skip.contains(&f.message.seq))
             .filter_map(|f| Some((f.message.seq, f.frame(r.vsn)?)))
             .collect();
         let missing = read.gaps.iter().filter(|&&(_, last)| last > after).fold(
@@ -305,45 +440,72 @@ async fn serve_resumes(
                 Some(span.map_or((first, last), |(f, l)| (f.min(first), l.max(last))))
             },
         );
-        let sub = &r.key.topic;
-        let status = if asked_epoch != epoch {
-            json!({"recovered": false, "epoch_changed": true, "first_missing": seq + 1,
-                   "message": format!("The database restarted after position {seq} of epoch {asked_epoch}: messages after it that were not delivered are lost; the {} messages the new epoch {epoch} holds were sent", frames.len())})
-        } else if seq > read.through {
-            json!({"recovered": false, "first_missing": null, "last_missing": null,
-                   "message": format!("Position {seq} is beyond the last message of this queue ({}): it is not a position of this epoch's messages", read.through)})
-        } else if let Some((first, last)) = missing {
-            json!({"recovered": false, "first_missing": first, "last_missing": last,
-                   "message": format!("Messages {first} to {last} are no longer retained; the {} messages after them were sent", frames.len())})
-        } else {
-            json!({"recovered": true,
-                   "message": format!("Resumed after position {seq}: {} messages sent", frames.len())})
-        };
-        let mut payload = status;
-        let recovered = payload["recovered"] == Value::Bool(true);
-        if !recovered {
-            metrics.history_unrecovered_total.increment(1);
+        let first_pass = r.carry.is_none();
+        let mut carry = r.carry.clone().unwrap_or(Carry {
+            from: Some((asked_epoch, seq)),
+            ..Carry::default()
+        });
+        carry.resent += frames.len();
+        carry.passes += 1;
+        if let Some((f, l)) = missing {
+            carry.missing = Some(carry.missing.map_or((f, l), |(a, b)| (a.min(f), b.max(l))));
         }
-        payload["extension"] = json!("broadcast");
-        payload["status"] = json!(if recovered { "ok" } else { "error" });
-        payload["channel"] = json!(sub);
-        payload["epoch"] = json!(epoch.to_string());
-        payload["resent"] = json!(frames.len());
-        let system = Message::text(frame::encode(
-            r.vsn,
-            r.join_ref.as_deref(),
-            None,
-            &format!("realtime:{sub}"),
-            "system",
-            &payload,
-        ));
-        let through = read.through;
+        let ahead = first_pass && asked_epoch == epoch && seq > read.through;
+        let system = carry
+            .from
+            .map(|from| resume_system(&r, epoch, from, &carry, ahead, read.through, metrics));
         metrics
             .history_messages_total
             .increment(frames.len() as u64);
-        tokio::spawn(send(r, epoch, frames, Some(system), through));
+        // Everything of the topic up to the read's end was sent (now or by an earlier pass).
+        let dedupe = (read.through, Vec::new());
+        tokio::spawn(send(r, epoch, frames, system, dedupe, carry, again.clone()));
     }
     Ok(())
+}
+
+/// The system message that ends a resume: recovered or not, and why not.
+fn resume_system(
+    r: &Request,
+    epoch: i64,
+    (asked_epoch, seq): (i64, i64),
+    carry: &Carry,
+    ahead: bool,
+    through: i64,
+    metrics: &Metrics,
+) -> Message {
+    let resent = carry.resent;
+    let mut payload = if asked_epoch != epoch {
+        json!({"recovered": false, "epoch_changed": true, "first_missing": seq + 1,
+               "message": format!("The database restarted after position {seq} of epoch {asked_epoch}: messages after it that were not delivered are lost; the {resent} messages the new epoch {epoch} holds were sent")})
+    } else if ahead {
+        json!({"recovered": false, "first_missing": null, "last_missing": null,
+               "message": format!("Position {seq} is beyond the last message of this queue ({through}): it is not a position of this epoch's messages")})
+    } else if let Some((first, last)) = carry.missing {
+        json!({"recovered": false, "first_missing": first, "last_missing": last,
+               "message": format!("Messages {first} to {last} are no longer retained; the {resent} messages after them were sent")})
+    } else {
+        json!({"recovered": true,
+               "message": format!("Resumed after position {seq}: {resent} messages sent")})
+    };
+    let recovered = payload["recovered"] == Value::Bool(true);
+    if !recovered && carry.passes == 1 {
+        metrics.history_unrecovered_total.increment(1);
+    }
+    let sub = &r.key.topic;
+    payload["extension"] = json!("broadcast");
+    payload["status"] = json!(if recovered { "ok" } else { "error" });
+    payload["channel"] = json!(sub);
+    payload["epoch"] = json!(epoch.to_string());
+    payload["resent"] = json!(resent);
+    Message::text(frame::encode(
+        r.vsn,
+        r.join_ref.as_deref(),
+        None,
+        &format!("realtime:{sub}"),
+        "system",
+        &payload,
+    ))
 }
 
 async fn serve_replays(
@@ -351,6 +513,7 @@ async fn serve_replays(
     cfg: &Config,
     epoch: i64,
     requests: Vec<Request>,
+    again: &mpsc::Sender<Request>,
     metrics: &Metrics,
 ) -> Served {
     let since = |r: &Request| match r.ask {
@@ -360,7 +523,7 @@ async fn serve_replays(
     let min_since = requests.iter().map(since).min().unwrap_or(0);
     let keys = distinct_keys(&requests);
     let newest = Some(super::ask::MAX_REPLAY as i32);
-    let read = match read(
+    let mut read = match read(
         client,
         cfg,
         0,
@@ -376,6 +539,9 @@ async fn serve_replays(
         Ok(r) => r,
         Err(e) => return Err((e, requests)),
     };
+    if let Err(e) = add_persisted(client, cfg, &keys, min_since, epoch, &mut read).await {
+        return Err((e, requests));
+    }
     let index = by_topic(&read);
     for r in requests {
         let Ask::Replay { since_ms, limit } = r.ask else {
@@ -392,8 +558,24 @@ async fn serve_replays(
         metrics
             .history_messages_total
             .increment(frames.len() as u64);
-        let through = read.through;
-        tokio::spawn(send(r, epoch, frames, None, through));
+        let skip: Vec<i64> = frames.iter().map(|f| f.0).filter(|&s| s > 0).collect();
+        let carry = Carry {
+            resent: frames.len(),
+            passes: 1,
+            skip: skip.clone(),
+            ..Carry::default()
+        };
+        // A replay leaves messages out (before `since`, beyond `limit`, client broadcasts):
+        // only what it sent is skipped live.
+        tokio::spawn(send(
+            r,
+            epoch,
+            frames,
+            None,
+            (0, skip),
+            carry,
+            again.clone(),
+        ));
     }
     Ok(())
 }
@@ -415,22 +597,34 @@ pub fn unavailable(r: Request, metrics: &Metrics) {
         ))
     });
     // Nothing was sent from history: every held live frame passes.
-    tokio::spawn(send(r, 0, Vec::new(), system, 0));
+    let (tx, _) = mpsc::channel(1);
+    tokio::spawn(send(
+        r,
+        0,
+        Vec::new(),
+        system,
+        (0, Vec::new()),
+        Carry::default(),
+        tx,
+    ));
 }
 
-/// Sends one channel's history (sequence, frame), then its system message, then opens its
-/// gate; paced so that it never takes more than half the outbound queue.
+/// Sends one channel's history (sequence, frame), paced so that it never takes more than
+/// half the outbound queue; then opens its gate (`dedupe`: what live frames it drops),
+/// `system` first. If the gate overflowed meanwhile, the join goes back to `again` for
+/// another pass instead.
 async fn send(
     r: Request,
     epoch: i64,
     frames: Vec<(i64, Message)>,
     system: Option<Message>,
-    through: i64,
+    dedupe: (i64, Vec<i64>),
+    carry: Carry,
+    again: mpsc::Sender<Request>,
 ) {
     let room = r.tx.max_capacity() / 2;
     let mut progress = Instant::now();
-    let frames = frames.into_iter().map(|(seq, f)| (Some(seq), f));
-    for (seq, f) in frames.chain(system.map(|s| (None, s))) {
+    for (seq, f) in frames {
         loop {
             if r.gate.is_closed() || r.tx.is_closed() {
                 return;
@@ -450,10 +644,39 @@ async fn send(
             r.too_slow.notify_one();
             return;
         }
-        if let Some(seq) = seq {
+        // A persisted message the ring no longer holds has no position (sequence 0).
+        if seq > 0 {
             r.gate.sent(epoch, seq);
         }
         progress = Instant::now();
     }
-    r.gate.open(epoch, through, &r.tx, &r.too_slow);
+    let through = dedupe.0;
+    let dropped_from = match r.gate.open(epoch, dedupe, system, &r.tx, &r.too_slow) {
+        Opened::ReadAgain(first) => first,
+        Opened::Yes | Opened::Closed => return,
+    };
+    // After a resume's pass everything up to its read's end was sent; after a replay, only
+    // what it replayed, so the next pass starts before the first live frame dropped.
+    let from = if carry.skip.is_empty() || carry.from.is_some() {
+        through
+    } else {
+        dropped_from - 1
+    };
+    if carry.passes >= MAX_PASSES {
+        r.gate.close();
+        r.too_slow.notify_one();
+        return;
+    }
+    let next = Request {
+        ask: Ask::Resume { epoch, seq: from },
+        carry: Some(carry),
+        ..r
+    };
+    if let Err(e) = again.try_send(next) {
+        let r = match e {
+            mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
+        };
+        r.gate.close();
+        r.too_slow.notify_one();
+    }
 }

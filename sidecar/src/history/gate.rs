@@ -8,16 +8,28 @@
 //! history read after, every message after the client's position is sent exactly once:
 //! the history covers up to its end, and the live side covers everything dispatched after
 //! the subscription, which the history's end is at or past.
+//!
+//! The gate holds at most as many frames as a socket's outbound queue. A drainer far behind
+//! (a burst on the topic while the history is read) could dispatch more: then what is held
+//! is dropped and the gate, instead of opening, asks for the history to be read again from
+//! where the last read ended. Everything dropped was dispatched before that next read
+//! began, so the read covers it; the client catches up in passes and is never cut off for
+//! it.
 
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, Notify};
 use tokio_tungstenite::tungstenite::Message;
 
 enum State {
-    /// Live frames (sequence, frame) held until the history is sent.
-    Holding(Vec<(i64, Message)>),
-    /// Live frames after this sequence pass.
-    Open { through: i64 },
+    /// Live frames (sequence, frame) held until the history is sent; `dropped_from`, the
+    /// first sequence dropped for want of room, if any was.
+    Holding {
+        held: Vec<(i64, Message)>,
+        dropped_from: Option<i64>,
+    },
+    /// Live frames after `through` pass, but those in `skip` (the few a Supabase replay
+    /// sent, which filters what it sends, so its end says nothing of what it left out).
+    Open { through: i64, skip: Vec<i64> },
     /// The channel left, or fell too far behind: nothing passes.
     Closed,
 }
@@ -29,40 +41,48 @@ pub struct Gate {
     /// (realtime-js may send two on a reconnect) resumes after it, not after the older
     /// position its payload still names.
     last: Mutex<Option<(i64, i64)>>,
-    /// Most frames held: past it the connection is cut off as too slow, as a full outbound
-    /// queue would cut it off.
+    /// Most frames held: past it they are dropped, and read again from the history.
     max_held: usize,
+}
+
+/// What opening the gate came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// Live from here on.
+    Yes,
+    /// Held frames were dropped, the first of sequence `.0`: read the history again, then
+    /// open.
+    ReadAgain(i64),
+    /// The channel left or the socket is too slow.
+    Closed,
 }
 
 impl Gate {
     pub fn new(max_held: usize) -> Arc<Self> {
         Arc::new(Gate {
-            state: Mutex::new(State::Holding(Vec::new())),
+            state: Mutex::new(State::Holding {
+                held: Vec::new(),
+                dropped_from: None,
+            }),
             last: Mutex::new(None),
             max_held,
         })
     }
 
     /// What the hub does with a live frame at (`epoch`, `seq`): Some to send it now.
-    pub fn pass(
-        &self,
-        epoch: i64,
-        seq: i64,
-        frame: &Message,
-        too_slow: &Notify,
-    ) -> Option<Message> {
+    pub fn pass(&self, epoch: i64, seq: i64, frame: &Message) -> Option<Message> {
         let mut state = self.state.lock().unwrap();
         match &mut *state {
-            State::Holding(held) => {
+            State::Holding { held, dropped_from } => {
                 if held.len() >= self.max_held {
-                    *state = State::Closed;
-                    too_slow.notify_one();
-                } else {
-                    held.push((seq, frame.clone()));
+                    let first = held.first().map_or(seq, |h| h.0);
+                    *dropped_from = Some(dropped_from.map_or(first, |d| d.min(first)));
+                    held.clear();
                 }
+                held.push((seq, frame.clone()));
                 None
             }
-            State::Open { through } if seq > *through => {
+            State::Open { through, skip } if seq > *through && !skip.contains(&seq) => {
                 self.sent(epoch, seq);
                 Some(frame.clone())
             }
@@ -80,26 +100,49 @@ impl Gate {
         *self.last.lock().unwrap()
     }
 
-    /// Opens the gate after the history went through `through`: the held frames after it
-    /// go to `tx` (in order, under the lock, so no later live frame overtakes them).
-    /// `epoch` is the queue's, which held frames are of.
-    pub fn open(&self, epoch: i64, through: i64, tx: &mpsc::Sender<Message>, too_slow: &Notify) {
+    /// Opens the gate after the history went through `through`: `first` (the resume's
+    /// system message), then the held frames after `through`, go to `tx` in order, under the
+    /// lock, so no later live frame overtakes them. `epoch` is the queue's, which held
+    /// frames are of. If held frames were dropped meanwhile, the gate stays shut and says
+    /// to read the history again.
+    pub fn open(
+        &self,
+        epoch: i64,
+        (through, skip): (i64, Vec<i64>),
+        first: Option<Message>,
+        tx: &mpsc::Sender<Message>,
+        too_slow: &Notify,
+    ) -> Opened {
         let mut state = self.state.lock().unwrap();
-        let State::Holding(held) = std::mem::replace(&mut *state, State::Open { through }) else {
-            *state = State::Closed;
-            return;
-        };
-        for (seq, frame) in held {
-            if seq <= through {
-                continue;
+        match &mut *state {
+            State::Holding { dropped_from, .. } if dropped_from.is_some() => {
+                return Opened::ReadAgain(dropped_from.take().expect("matched"));
             }
+            State::Holding { .. } => {}
+            State::Open { .. } => return Opened::Yes,
+            State::Closed => return Opened::Closed,
+        }
+        let open = State::Open {
+            through,
+            skip: skip.clone(),
+        };
+        let State::Holding { held, .. } = std::mem::replace(&mut *state, open) else {
+            unreachable!("matched above");
+        };
+        let held = held
+            .into_iter()
+            .filter(|(seq, _)| *seq > through && !skip.contains(seq));
+        for (seq, frame) in first.map(|f| (0, f)).into_iter().chain(held) {
             if tx.try_send(frame).is_err() {
                 *state = State::Closed;
                 too_slow.notify_one();
-                return;
+                return Opened::Closed;
             }
-            self.sent(epoch, seq);
+            if seq > 0 {
+                self.sent(epoch, seq);
+            }
         }
+        Opened::Yes
     }
 
     /// The channel left: nothing more passes, and the history still being sent stops.
@@ -134,30 +177,66 @@ mod tests {
         let gate = Gate::new(100);
         // Live frames 5..=8 arrive while the history (through 6) is being read.
         for n in 5..=8 {
-            assert!(gate.pass(1, n, &frame(n), &slow).is_none());
+            assert!(gate.pass(1, n, &frame(n)).is_none());
         }
         assert_eq!(gate.last_sent(), None);
-        gate.open(1, 6, &tx, &slow);
-        assert_eq!(drain(&mut rx), vec!["7", "8"]);
+        let system = Some(Message::text("system"));
+        assert_eq!(gate.open(1, (6, vec![]), system, &tx, &slow), Opened::Yes);
+        assert_eq!(drain(&mut rx), vec!["system", "7", "8"]);
         assert_eq!(gate.last_sent(), Some((1, 8)));
         // A drainer behind the history re-dispatches 6: dropped; 9 passes.
-        assert!(gate.pass(1, 6, &frame(6), &slow).is_none());
-        assert!(gate.pass(1, 9, &frame(9), &slow).is_some());
+        assert!(gate.pass(1, 6, &frame(6)).is_none());
+        assert!(gate.pass(1, 9, &frame(9)).is_some());
         assert_eq!(gate.last_sent(), Some((1, 9)));
         gate.close();
         assert!(gate.is_closed());
-        assert!(gate.pass(1, 10, &frame(10), &slow).is_none());
+        assert!(gate.pass(1, 10, &frame(10)).is_none());
         assert!(slow.notified().now_or_never().is_none());
     }
 
     #[test]
-    fn holding_too_much_cuts_the_connection_off() {
+    fn holding_too_much_drops_it_and_asks_for_the_history_again() {
+        let (tx, mut rx) = mpsc::channel(16);
         let slow = Notify::new();
         let gate = Gate::new(2);
-        for n in 1..=3 {
-            gate.pass(1, n, &frame(n), &slow);
+        // A drainer far behind dispatches 1..=5 while the first read (through 0) is sent.
+        for n in 1..=5 {
+            gate.pass(1, n, &frame(n));
         }
-        assert!(slow.notified().now_or_never().is_some());
-        assert!(gate.is_closed());
+        assert_eq!(
+            gate.open(1, (0, vec![]), None, &tx, &slow),
+            Opened::ReadAgain(1)
+        );
+        assert!(
+            drain(&mut rx).is_empty(),
+            "nothing passes before the history"
+        );
+        // The second read went through 5 (it covers what was dropped); 6 came meanwhile.
+        gate.pass(1, 6, &frame(6));
+        assert_eq!(gate.open(1, (5, vec![]), None, &tx, &slow), Opened::Yes);
+        assert_eq!(drain(&mut rx), vec!["6"]);
+        assert!(
+            slow.notified().now_or_never().is_none(),
+            "never cut off for it"
+        );
+        gate.close();
+        assert_eq!(gate.open(1, (9, vec![]), None, &tx, &slow), Opened::Closed);
+    }
+
+    /// Regression: a replay opened its gate at the end of its read like a resume does, so a
+    /// live message committed after the join but before the read, which the replay's
+    /// `since` filtered out, was dropped as if sent, and never reached the client.
+    #[test]
+    fn a_replay_skips_only_what_it_replayed() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let slow = Notify::new();
+        let gate = Gate::new(100);
+        gate.pass(1, 30, &frame(30));
+        gate.pass(1, 31, &frame(31));
+        // The replay sent 30 (and older ones), not 31; its read went through 31.
+        assert_eq!(gate.open(1, (0, vec![30]), None, &tx, &slow), Opened::Yes);
+        assert_eq!(drain(&mut rx), vec!["31"]);
+        assert!(gate.pass(1, 30, &frame(30)).is_none());
+        assert!(gate.pass(1, 32, &frame(32)).is_some());
     }
 }

@@ -60,7 +60,7 @@ pub async fn db() -> tokio_postgres::Client {
     client
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -76,7 +76,14 @@ pub struct Sidecar {
 }
 
 impl Sidecar {
+    /// A new sidecar with a new consumer slot: a slot left by an earlier run of the same
+    /// test (slots live as long as the server) would resume from its old position and
+    /// report the messages since evicted as lost. `start_on` keeps the slot (a restart).
     pub async fn start(consumer: &str, env: &[(&str, &str)]) -> Sidecar {
+        db().await
+            .execute("SELECT realtime.drop_consumer($1)", &[&consumer])
+            .await
+            .expect("drop the consumer slot of an earlier run");
         Self::start_on(free_port(), consumer, env).await
     }
 
