@@ -26,6 +26,7 @@ run authorize
 run visible --seconds 10
 run changes
 run joins
+run resume
 run peers --json "$out/peers.json"
 run scenarios --json "$out/scenarios.json"
 run connections --json "$out/connections.json"

@@ -71,6 +71,17 @@ pub struct Args {
     /// Seed of the random topic assignment.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// A resume storm (Supabase protocol, broadcast, one channel per client): this many
+    /// seconds into the sending window every client drops its socket at once, reconnects
+    /// and rejoins with `config.broadcast.resume` at the position it had `--behind-min` to
+    /// `--behind-max` seconds before (spread over the clients); the result line gets a
+    /// `storm` object (time until all are live again, messages resent, none lost).
+    #[arg(long)]
+    pub storm_after: Option<f64>,
+    #[arg(long, default_value_t = 1.0)]
+    pub behind_min: f64,
+    #[arg(long, default_value_t = 5.0)]
+    pub behind_max: f64,
     /// A label for the result line.
     #[arg(long, default_value = "")]
     pub label: String,

@@ -61,6 +61,7 @@ async fn main() {
     let (go_tx, go) = tokio::sync::watch::channel(false);
     let (send_tx, send) = tokio::sync::watch::channel(false);
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let (storm_tx, storm) = tokio::sync::watch::channel(false);
     let clients = args.clients;
     let ctx = Arc::new(Ctx {
         wire: protocol::Wire {
@@ -74,6 +75,7 @@ async fn main() {
         go,
         send,
         stop: stop.clone(),
+        storm,
         // Every run is bounded: connecting, the sending window and draining.
         deadline: Instant::now() + Duration::from_secs(args.seconds + 300),
         args,
@@ -107,6 +109,20 @@ async fn main() {
     .await;
     let join_secs = join_start.elapsed().as_secs_f64();
 
+    if let Some(after) = args.storm_after {
+        assert!(
+            args.protocol == Protocol::Supabase
+                && args.channels_per_client == 1
+                && !args.postgres_changes,
+            "--storm-after needs the Supabase protocol, broadcasts and one channel per client"
+        );
+        let totals = totals.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs_f64(after)).await;
+            totals.storm.at_us.store(now_us(), Relaxed);
+            let _ = storm_tx.send(true);
+        });
+    }
     let send_secs = match args.publisher {
         Publisher::Send | Publisher::Table | Publisher::Outbox | Publisher::Changes => {
             publisher::run(args, &totals).await
@@ -149,6 +165,7 @@ async fn main() {
         let _ = p.await;
     }
 
+    let storm = args.storm_after.map(|_| totals.storm.json());
     let h = totals.latency();
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let (sent, expected, received) = (
@@ -173,6 +190,7 @@ async fn main() {
             "reordered": totals.reordered.load(Relaxed), "push_refused": totals.push_refused.load(Relaxed),
             "deliveries_per_second": if send_secs > 0.0 { received as f64 / send_secs } else { 0.0 },
             "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0,
+            "storm": storm,
         })
     );
 }

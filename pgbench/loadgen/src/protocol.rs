@@ -27,16 +27,57 @@ pub struct Sample {
     pub t: i64,
     pub k: u64,
     pub n: u64,
+    /// The message's position (`meta.epoch`, `meta.seq`) and whether it came from the
+    /// queue's history at a join (`meta.replayed`), when the server sent them.
+    pub pos: Option<Position>,
+    pub replayed: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Position {
+    pub epoch: String,
+    pub seq: i64,
+}
+
+/// A broadcast's `meta`, as much as the generator reads of it.
+#[derive(Deserialize, Default)]
+struct Meta {
+    epoch: Option<String>,
+    seq: Option<i64>,
+    replayed: Option<bool>,
+}
+
+impl Meta {
+    fn position(&self) -> Option<Position> {
+        Some(Position {
+            epoch: self.epoch.clone()?,
+            seq: self.seq?,
+        })
+    }
 }
 
 impl Body {
     fn sample(&self) -> Option<Sample> {
         match (self.t, self.k, self.n, &self.record) {
-            (Some(t), Some(k), Some(n), _) => Some(Sample { t, k, n }),
+            (Some(t), Some(k), Some(n), _) => Some(Sample {
+                t,
+                k,
+                n,
+                pos: None,
+                replayed: false,
+            }),
             (_, _, _, Some(r)) => r.sample(),
             _ => None,
         }
     }
+}
+
+fn with_meta(mut s: Sample, meta: Option<&Meta>) -> Sample {
+    if let Some(m) = meta {
+        s.pos = m.position();
+        s.replayed = m.replayed == Some(true);
+    }
+    s
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -48,6 +89,12 @@ pub enum Event {
     Ping,
     /// The server refused a client broadcast (rate limit, size, permission).
     PushRefused,
+    /// The `system` message that ends a resume: whether everything was recovered, and how
+    /// many messages the server sent from its history.
+    Resumed {
+        recovered: bool,
+        resent: u64,
+    },
 }
 
 #[derive(Deserialize)]
@@ -56,6 +103,10 @@ struct Envelope {
     payload: Option<Body>,
     /// A Postgres Changes event's `{ids, data}`: the row is in data.record.
     data: Option<Body>,
+    meta: Option<Meta>,
+    /// A resume's system message.
+    recovered: Option<bool>,
+    resent: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -97,13 +148,18 @@ impl Wire {
     pub fn parse(&self, msg: &Message, out: &mut Vec<Event>) {
         match (self.protocol, msg) {
             (Protocol::Supabase, Message::Binary(b)) if b.first() == Some(&4) && b.len() > 5 => {
-                let start = 5 + b[1] as usize + b[2] as usize + b[3] as usize;
+                let meta_at = 5 + b[1] as usize + b[2] as usize;
+                let start = meta_at + b[3] as usize;
                 if let Some(s) = b
                     .get(start..)
                     .and_then(|p| serde_json::from_slice::<Body>(p).ok())
                     .and_then(|b| b.sample())
                 {
-                    out.push(Event::Delivery(s));
+                    let meta = b
+                        .get(meta_at..start)
+                        .filter(|m| !m.is_empty())
+                        .and_then(|m| serde_json::from_slice::<Meta>(m).ok());
+                    out.push(Event::Delivery(with_meta(s, meta.as_ref())));
                 }
             }
             (Protocol::Supabase, Message::Text(t)) => {
@@ -126,9 +182,14 @@ impl Wire {
                         Some(r) if r.starts_with(PUSH_REF) && !ok => out.push(Event::PushRefused),
                         _ => {}
                     }
+                } else if event == "system" {
+                    if let Some(recovered) = envelope.recovered {
+                        let resent = envelope.resent.unwrap_or(0);
+                        out.push(Event::Resumed { recovered, resent });
+                    }
                 } else if let Some(s) = envelope.payload.or(envelope.data).and_then(|b| b.sample())
                 {
-                    out.push(Event::Delivery(s));
+                    out.push(Event::Delivery(with_meta(s, envelope.meta.as_ref())));
                 }
             }
             (Protocol::Centrifugo, Message::Text(t)) => {
@@ -182,6 +243,14 @@ impl Wire {
             json!({"join_ref": reference, "ref": reference, "topic": topic, "event": "phx_join", "payload": payload})
                 .to_string()
         }
+    }
+
+    /// The `phx_join` of a channel resuming after `pos` (Supabase only).
+    pub fn resume_join(&self, sub_topic: &str, pos: &Position) -> String {
+        let payload = json!({"config": {"broadcast": {"self": false, "ack": false,
+                                                      "resume": {"epoch": pos.epoch, "seq": pos.seq}},
+                                        "private": false}});
+        self.join_frame(0, sub_topic, payload)
     }
 
     /// The frames that join `topics` (after connecting, for Centrifugo).
@@ -263,7 +332,13 @@ mod tests {
             protocol: Protocol::Supabase,
             v2: true,
         };
-        let d = Event::Delivery(Sample { t: 5, k: 1, n: 2 });
+        let d = Event::Delivery(Sample {
+            t: 5,
+            k: 1,
+            n: 2,
+            pos: None,
+            replayed: false,
+        });
         assert_eq!(
             parse(
                 &v2,
@@ -280,7 +355,13 @@ mod tests {
                     r#"[null,null,"realtime:a","broadcast",{"type":"broadcast","event":"INSERT","payload":{"record":{"t":5,"k":1,"n":2},"old_record":null}}]"#
                 )
             ),
-            vec![Event::Delivery(Sample { t: 5, k: 1, n: 2 })]
+            vec![Event::Delivery(Sample {
+                t: 5,
+                k: 1,
+                n: 2,
+                pos: None,
+                replayed: false
+            })]
         );
         // A Postgres Changes event: the row is in data.record.
         assert_eq!(
@@ -290,7 +371,13 @@ mod tests {
                     r#"[null,null,"realtime:a","postgres_changes",{"ids":[7],"data":{"schema":"public","type":"INSERT","record":{"id":9,"t":5,"k":1,"n":2},"columns":[]}}]"#
                 )
             ),
-            vec![Event::Delivery(Sample { t: 5, k: 1, n: 2 })]
+            vec![Event::Delivery(Sample {
+                t: 5,
+                k: 1,
+                n: 2,
+                pos: None,
+                replayed: false
+            })]
         );
         assert_eq!(
             parse(
@@ -321,7 +408,44 @@ mod tests {
         bin.extend_from_slice(br#"{"t":7,"k":0,"n":1}"#);
         assert_eq!(
             parse(&v2, Message::binary(bin)),
-            vec![Event::Delivery(Sample { t: 7, k: 0, n: 1 })]
+            vec![Event::Delivery(Sample {
+                t: 7,
+                k: 0,
+                n: 1,
+                pos: None,
+                replayed: false
+            })]
+        );
+        // Positions from the binary frame's metadata, and a resume's system message.
+        let meta = br#"{"epoch":"17","seq":42,"replayed":true}"#;
+        let mut bin = vec![4u8, 1, 1, meta.len() as u8, 0, b'a', b'b'];
+        bin.extend_from_slice(meta);
+        bin.extend_from_slice(br#"{"t":7,"k":0,"n":1}"#);
+        let pos = Some(Position {
+            epoch: "17".into(),
+            seq: 42,
+        });
+        assert_eq!(
+            parse(&v2, Message::binary(bin)),
+            vec![Event::Delivery(Sample {
+                t: 7,
+                k: 0,
+                n: 1,
+                pos,
+                replayed: true
+            })]
+        );
+        assert_eq!(
+            parse(
+                &v2,
+                Message::text(
+                    r#"["1",null,"realtime:a","system",{"extension":"broadcast","status":"ok","recovered":true,"resent":12}]"#
+                )
+            ),
+            vec![Event::Resumed {
+                recovered: true,
+                resent: 12
+            }]
         );
         let v1 = Wire {
             protocol: Protocol::Supabase,
@@ -349,7 +473,13 @@ mod tests {
             parse(&w, Message::text(frame)),
             vec![
                 Event::Joined(true),
-                Event::Delivery(Sample { t: 1, k: 0, n: 3 }),
+                Event::Delivery(Sample {
+                    t: 1,
+                    k: 0,
+                    n: 3,
+                    pos: None,
+                    replayed: false
+                }),
                 Event::Ping
             ]
         );

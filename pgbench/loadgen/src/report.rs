@@ -1,7 +1,7 @@
 //! Counters shared by all connections of one run, the progress line and the result line.
 
 use hdrhistogram::Histogram;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,6 +25,109 @@ pub struct Totals {
     /// Joined subscribers per topic: what a message to that topic should reach.
     pub subscribers: Vec<AtomicU64>,
     latency: Vec<Mutex<Histogram<u64>>>,
+    pub storm: Storm,
+}
+
+/// What a resume storm (`--storm-after`) did.
+#[derive(Default)]
+pub struct Storm {
+    /// When (unix µs) the clients dropped their sockets.
+    pub at_us: AtomicI64,
+    pub dropped: AtomicU64,
+    pub rejoined: AtomicU64,
+    pub rejoin_errors: AtomicU64,
+    /// Clients that had no position yet (no message received): rejoined without resume.
+    pub without_position: AtomicU64,
+    pub recovered: AtomicU64,
+    pub unrecovered: AtomicU64,
+    /// Messages the server said it sent from its history (sum of the system messages').
+    pub resent: AtomicU64,
+    /// Replayed deliveries received, and those of them the client had already had before
+    /// the drop (its position was 1 to 5 s behind on purpose).
+    pub replayed: AtomicU64,
+    pub redelivered: AtomicU64,
+    /// What Supabase's replay (at most 25 per channel) would have left out: messages, and
+    /// clients short of some.
+    pub beyond_25: AtomicU64,
+    pub clients_beyond_25: AtomicU64,
+    /// Last time (unix µs) a client was live again (its resume's system message arrived).
+    pub last_live_us: AtomicI64,
+    /// Drop to live again, per client, in µs.
+    pub live_after: Mutex<Option<Histogram<u64>>>,
+    /// Drop to connected again, and to the rejoin's reply, per client, in µs: where the
+    /// time until live goes.
+    pub connected_after: Mutex<Option<Histogram<u64>>>,
+    pub replied_after: Mutex<Option<Histogram<u64>>>,
+}
+
+fn since_us(at: &AtomicI64) -> u64 {
+    (now_us() - at.load(Relaxed)).max(1) as u64
+}
+
+fn quantiles(h: &Mutex<Option<Histogram<u64>>>) -> serde_json::Value {
+    let h = h.lock().unwrap().clone().unwrap_or_else(histogram);
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    serde_json::json!({"p50_ms": ms(0.5), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0})
+}
+
+impl Storm {
+    pub fn connected(&self) {
+        let took = since_us(&self.at_us);
+        let mut h = self.connected_after.lock().unwrap();
+        h.get_or_insert_with(histogram).saturating_record(took);
+    }
+
+    pub fn replied(&self) {
+        let took = since_us(&self.at_us);
+        let mut h = self.replied_after.lock().unwrap();
+        h.get_or_insert_with(histogram).saturating_record(took);
+    }
+
+    pub fn live_again(&self, resent: u64, recovered: bool) {
+        let now = now_us();
+        let took = (now - self.at_us.load(Relaxed)).max(1) as u64;
+        self.live_after
+            .lock()
+            .unwrap()
+            .get_or_insert_with(histogram)
+            .saturating_record(took);
+        self.last_live_us.fetch_max(now, Relaxed);
+        self.resent.fetch_add(resent, Relaxed);
+        if resent > 25 {
+            self.beyond_25.fetch_add(resent - 25, Relaxed);
+            self.clients_beyond_25.fetch_add(1, Relaxed);
+        }
+        if recovered {
+            self.recovered.fetch_add(1, Relaxed);
+        } else {
+            self.unrecovered.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The result line's `storm` object.
+    pub fn json(&self) -> serde_json::Value {
+        let h = self
+            .live_after
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or_else(histogram);
+        let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        let all_live_s =
+            (self.last_live_us.load(Relaxed) - self.at_us.load(Relaxed)).max(0) as f64 / 1e6;
+        serde_json::json!({
+            "dropped": g(&self.dropped), "rejoined": g(&self.rejoined), "rejoin_errors": g(&self.rejoin_errors),
+            "without_position": g(&self.without_position), "recovered": g(&self.recovered),
+            "unrecovered": g(&self.unrecovered), "resent": g(&self.resent), "replayed_received": g(&self.replayed),
+            "redelivered": g(&self.redelivered), "all_live_seconds": all_live_s,
+            "resent_per_second": if all_live_s > 0.0 { g(&self.resent) as f64 / all_live_s } else { 0.0 },
+            "live_after_p50_ms": ms(0.5), "live_after_p99_ms": ms(0.99), "live_after_max_ms": h.max() as f64 / 1000.0,
+            "connected_after": quantiles(&self.connected_after), "replied_after": quantiles(&self.replied_after),
+            "supabase_replay_would_leave_out": g(&self.beyond_25),
+            "clients_supabase_replay_would_short": g(&self.clients_beyond_25),
+        })
+    }
 }
 
 pub fn now_us() -> i64 {
@@ -54,6 +157,7 @@ impl Totals {
             push_refused: AtomicU64::new(0),
             subscribers: (0..topics).map(|_| AtomicU64::new(0)).collect(),
             latency: (0..SHARDS).map(|_| Mutex::new(histogram())).collect(),
+            storm: Storm::default(),
         }
     }
 
@@ -63,6 +167,12 @@ impl Totals {
             .lock()
             .unwrap()
             .saturating_record(us);
+        self.received.fetch_add(1, Relaxed);
+    }
+
+    /// A delivery that counts against `expected` but not in the latency (a message sent
+    /// while the client was away, received from the server's history).
+    pub fn record_late(&self) {
         self.received.fetch_add(1, Relaxed);
     }
 

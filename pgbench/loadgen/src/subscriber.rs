@@ -4,11 +4,11 @@
 
 use crate::args::{Args, Publisher};
 use crate::plan;
-use crate::protocol::{Event, Wire};
+use crate::protocol::{Event, Position, Wire};
 use crate::report::{now_us, Totals};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -32,7 +32,43 @@ pub struct Ctx {
     /// Clients that publish start when every join has been answered.
     pub send: watch::Receiver<bool>,
     pub stop: watch::Receiver<bool>,
+    /// Turns true when every client must drop its socket and resume (`--storm-after`).
+    pub storm: watch::Receiver<bool>,
     pub deadline: Instant,
+}
+
+/// How often a client notes its position, to rejoin with one from 1 to 5 s before.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// Positions kept: 100 at one per 100 ms is 10 s of history.
+const SAMPLES: usize = 100;
+
+/// Lets the kernel choose the source port at connect rather than at bind
+/// (IP_BIND_ADDRESS_NO_PORT). A bind to port 0 searches the ports for a free one; with
+/// tens of thousands in use or in TIME_WAIT (a reconnect storm), that search cost the
+/// generator more CPU than everything else it did, and made its reconnects look slow.
+fn no_port_at_bind(socket: &TcpSocket) {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket and a c_int option of the right size; failure only means the
+    // kernel picks the port at bind, as without the option.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            &on as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Connects under the connection-concurrency limit, within 30 s.
+async fn connect_limited(ctx: &Ctx) -> Option<WebSocketStream<TcpStream>> {
+    let _permit = ctx.connect_slots.acquire().await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(30), connect(ctx)).await {
+        Ok(Ok(ws)) => Some(ws),
+        _ => None,
+    }
 }
 
 async fn connect(ctx: &Ctx) -> Result<WebSocketStream<TcpStream>, Box<dyn std::error::Error>> {
@@ -42,6 +78,7 @@ async fn connect(ctx: &Ctx) -> Result<WebSocketStream<TcpStream>, Box<dyn std::e
         TcpSocket::new_v6()?
     };
     if let Some(ip) = ctx.args.source_ip {
+        no_port_at_bind(&socket);
         socket.bind(SocketAddr::new(ip, 0))?;
     }
     let stream = socket.connect(ctx.server).await?;
@@ -76,15 +113,10 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
         .iter()
         .map(|k| format!("{}{k}", args.topic_prefix))
         .collect();
-    let permit = ctx.connect_slots.acquire().await.unwrap();
-    let mut ws = match tokio::time::timeout(Duration::from_secs(30), connect(&ctx)).await {
-        Ok(Ok(ws)) => ws,
-        _ => {
-            totals.failed.fetch_add(1, Relaxed);
-            return;
-        }
+    let Some(mut ws) = connect_limited(&ctx).await else {
+        totals.failed.fetch_add(1, Relaxed);
+        return;
     };
-    drop(permit);
     totals.connected.fetch_add(1, Relaxed);
     let (mut go, mut send, mut stop) = (ctx.go.clone(), ctx.send.clone(), ctx.stop.clone());
     if go.wait_for(|&g| g).await.is_err() {
@@ -119,6 +151,13 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
     let mut replies = 0usize;
     let mut last_seen: HashMap<u64, u64> = HashMap::new();
     let mut events = Vec::new();
+    // The resume storm: positions noted as messages arrive, and the highest message number
+    // seen before the drop (replayed ones up to it are deliveries the client already had).
+    let storm_on = args.storm_after.is_some();
+    let mut storm = ctx.storm.clone();
+    let mut stormed = false;
+    let mut max_before = 0u64;
+    let mut samples: VecDeque<(Instant, Position, u64)> = VecDeque::new();
     loop {
         tokio::select! {
             m = ws.next() => match m {
@@ -131,7 +170,27 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
                     for e in events.drain(..) {
                         match e {
                             Event::Delivery(s) => {
-                                totals.record(client, s.t);
+                                if stormed && s.replayed {
+                                    totals.storm.replayed.fetch_add(1, Relaxed);
+                                    if s.n <= max_before {
+                                        totals.storm.redelivered.fetch_add(1, Relaxed);
+                                    } else {
+                                        totals.record_late();
+                                    }
+                                } else {
+                                    totals.record(client, s.t);
+                                }
+                                if let (true, Some(pos)) = (storm_on, &s.pos) {
+                                    if !stormed {
+                                        max_before = max_before.max(s.n);
+                                    }
+                                    if samples.back().is_none_or(|b| b.0.elapsed() >= SAMPLE_EVERY) {
+                                        samples.push_back((Instant::now(), pos.clone(), s.n));
+                                        if samples.len() > SAMPLES {
+                                            samples.pop_front();
+                                        }
+                                    }
+                                }
                                 let last = last_seen.entry(s.k).or_insert(0);
                                 if s.n > *last + 1 {
                                     totals.gaps.fetch_add(s.n - *last - 1, Relaxed);
@@ -139,6 +198,14 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
                                     totals.reordered.fetch_add(1, Relaxed);
                                 }
                                 *last = (*last).max(s.n);
+                            }
+                            Event::Joined(ok) if stormed => {
+                                totals.storm.replied();
+                                let c = if ok { &totals.storm.rejoined } else { &totals.storm.rejoin_errors };
+                                c.fetch_add(1, Relaxed);
+                            }
+                            Event::Resumed { recovered, resent } => {
+                                totals.storm.live_again(resent, recovered);
                             }
                             Event::Joined(ok) => {
                                 if ok {
@@ -180,6 +247,43 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
                     break;
                 }
                 totals.sent_to(topics[0]);
+            }
+            Ok(()) = storm.changed(), if storm_on && !stormed => {
+                // Every client at once: the socket is dropped (no close frame), then the
+                // client reconnects and rejoins after a position it had a while ago.
+                stormed = true;
+                totals.storm.dropped.fetch_add(1, Relaxed);
+                let behind = args.behind_min + (args.behind_max - args.behind_min) * plan::phase(client);
+                let target = Instant::now().checked_sub(Duration::from_secs_f64(behind));
+                let pick = samples
+                    .iter()
+                    .rev()
+                    .find(|s| target.is_some_and(|t| s.0 <= t))
+                    .or(samples.front())
+                    .cloned();
+                drop(ws);
+                let Some(new) = connect_limited(&ctx).await else {
+                    totals.closed_early.fetch_add(1, Relaxed);
+                    return;
+                };
+                ws = new;
+                totals.storm.connected();
+                let frames = match (&pick, topics.first()) {
+                    (Some((_, pos, n)), Some(&k)) => {
+                        last_seen.insert(k as u64, *n);
+                        vec![ctx.wire.resume_join(&names[0], pos)]
+                    }
+                    _ => {
+                        totals.storm.without_position.fetch_add(1, Relaxed);
+                        ctx.wire.joins(&names, args.private, echo, &token)
+                    }
+                };
+                for frame in frames {
+                    if ws.send(Message::text(frame)).await.is_err() {
+                        totals.closed_early.fetch_add(1, Relaxed);
+                        return;
+                    }
+                }
             }
             _ = stop.changed() => break,
             _ = tokio::time::sleep_until(ctx.deadline.into()) => break,
