@@ -161,7 +161,8 @@ unsafe extern "C-unwind" fn detach_all(_code: i32, _arg: pg_sys::Datum) {
     }
 }
 
-type DrainRow = (
+/// One row of `realtime.drain` (and of `realtime.history`, which returns the same columns).
+pub type DrainRow = (
     i64,
     &'static str,
     Option<String>,
@@ -307,20 +308,7 @@ fn drain(
             slot.gaps.fetch_add(1, Relaxed);
             slot.lost.fetch_add(last - counted.max(first - 1), Relaxed);
         }
-        rows.push((
-            last as i64,
-            "gap",
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            Some(first as i64),
-            Some(last as i64),
-        ));
+        rows.push(gap_row(first, last));
     }
     let mut at = 0;
     let mut changes = crate::change::Decoder::default();
@@ -352,29 +340,49 @@ fn drain(
             ));
             continue;
         }
-        let (payload, binary) = if m.is_binary() {
-            (None, Some(m.payload.to_vec()))
-        } else {
-            (Some(String::from_utf8_lossy(m.payload).into_owned()), None)
-        };
-        rows.push((
-            m.header.seq as i64,
-            "message",
-            Some(m.topic.to_owned()),
-            Some(m.event.to_owned()),
-            payload,
-            binary,
-            Some(m.is_private()),
-            TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
-            Some(pgrx::Uuid::from_bytes(m.header.id)),
-            (m.header.origin != 0).then_some(m.header.origin as i64),
-            None,
-            None,
-        ));
+        rows.push(message_row(&m));
     }
     slot.last_read.store(read_through, Relaxed);
     slot.delivered.fetch_add(batch.count as u64, Relaxed);
     TableIterator::new(rows)
+}
+
+/// A row of kind 'message': a broadcast (the database's, or a client's relayed one).
+pub fn message_row(m: &MessageView) -> DrainRow {
+    let (payload, binary) = if m.is_binary() {
+        (None, Some(m.payload.to_vec()))
+    } else {
+        (Some(String::from_utf8_lossy(m.payload).into_owned()), None)
+    };
+    (
+        m.header.seq as i64,
+        "message",
+        Some(m.topic.to_owned()),
+        Some(m.event.to_owned()),
+        payload,
+        binary,
+        Some(m.is_private()),
+        TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
+        Some(pgrx::Uuid::from_bytes(m.header.id)),
+        (m.header.origin != 0).then_some(m.header.origin as i64),
+        None,
+        None,
+    )
+}
+
+/// A row of kind `kind` carrying only a sequence ('end' of `realtime.history`).
+pub fn marker_row(seq: u64, kind: &'static str) -> DrainRow {
+    (
+        seq as i64, kind, None, None, None, None, None, None, None, None, None, None,
+    )
+}
+
+/// A row of kind 'gap': messages `first..=last` were evicted before they were read.
+pub fn gap_row(first: u64, last: u64) -> DrainRow {
+    let mut row = marker_row(last, "gap");
+    row.10 = Some(first as i64);
+    row.11 = Some(last as i64);
+    row
 }
 
 /// Sleeps on this backend's latch (not the queue's condition variable, so commits do not

@@ -10,6 +10,7 @@
 //! records while the lock was released, the loss is reported as a gap row, as a drain
 //! reports it, so a result is never silently incomplete.
 
+use crate::consumer::{gap_row, marker_row, message_row, DrainRow};
 use crate::errors;
 use crate::message::{
     MessageView, RecordHeader, FLAG_CHANGE, FLAG_PERSIST, FLAG_PRIVATE, HEADER_LEN,
@@ -24,21 +25,6 @@ const WALK_PER_LOCK: usize = 16_384;
 /// Bytes of matching records copied per call at most (beyond the first): a caller that
 /// gets fewer messages than exist pages on from the `end` row.
 const MAX_BYTES: usize = 64 << 20;
-
-type Row = (
-    i64,
-    &'static str,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<Vec<u8>>,
-    Option<bool>,
-    Option<TimestampWithTimeZone>,
-    Option<pgrx::Uuid>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-);
 
 /// What one call asks for: which records match, and how many to keep.
 struct Wanted {
@@ -224,13 +210,13 @@ fn history(
     TableIterator::new(rows(found))
 }
 
-fn rows(found: Found) -> Vec<Row> {
+fn rows(found: Found) -> Vec<DrainRow> {
     let mut records = found.records;
     if !found.per_topic.is_empty() {
         records = found.per_topic.into_values().flatten().collect();
         records.sort_by_key(|r| RecordHeader::decode(&r[..HEADER_LEN]).seq);
     }
-    let mut out: Vec<Row> = Vec::with_capacity(records.len() + found.gaps.len() + 1);
+    let mut out: Vec<DrainRow> = Vec::with_capacity(records.len() + found.gaps.len() + 1);
     let mut gaps = found.gaps.into_iter().peekable();
     for rec in &records {
         let m = MessageView::parse(rec);
@@ -241,57 +227,9 @@ fn rows(found: Found) -> Vec<Row> {
             out.push(gap_row(first, last));
             gaps.next();
         }
-        let (payload, binary) = if m.is_binary() {
-            (None, Some(m.payload.to_vec()))
-        } else {
-            (Some(String::from_utf8_lossy(m.payload).into_owned()), None)
-        };
-        out.push((
-            m.header.seq as i64,
-            "message",
-            Some(m.topic.to_owned()),
-            Some(m.event.to_owned()),
-            payload,
-            binary,
-            Some(m.is_private()),
-            TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
-            Some(pgrx::Uuid::from_bytes(m.header.id)),
-            (m.header.origin != 0).then_some(m.header.origin as i64),
-            None,
-            None,
-        ));
+        out.push(message_row(&m));
     }
     out.extend(gaps.map(|(first, last)| gap_row(first, last)));
-    out.push((
-        found.through as i64,
-        "end",
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-    ));
+    out.push(marker_row(found.through, "end"));
     out
-}
-
-fn gap_row(first: u64, last: u64) -> Row {
-    (
-        last as i64,
-        "gap",
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        Some(first as i64),
-        Some(last as i64),
-    )
 }

@@ -10,7 +10,6 @@ use crate::hub::{Hub, Payload, QueueMessage};
 use crate::metrics::Metrics;
 use crate::postgres_changes::deliver::{self, Outgoing};
 use crate::postgres_changes::subscribers::Subscribers;
-use bytes::Bytes;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -407,13 +406,7 @@ async fn session(
                 }
                 continue;
             }
-            let payload = match row.get::<_, Option<Vec<u8>>>(col.binary_payload) {
-                Some(b) => Payload::Binary(Bytes::from(b)),
-                None => Payload::Json(
-                    row.get::<_, Option<String>>(col.payload)
-                        .unwrap_or_else(|| "null".into()),
-                ),
-            };
+            let payload = Payload::from_columns(row.get(col.binary_payload), row.get(col.payload));
             let origin: Option<i64> = row.get(col.origin);
             hub.dispatch(&QueueMessage {
                 topic: row.get(col.topic),

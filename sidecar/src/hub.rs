@@ -127,6 +127,17 @@ pub enum Payload {
     Binary(Bytes),
 }
 
+impl Payload {
+    /// A message's payload from its two columns as the queue's functions return them
+    /// (`payload` text, `binary_payload` bytea; one is NULL).
+    pub fn from_columns(binary: Option<Vec<u8>>, json: Option<String>) -> Payload {
+        match binary {
+            Some(b) => Payload::Binary(Bytes::from(b)),
+            None => Payload::Json(json.unwrap_or_else(|| "null".into())),
+        }
+    }
+}
+
 /// One topic's subscribers: a dense list for fan-out, and each connection's place in it, so
 /// that joining and leaving cost O(1) however many share the topic (a scan of the list made
 /// a storm of 15,000 joins or leaves on one topic about 10^8 comparisons under the lock).

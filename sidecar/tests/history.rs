@@ -409,17 +409,8 @@ fn topic_name_never_sent() -> String {
 
 async fn private_setup() -> tokio_postgres::Client {
     let db = db().await;
-    db.batch_execute(include_str!("../../pgbench/supabase_auth.sql"))
-        .await
-        .unwrap();
-    db.batch_execute(include_str!("private_policies.sql"))
-        .await
-        .unwrap();
+    load_private_policies(&db).await;
     db
-}
-
-fn user_token(sub: &str) -> String {
-    token(json!({"role": "authenticated", "sub": sub, "exp": now() + 3600}))
 }
 
 async fn join_private(c: &mut Client, topic: &str, sub: &str, broadcast: Value) -> Value {
@@ -548,6 +539,14 @@ async fn supabase_replay_sends_the_newest_database_messages_once_and_needs_read(
             .as_str()
             .unwrap()
             .starts_with("UnableToReplayMessages: Replay params are not valid"),
+        "{r}"
+    );
+    // A `since` ten minutes ahead of the server's clock (a minute of skew is allowed).
+    let ahead = json!({"replay": {"since": since + 600_000}});
+    let r = join_private(&mut s, &topic, MEMBER, ahead).await;
+    assert_eq!(
+        r["response"]["reason"],
+        "UnableToReplayMessages: Replay params are not valid: since is in the future",
         "{r}"
     );
 }

@@ -30,22 +30,13 @@ async fn setup() -> tokio_postgres::Client {
 
 async fn create_schema() {
     let db = db().await;
-    db.batch_execute(include_str!("../../pgbench/supabase_auth.sql"))
-        .await
-        .unwrap();
-    db.batch_execute(include_str!("private_policies.sql"))
-        .await
-        .unwrap();
+    load_private_policies(&db).await;
     db.batch_execute(&format!(
         "DELETE FROM private_members WHERE room IN ('room:1', 'room:ttl');
          INSERT INTO private_members VALUES ('{MEMBER}', 'room:1', true), ('{READER}', 'room:1', false), ('{MEMBER}', 'room:ttl', true);"
     ))
     .await
     .unwrap();
-}
-
-fn user_token(sub: &str) -> String {
-    token(json!({"role": "authenticated", "sub": sub, "exp": now() + 3600}))
 }
 
 async fn join_private(c: &mut Client, topic: &str, token: &str, ack: bool) -> Value {

@@ -14,7 +14,6 @@ use crate::db_worker;
 use crate::frame::{self, Vsn};
 use crate::hub::{Payload, QueueMessage, TopicKey};
 use crate::metrics::Metrics;
-use bytes::Bytes;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -244,10 +243,7 @@ async fn add_persisted(
         if held.contains(&id) {
             continue;
         }
-        let payload = match row.get::<_, Option<Vec<u8>>>("binary_payload") {
-            Some(b) => Payload::Binary(Bytes::from(b)),
-            None => Payload::Json(row.get::<_, Option<String>>("payload").unwrap_or_default()),
-        };
+        let payload = Payload::from_columns(row.get("binary_payload"), row.get("payload"));
         let key = TopicKey {
             private: row.get("private"),
             topic: row.get("topic"),
@@ -335,13 +331,7 @@ async fn read(
 /// database's messages and persisted client broadcasts: all keep their id, as Supabase's
 /// replay gives each its row's id; a resume's client broadcasts carry none, as live.
 fn found(row: &tokio_postgres::Row, epoch: i64, relayed: bool) -> Found {
-    let payload = match row.get::<_, Option<Vec<u8>>>("binary_payload") {
-        Some(b) => Payload::Binary(Bytes::from(b)),
-        None => Payload::Json(
-            row.get::<_, Option<String>>("payload")
-                .unwrap_or_else(|| "null".into()),
-        ),
-    };
+    let payload = Payload::from_columns(row.get("binary_payload"), row.get("payload"));
     let origin: Option<i64> = row.get("origin");
     let key = TopicKey {
         private: row.get("private"),

@@ -47,6 +47,22 @@ pub fn token(claims: Value) -> String {
     .unwrap()
 }
 
+/// A token of role authenticated for user `sub`, valid for an hour.
+pub fn user_token(sub: &str) -> String {
+    token(json!({"role": "authenticated", "sub": sub, "exp": now() + 3600}))
+}
+
+/// Supabase's auth helpers and the private-channel policies of `private_policies.sql`
+/// (members read their rooms; those with can_write send), loaded into the test database.
+pub async fn load_private_policies(db: &tokio_postgres::Client) {
+    db.batch_execute(include_str!("../../../pgbench/supabase_auth.sql"))
+        .await
+        .unwrap();
+    db.batch_execute(include_str!("../private_policies.sql"))
+        .await
+        .unwrap();
+}
+
 /// An anon key like Supabase's: role anon, valid for an hour.
 pub fn anon_key() -> String {
     token(json!({"role": "anon", "exp": now() + 3600, "iss": "supabase"}))
