@@ -60,6 +60,7 @@ def main():
     ap.add_argument("--no-consumer", action="store_true",
                     help="no sidecar draining: what the writer alone pays (the queue then fills and "
                          "evicts, which costs nothing to writers)")
+    ap.add_argument("--linger-ms", type=int, default=2, help="the draining sidecar's DRAIN_LINGER_MS")
     a = ap.parse_args()
     clients = [int(c) for c in a.clients.split(",")]
     harness.build()
@@ -71,7 +72,7 @@ def main():
         # Not in SETUP: a slot cannot be made in a transaction that has written.
         pg.psql("-c", "SELECT pg_create_logical_replication_slot('bench_logical', 'pgoutput')")
         if not a.no_consumer:
-            stack.enter_context(harness.Sidecar(a.port + 2, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS="2"))
+            stack.enter_context(harness.Sidecar(a.port + 2, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS=str(a.linger_ms)))
         stack.enter_context(logical_stream(pg, total))
         results = {}
         for r in range(a.rounds):

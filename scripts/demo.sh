@@ -93,7 +93,8 @@ pids+=($watch)
 # row was missed, though rows were committed while it was away.
 sleep $((seconds / 2))
 echo "  -- killing the sidecar (SIGKILL) and starting it again in a second --"
-kill -KILL "$sidecar"
+# Reaped here, so the shell does not report the kill as a job that died.
+{ kill -KILL "$sidecar" && wait "$sidecar"; } 2>/dev/null || true
 sleep 1
 start_sidecar
 wait "$watch"

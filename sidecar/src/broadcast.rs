@@ -6,7 +6,7 @@
 
 use crate::command::ClientBroadcast;
 use crate::frame::Inbound;
-use crate::history::gate::Gate;
+use crate::gate::Gate;
 use crate::hub::{Hub, Link, TopicKey};
 use crate::join_config::JoinConfig;
 use crate::reason::Refusal;

@@ -3,7 +3,7 @@
 //! to disconnect instead of slowing anyone else down.
 
 use crate::frame::{self, Meta, Vsn};
-use crate::history::gate::Gate;
+use crate::gate::Gate;
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -34,7 +34,7 @@ pub struct Subscriber {
     pub tx: mpsc::Sender<Message>,
     /// Notified when the connection fell behind and must close.
     pub too_slow: Arc<Notify>,
-    /// Set while the channel's history is being sent (`history::gate`).
+    /// Set while the channel's history is being sent (`gate`).
     pub gate: Option<Arc<Gate>>,
 }
 

@@ -63,7 +63,7 @@
 //!
 //! A join with `config.broadcast.replay` (Supabase's) or `config.broadcast.resume` (a
 //! position, `meta.epoch` and `meta.seq` of the last message the client saw) is answered and
-//! subscribed in the hub at once, behind a `history::gate` that holds its live frames. The
+//! subscribed in the hub at once, behind a `gate` that holds its live frames. The
 //! `history::fetch` task reads the history of every waiting join in one `realtime.history`
 //! call (one walk of the queue's ring for all their topics), sends each join its share,
 //! paced, with a `system` message saying whether everything was recovered, then opens the
@@ -87,8 +87,8 @@
 //! format of both serializers · `channels` the channel lifecycle · `join_config` what a
 //! join asks for · `broadcast` the broadcast extension · `postgres_changes/` the Postgres
 //! Changes extension (bindings, the join-time check, who listens, delivery) · `history/`
-//! replay and resume (what a join asks, the batched read, the gate) · `hub` topics and
-//! fan-out ·
+//! replay and resume (what a join asks, the batched read) · `gate` a rejoining channel's
+//! live frames held until its history is sent · `hub` topics and fan-out ·
 //! `drainer` the queue side · `authorizer` batched `realtime.authorize` · `relay` batched
 //! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what those two share (reconnects, batches) · `reason`
 //! every reason a client can be given · `jwt` · `metrics` · `config` · `state` · `shutdown`.
@@ -103,6 +103,7 @@ pub mod drainer;
 pub mod frame;
 #[cfg(test)]
 mod fuzz;
+pub mod gate;
 pub mod history;
 pub mod hub;
 pub mod join_config;

@@ -8,10 +8,10 @@
 //! slow client), and finally its gate opens (`gate`).
 
 use super::ask::Ask;
-use super::gate::{Gate, Opened};
 use crate::config::Config;
 use crate::db_worker;
 use crate::frame::{self, Vsn};
+use crate::gate::{Gate, Opened};
 use crate::hub::{Payload, QueueMessage, TopicKey};
 use crate::metrics::Metrics;
 use serde_json::{json, Value};
@@ -465,18 +465,19 @@ fn resume_system(
     metrics: &Metrics,
 ) -> Message {
     let resent = carry.resent;
+    let messages = if resent == 1 { "message" } else { "messages" };
     let mut payload = if asked_epoch != epoch {
         json!({"recovered": false, "epoch_changed": true, "first_missing": seq + 1,
-               "message": format!("The database restarted after position {seq} of epoch {asked_epoch}: messages after it that were not delivered are lost; the {resent} messages the new epoch {epoch} holds were sent")})
+               "message": format!("The database restarted after position {seq} of epoch {asked_epoch}: messages after it that were not delivered are lost; the {resent} {messages} the new epoch {epoch} holds were sent")})
     } else if ahead {
         json!({"recovered": false, "first_missing": null, "last_missing": null,
                "message": format!("Position {seq} is beyond the last message of this queue ({through}): it is not a position of this epoch's messages")})
     } else if let Some((first, last)) = carry.missing {
         json!({"recovered": false, "first_missing": first, "last_missing": last,
-               "message": format!("Messages {first} to {last} are no longer retained; the {resent} messages after them were sent")})
+               "message": format!("Messages {first} to {last} are no longer retained; the {resent} {messages} after them were sent")})
     } else {
         json!({"recovered": true,
-               "message": format!("Resumed after position {seq}: {resent} messages sent")})
+               "message": format!("Resumed after position {seq}: {resent} {messages} sent")})
     };
     let recovered = payload["recovered"] == Value::Bool(true);
     if !recovered && carry.passes == 1 {

@@ -12,11 +12,10 @@
 //! `meta.replayed`. Both read the queue's ring, which keeps messages by space, not time:
 //! `realtime.stats()` says how far back it reaches.
 //!
-//! The way: the join is answered and the channel subscribed in the hub behind a `gate` that
-//! holds its live frames; `fetch` reads the history of every waiting join in one
-//! `realtime.history` call, sends each its share, paced, and opens its gate at the sequence
-//! the history went through. `ask` reads what the join asked for.
+//! The way: the join is answered and the channel subscribed in the hub behind a gate
+//! (`crate::gate`) that holds its live frames; `fetch` reads the history of every waiting
+//! join in one `realtime.history` call, sends each its share, paced, and opens its gate at
+//! the sequence the history went through. `ask` reads what the join asked for.
 
 pub mod ask;
 pub mod fetch;
-pub mod gate;
