@@ -29,4 +29,12 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
     realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer) TO realtime_sidecar;
 -- Persisted client broadcasts: written when relayed, read at a replay, deleted when expired.
 GRANT SELECT, INSERT, DELETE ON realtime.persisted_messages TO realtime_sidecar;
+-- Presence: the members and the sidecars' leases, changed only through these functions.
+GRANT EXECUTE ON FUNCTION realtime.queue_presence(text, boolean, text),
+    realtime.presence_renew(text, interval),
+    realtime.presence_track(text, text, boolean, text, jsonb, text),
+    realtime.presence_untrack(text, text), realtime.presence_reap(interval),
+    realtime.presence_end(text), realtime.presence_state(text[], boolean[], interval) TO realtime_sidecar;
+GRANT SELECT, INSERT, UPDATE, DELETE ON realtime.presences, realtime.presence_sessions TO realtime_sidecar;
+GRANT USAGE ON SEQUENCE realtime.presence_refs TO realtime_sidecar;
 GRANT anon, authenticated, service_role TO realtime_sidecar;

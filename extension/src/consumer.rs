@@ -181,6 +181,7 @@ pub type DrainRow = (
 /// waiting up to `timeout_ms` for the first one, then up to `linger_ms` for more to batch
 /// with it. Passing `after_seq` also confirms it.
 /// A first row of kind 'gap' reports messages evicted before this consumer read them. A row
+/// of kind 'presence' is a presence diff (`presence.rs`). A row
 /// of kind 'change' is a captured row change: topic is its table, event its type (INSERT,
 /// UPDATE, DELETE), payload the `data` of Supabase's Postgres Changes event (`change.rs`).
 /// With `decode`, only the changes of those tables are decoded; the others come with a NULL
@@ -340,7 +341,11 @@ fn drain(
             ));
             continue;
         }
-        rows.push(message_row(&m));
+        let mut row = message_row(&m);
+        if m.is_presence() {
+            row.1 = "presence";
+        }
+        rows.push(row);
     }
     slot.last_read.store(read_through, Relaxed);
     slot.delivered.fetch_add(batch.count as u64, Relaxed);

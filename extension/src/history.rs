@@ -13,7 +13,7 @@
 use crate::consumer::{gap_row, marker_row, message_row, DrainRow};
 use crate::errors;
 use crate::message::{
-    MessageView, RecordHeader, FLAG_CHANGE, FLAG_PERSIST, FLAG_PRIVATE, HEADER_LEN,
+    MessageView, RecordHeader, FLAG_CHANGE, FLAG_PERSIST, FLAG_PRESENCE, FLAG_PRIVATE, HEADER_LEN,
 };
 use crate::queue::{Locate, QueueCore, Ring};
 use crate::shared::queue;
@@ -39,7 +39,7 @@ impl Wanted {
     /// The index of the topic the record at `off` belongs to, if it matches.
     fn matches(&self, ring: &Ring, off: u64, h: &RecordHeader) -> Option<usize> {
         let relayed = h.origin != 0 && h.flags & FLAG_PERSIST == 0;
-        if h.flags & FLAG_CHANGE != 0 || (!self.relayed && relayed) {
+        if h.flags & (FLAG_CHANGE | FLAG_PRESENCE) != 0 || (!self.relayed && relayed) {
             return None;
         }
         if self.since.is_some_and(|s| h.committed_at < s) {
@@ -112,7 +112,8 @@ fn walk_once(core: &QueueCore, ring: &Ring, w: &Wanted, off: u64, f: &mut Found)
 /// sent with `persist`; with
 /// `newest`, only the newest that many per topic. At most `max_messages` are returned; when
 /// the limit cut the walk short, the 'end' row says where to go on from. Captured row
-/// changes are never returned: they are authorized per subscriber when delivered.
+/// changes are never returned: they are authorized per subscriber when delivered; nor are
+/// presence diffs: a joining channel gets the current presence state instead.
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."history"(after_seq bigint, topics text[], private boolean[], since timestamptz DEFAULT NULL, newest integer DEFAULT NULL, relayed boolean DEFAULT true, max_messages integer DEFAULT 100000)
 RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, origin bigint, lost_first bigint, lost_last bigint)

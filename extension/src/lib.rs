@@ -14,6 +14,7 @@ mod history;
 mod identity;
 mod message;
 mod payload;
+mod presence;
 mod queue;
 mod row_trigger;
 mod send;
@@ -39,6 +40,11 @@ extension_sql_file!(
     requires = [visible::selectable]
 );
 extension_sql_file!("../../sql/persisted.sql", name = "persisted");
+extension_sql_file!(
+    "../../sql/presence.sql",
+    name = "presence",
+    requires = [presence::queue_presence]
+);
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]

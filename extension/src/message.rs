@@ -20,6 +20,8 @@ pub const FLAG_CHANGE: u8 = 4;
 /// the database's messages (`history.rs`); the sidecar also keeps it in
 /// `realtime.persisted_messages` for its ttl.
 pub const FLAG_PERSIST: u8 = 8;
+/// A presence diff (`presence.rs`): drained as kind 'presence', never a broadcast.
+pub const FLAG_PRESENCE: u8 = 16;
 
 pub const HEADER_LEN: usize = 56;
 /// Where `committed_at` sits in an encoded header.
@@ -149,6 +151,10 @@ impl<'a> MessageView<'a> {
 
     pub fn is_change(&self) -> bool {
         self.header.flags & FLAG_CHANGE != 0
+    }
+
+    pub fn is_presence(&self) -> bool {
+        self.header.flags & FLAG_PRESENCE != 0
     }
 }
 

@@ -397,6 +397,11 @@ async fn session(
                 .record((now_us - committed_us).max(0) as f64 / 1e6);
             metrics.drain_messages_total.increment(1);
             pos = seq;
+            if kind == "presence" {
+                // A presence diff (extension/src/presence.rs): never a broadcast. Presence in
+                // the sidecar is not built yet, so it reaches no channel.
+                continue;
+            }
             if kind == "change" {
                 // A row change goes to Postgres Changes channels only, never to a
                 // broadcast topic (one named after its table would get it).

@@ -956,3 +956,23 @@ async fn broadcasts_with_a_missing_or_stale_join_ref_are_accepted() {
         assert_eq!(c.reply(&r).await["status"], "ok", "join_ref {join_ref:?}");
     }
 }
+
+/// Presence diffs travel through the queue (sql/presence.sql) but are not broadcasts: a
+/// channel of the same topic never receives one as a message.
+#[tokio::test]
+async fn a_presence_diff_is_never_delivered_as_a_broadcast() {
+    let sidecar = Sidecar::start("t_presence_not_broadcast", &[]).await;
+    let db = db().await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public("realtime:room:presence").await;
+    db.batch_execute(
+        "SELECT realtime.presence_renew('t_presence_session');
+         SELECT realtime.presence_track('t_presence_session', 'room:presence', false, 'ann', '{}');
+         SELECT realtime.presence_end('t_presence_session');",
+    )
+    .await
+    .unwrap();
+    send(&db, json!({"after": "presence"}), "marker", "room:presence").await;
+    let m = c.next_json(10).await.expect("the marker");
+    assert_eq!(m["payload"]["event"], "marker", "{m}");
+}
