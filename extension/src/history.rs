@@ -5,8 +5,9 @@
 //! messages after its position, and many clients on few topics rejoin at once after a
 //! sidecar restart. So one call takes a set of topics and one starting sequence, walks the
 //! retained range once, and returns every matching message; the sidecar splits the result
-//! among the clients that asked. The walk holds the queue lock shared for a bounded number
-//! of records at a time (committing writers need it exclusively); if the ring evicted
+//! among the clients that asked. The walk (from the tail: the records up to the position
+//! are skipped in the same steps) holds the queue lock shared for a bounded number of
+//! records at a time (committing writers need it exclusively); if the ring evicted
 //! records while the lock was released, the loss is reported as a gap row, as a drain
 //! reports it, so a result is never silently incomplete.
 
@@ -15,7 +16,7 @@ use crate::errors;
 use crate::message::{
     MessageView, RecordHeader, FLAG_CHANGE, FLAG_PERSIST, FLAG_PRESENCE, FLAG_PRIVATE, HEADER_LEN,
 };
-use crate::queue::{Locate, QueueCore, Ring};
+use crate::queue::{QueueCore, Ring};
 use crate::shared::queue;
 use pgrx::prelude::*;
 use std::collections::{HashMap, VecDeque};
@@ -28,6 +29,8 @@ const MAX_BYTES: usize = 64 << 20;
 
 /// What one call asks for: which records match, and how many to keep.
 struct Wanted {
+    /// Only messages after this sequence.
+    after: u64,
     topics: HashMap<(bool, Vec<u8>), usize>,
     since: Option<i64>,
     relayed: bool,
@@ -71,7 +74,7 @@ struct Found {
 fn walk_once(core: &QueueCore, ring: &Ring, w: &Wanted, off: u64, f: &mut Found) -> Option<u64> {
     let mut full = false;
     let next = core.walk(ring, off, WALK_PER_LOCK, |at, h| {
-        if full {
+        if full || h.seq <= w.after {
             return;
         }
         if let Some(topic) = w.matches(ring, at, h) {
@@ -158,6 +161,7 @@ fn history(
         errors::invalid("max_messages must be at least 1", None);
     }
     let mut wanted = Wanted {
+        after: after_seq as u64,
         topics: HashMap::new(),
         since: since.map(|t| t.into_inner()),
         relayed,
@@ -177,19 +181,22 @@ fn history(
         through: after_seq as u64,
         ..Found::default()
     };
+    // Where the walk starts: the tail, the records up to `after_seq` skipped in the same
+    // bounded steps (finding the position first would walk them under one hold of the
+    // lock, which writers would wait for).
     let mut off = {
         let g = q.shared();
-        match g.core().locate(&ring, after_seq as u64, None) {
-            Locate::At(off) => Some(off),
-            Locate::Gap { first, last, off } => {
-                found.gaps.push((first, last));
-                Some(off)
-            }
+        let core = g.core();
+        let want = after_seq as u64 + 1;
+        if want > core.next_seq {
             // A position this queue never reached (another epoch's): nothing after it.
-            Locate::Ahead { last_published } => {
-                found.through = last_published;
-                None
+            found.through = core.last_seq();
+            None
+        } else {
+            if want < core.tail_seq {
+                found.gaps.push((want, core.tail_seq - 1));
             }
+            Some(core.tail)
         }
     };
     while let Some(at) = off {
