@@ -40,6 +40,20 @@ SELECT seq - :base AS seq, kind FROM realtime.history(:base + 1000, '{room:a}', 
 -- No topics: only the 'end' row.
 SELECT seq - :base AS seq, kind FROM realtime.history(:base, '{}', '{}');
 
+-- A position deep in the ring: the walk skips the records before it in bounded steps of
+-- 16,384 (never one long hold of the queue lock) and still returns exactly what follows.
+SELECT last_seq AS deep FROM realtime.stats() \gset
+SELECT count(realtime.send(jsonb_build_object('i', i), 'e', 'room:deep', false)) AS sent
+FROM generate_series(1, 20000) i;
+SELECT count(*) FILTER (WHERE kind = 'message') AS returned,
+       min(seq) FILTER (WHERE kind = 'message') - :deep AS first,
+       max(seq) FILTER (WHERE kind = 'message') - :deep AS last,
+       min((payload::jsonb->>'i')::int) AS first_i,
+       max(seq) FILTER (WHERE kind = 'end') - :deep AS through,
+       count(*) FILTER (WHERE kind = 'gap') AS gaps
+FROM realtime.history(:deep + 18000, '{room:deep}', '{false}');
+SELECT count(*) > 0 AS drained FROM take();
+
 -- Bad input: a clear error each.
 SELECT * FROM realtime.history(-1, '{room:a}', '{false}');
 SELECT * FROM realtime.history(0, '{room:a,room:b}', '{false}');
