@@ -273,24 +273,7 @@ async fn resume_past_the_retained_range_says_recovered_false_with_the_gap() {
     let first = read_until(&mut a, 10, has_n(4)).await;
     drop(a);
     let (epoch, seq) = last_position(&first);
-    // More than the whole ring (scripts/test.sh sets realtime.queue_size = 32MB) on
-    // another topic: everything up to here is evicted.
-    let (capacity,): (i64,) = {
-        let r = db
-            .query_one("SELECT capacity_bytes FROM realtime.stats()", &[])
-            .await
-            .unwrap();
-        (r.get(0),)
-    };
-    let big = 900_000i64;
-    for _ in 0..(capacity / big + 2) {
-        db.execute(
-            "SELECT realtime.send(jsonb_build_object('pad', repeat('x', $1::int)), 'pad', 'evict', false)",
-            &[&(big as i32)],
-        )
-        .await
-        .unwrap();
-    }
+    evict_everything(&db).await;
     send(&db, &topic, 5, 8, false).await;
     let oldest: i64 = db
         .query_one("SELECT oldest_seq FROM realtime.stats()", &[])
@@ -325,16 +308,7 @@ async fn resume_of_another_epoch_or_from_the_future_or_malformed_is_told_not_cra
     let db = db().await;
     let topic = topic("resume:bad");
     send(&db, &topic, 0, 3, false).await;
-    let (epoch, last): (i64, i64) = {
-        let r = db
-            .query_one(
-                "SELECT (extract(epoch FROM epoch) * 1000000)::int8, last_seq FROM realtime.stats()",
-                &[],
-            )
-            .await
-            .unwrap();
-        (r.get(0), r.get(1))
-    };
+    let (epoch, last): (i64, i64) = queue_position(&db).await;
 
     // Another epoch (a position from before a database restart): what this epoch holds of
     // the topic is sent, and the system message names the change.
@@ -403,6 +377,39 @@ async fn resume_of_another_epoch_or_from_the_future_or_malformed_is_told_not_cra
     assert_eq!(system(&got)[0]["recovered"], true);
 }
 
+/// More than the whole ring sent to another topic (scripts/test.sh sets
+/// realtime.queue_size = 32MB): everything before is evicted.
+async fn evict_everything(db: &tokio_postgres::Client) {
+    let capacity: i64 = db
+        .query_one("SELECT capacity_bytes FROM realtime.stats()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for _ in 0..(capacity / 900_000 + 2) {
+        db.execute(
+            "SELECT realtime.send(jsonb_build_object('pad', repeat('x', 900000)), 'pad', 'evict', false)",
+            &[],
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// Makes MEMBER a member of `topic` (a writer with `can_write`); returns the database's
+/// clock now in unix milliseconds, a replay's `since` that covers what is sent next.
+async fn member_of(db: &tokio_postgres::Client, topic: &str, can_write: bool) -> i64 {
+    db.execute(
+        "INSERT INTO private_members VALUES ($1::text::uuid, $2, $3)",
+        &[&MEMBER, &topic, &can_write],
+    )
+    .await
+    .unwrap();
+    db.query_one("SELECT (extract(epoch FROM now()) * 1000)::int8", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 fn topic_name_never_sent() -> String {
     topic("resume:empty")
 }
@@ -428,17 +435,7 @@ async fn supabase_replay_sends_the_newest_database_messages_once_and_needs_read(
     let sidecar = Sidecar::start("t_history_replay", &[]).await;
     let db = private_setup().await;
     let topic = topic("replay:room");
-    db.execute(
-        "INSERT INTO private_members VALUES ($1::text::uuid, $2, false)",
-        &[&MEMBER, &topic],
-    )
-    .await
-    .unwrap();
-    let since: i64 = db
-        .query_one("SELECT (extract(epoch FROM now()) * 1000)::int8", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let since = member_of(&db, &topic, false).await;
     send(&db, &topic, 0, 30, true).await;
     // A public message of the same name is another topic.
     send(&db, &topic, 100, 101, false).await;
@@ -580,17 +577,7 @@ async fn persisted_client_broadcasts_are_replayed_even_after_the_ring_dropped_th
     let sidecar = Sidecar::start("t_history_persist", &[]).await;
     let db = private_setup().await;
     let topic = topic("persist:room");
-    db.execute(
-        "INSERT INTO private_members VALUES ($1::text::uuid, $2, true)",
-        &[&MEMBER, &topic],
-    )
-    .await
-    .unwrap();
-    let since: i64 = db
-        .query_one("SELECT (extract(epoch FROM now()) * 1000)::int8", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let since = member_of(&db, &topic, true).await;
     let mut w = Client::connect(sidecar.port, "2.0.0").await;
     let r = join_private(&mut w, &topic, MEMBER, json!({"ack": true})).await;
     assert_eq!(r["status"], "ok", "{r}");
@@ -681,19 +668,7 @@ async fn persisted_client_broadcasts_are_replayed_even_after_the_ring_dropped_th
 
     // The ring moves on (more than its size sent on another topic): the kept messages are
     // still replayed, from their table, without a position; the database's are gone.
-    let capacity: i64 = db
-        .query_one("SELECT capacity_bytes FROM realtime.stats()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    for _ in 0..(capacity / 900_000 + 2) {
-        db.execute(
-            "SELECT realtime.send(jsonb_build_object('pad', repeat('x', 900000)), 'pad', 'evict', false)",
-            &[],
-        )
-        .await
-        .unwrap();
-    }
+    evict_everything(&db).await;
     let mut c = Client::connect(sidecar.port, "1.0.0").await;
     let r = join_private(&mut c, &topic, MEMBER, json!({"replay": {"since": since}})).await;
     assert_eq!(r["status"], "ok", "{r}");

@@ -33,16 +33,7 @@ async fn db_broadcast_reaches_v1_client_with_supabase_envelope() {
         .to_owned();
     // The position: the queue's epoch (as realtime.stats() gives it, in unix microseconds)
     // and the message's sequence.
-    let (epoch, seq): (i64, i64) = {
-        let r = db
-            .query_one(
-                "SELECT (extract(epoch FROM epoch) * 1000000)::int8, last_seq FROM realtime.stats()",
-                &[],
-            )
-            .await
-            .unwrap();
-        (r.get(0), r.get(1))
-    };
+    let (epoch, seq): (i64, i64) = queue_position(&db).await;
     let got_seq = m["payload"]["meta"]["seq"].as_i64().expect("meta.seq");
     assert!(got_seq > 0 && got_seq <= seq, "{m}");
     assert_eq!(

@@ -47,6 +47,18 @@ pub fn token(claims: Value) -> String {
     .unwrap()
 }
 
+/// The queue's epoch (as `meta.epoch` carries it: unix microseconds) and its last sequence.
+pub async fn queue_position(db: &tokio_postgres::Client) -> (i64, i64) {
+    let r = db
+        .query_one(
+            "SELECT (extract(epoch FROM epoch) * 1000000)::int8, last_seq FROM realtime.stats()",
+            &[],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
 /// A token of role authenticated for user `sub`, valid for an hour.
 pub fn user_token(sub: &str) -> String {
     token(json!({"role": "authenticated", "sub": sub, "exp": now() + 3600}))
