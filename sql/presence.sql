@@ -9,7 +9,9 @@
 -- a sidecar that loads a topic's state also learns which refs already left, so a join it
 -- drains late cannot bring a ghost back. A sidecar that dies (or hangs, or loses its
 -- network) stops renewing its lease; any sidecar's reaper then makes its members leave.
--- Only the sidecar's role may use any of it.
+-- A session also names the backend that renews it: a sidecar killed outright closes that
+-- backend's socket, and its members leave at the next reap instead of when the lease runs
+-- out. Only the sidecar's role may use any of it.
 
 -- Phoenix's phx_ref of each member: made here, so the same on every sidecar, and never
 -- reused (a sequence survives restarts).
@@ -17,7 +19,10 @@ CREATE SEQUENCE realtime.presence_refs;
 
 CREATE TABLE realtime.presence_sessions (
     session text PRIMARY KEY,
-    expires_at timestamptz NOT NULL
+    expires_at timestamptz NOT NULL,
+    -- The backend that last renewed the lease (the sidecar's presence connection).
+    pid integer,
+    backend_start timestamptz
 );
 
 CREATE TABLE realtime.presences (
@@ -56,9 +61,11 @@ DECLARE
 BEGIN
     SELECT s.expires_at >= clock_timestamp() INTO held
     FROM realtime.presence_sessions s WHERE s.session = session_id FOR UPDATE;
-    INSERT INTO realtime.presence_sessions AS s (session, expires_at)
-    VALUES (session_id, clock_timestamp() + lease)
-    ON CONFLICT (session) DO UPDATE SET expires_at = excluded.expires_at;
+    INSERT INTO realtime.presence_sessions AS s (session, expires_at, pid, backend_start)
+    SELECT session_id, clock_timestamp() + lease, a.pid, a.backend_start
+    FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
+    ON CONFLICT (session) DO UPDATE
+        SET expires_at = excluded.expires_at, pid = excluded.pid, backend_start = excluded.backend_start;
     RETURN coalesce(held, false);
 END
 $$;
@@ -120,23 +127,37 @@ BEGIN
 END
 $$;
 
--- The members of every session whose lease expired leave (one diff per topic), those
--- sessions end, and tombstones older than `keep_left` are purged (they only have to outlive
--- a sidecar's drain lag; a churning room would pile them up). Any sidecar may run it, all
--- of them at once: a session is ended by one. Returns how many members left.
+-- The members of every ended session leave (one diff per topic), those sessions end, and
+-- tombstones older than `keep_left` are purged (they only have to outlive a sidecar's drain
+-- lag; a churning room would pile them up). A session has ended when its lease expired or
+-- the backend that renewed it is gone (its sidecar was killed, or lost its connection); a
+-- member whose session is missing altogether (tracked while it was being reaped) leaves
+-- too, so no member outlives its session. Any sidecar may call it, all of them every second:
+-- one reaps at a time and the others return 0 at once. Returns how many members left.
 CREATE FUNCTION realtime.presence_reap(keep_left interval DEFAULT '1 minute')
 RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     t record;
     n integer := 0;
 BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('realtime.presence_reap')) THEN
+        RETURN 0;
+    END IF;
     FOR t IN
         WITH ended AS (
-            DELETE FROM realtime.presence_sessions s WHERE s.expires_at < clock_timestamp()
+            DELETE FROM realtime.presence_sessions s
+            WHERE s.expires_at < clock_timestamp()
+               OR (s.pid IS NOT NULL AND NOT EXISTS (
+                       SELECT 1 FROM pg_stat_activity a
+                       WHERE a.pid = s.pid
+                         -- Another role's backend shows no start: then the pid alone counts.
+                         AND (a.backend_start IS NULL OR a.backend_start = s.backend_start)))
             RETURNING s.session),
         gone AS (
             UPDATE realtime.presences p SET left_at = clock_timestamp()
-            FROM ended WHERE p.session = ended.session AND p.left_at IS NULL
+            WHERE p.left_at IS NULL
+              AND (p.session IN (SELECT e.session FROM ended e)
+                   OR NOT EXISTS (SELECT 1 FROM realtime.presence_sessions s WHERE s.session = p.session))
             RETURNING p.topic, p.private, p.key, p.meta, p.ref)
         SELECT g.topic, g.private, sum(g.c)::integer AS members,
                jsonb_object_agg(g.key, g.metas) AS leaves
@@ -154,10 +175,12 @@ BEGIN
 END
 $$;
 
--- Ends a session at once (a sidecar stopping cleanly): its members leave now.
+-- Ends a session at once (a sidecar stopping cleanly): its members leave now. It waits for
+-- a reaper that is running (advisory locks are reentrant, so the reap below then proceeds).
 CREATE FUNCTION realtime.presence_end(session_id text) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('realtime.presence_reap'));
     UPDATE realtime.presence_sessions s SET expires_at = '-infinity' WHERE s.session = session_id;
     RETURN realtime.presence_reap();
 END

@@ -14,9 +14,10 @@ $$;
 SELECT count(*) >= 0 AS drained FROM take();
 SELECT last_seq AS base FROM realtime.stats() \gset
 
--- A first lease: the session held none before.
-SELECT realtime.presence_renew('s1') AS held_before;
-SELECT realtime.presence_renew('s1') AS held_before;
+-- A first lease: the session held none before. (An hour long, so that no step of this file
+-- depends on how fast the machine runs it.)
+SELECT realtime.presence_renew('s1', '1 hour') AS held_before;
+SELECT realtime.presence_renew('s1', '1 hour') AS held_before;
 
 -- Track: a join. Re-track with the same meta: nothing changes, nothing is sent. Re-track
 -- with another meta: one diff, the join (with phx_ref_prev) and the leave of the old ref.
@@ -53,6 +54,24 @@ SELECT count(*) AS sessions_left FROM realtime.presence_sessions WHERE session =
 SELECT realtime.presence_reap() AS left;
 SELECT realtime.presence_renew('s2') AS held_before;
 SELECT key, live FROM realtime.presence_state('{room:a,room:b}', '{true,false}') ORDER BY key, live;
+
+-- A sidecar killed outright: the backend that renewed its lease is gone (no backend has
+-- pid 0). Its members leave at the next reap, however long the lease still runs.
+SELECT realtime.presence_renew('s3', '1 hour') AS held_before;
+SELECT realtime.presence_track('s3', 'room:d', false, 'ed', '{}') IS NOT NULL AS tracked;
+SELECT count(*) AS joins FROM diffs();
+SELECT realtime.presence_reap() AS left;
+UPDATE realtime.presence_sessions SET pid = 0 WHERE session = 's3';
+SELECT realtime.presence_reap() AS left;
+SELECT * FROM diffs();
+-- The sessions' backends are recorded as they renew.
+SELECT session, pid = pg_backend_pid() AS this_backend FROM realtime.presence_sessions ORDER BY session;
+-- A member whose session does not exist (tracked while its session was being reaped)
+-- leaves too: no member outlives its session.
+SELECT realtime.presence_track('nobody', 'room:d', false, 'fay', '{}') IS NOT NULL AS tracked;
+SELECT count(*) AS joins FROM diffs();
+SELECT realtime.presence_reap() AS left;
+SELECT * FROM diffs();
 
 -- A clean stop ends the session at once.
 SELECT realtime.presence_end('s1') AS left;

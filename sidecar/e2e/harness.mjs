@@ -56,6 +56,17 @@ export async function database() {
 export const withTimeout = (p, ms, what) =>
   Promise.race([p, new Promise((_, reject) => setTimeout(() => reject(new Error(`timed out: ${what}`)), ms))]);
 
+/// Resolves once `cond()` holds (checked every 20 ms); rejects with `what` after `ms`.
+export async function waitFor(cond, ms, what) {
+  await withTimeout(
+    (async () => {
+      while (!cond()) await new Promise((r) => setTimeout(r, 20));
+    })(),
+    ms,
+    what,
+  );
+}
+
 /// Subscribes; resolves on SUBSCRIBED, rejects with the server's reason on CHANNEL_ERROR or
 /// TIMED_OUT.
 export function subscribed(channel) {

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import WebSocket from 'ws';
 import { RealtimeClient } from '@supabase/realtime-js';
-import { anonClaims, close, database, jwt, startSidecar, subscribed, withTimeout } from './harness.mjs';
+import { anonClaims, close, database, jwt, startSidecar, subscribed, withTimeout, waitFor } from './harness.mjs';
 
 const SECRET = 'test-secret-with-at-least-32-characters';
 const apikey = jwt(SECRET, anonClaims());
@@ -29,15 +29,6 @@ function remember(channel, meta) {
   channel.updateJoinPayload({ config: { ...config, broadcast: { ...config.broadcast, resume: { epoch: meta.epoch, seq: meta.seq } } } });
 }
 
-async function waitFor(cond, ms, what) {
-  await withTimeout(
-    (async () => {
-      while (!cond()) await new Promise((r) => setTimeout(r, 20));
-    })(),
-    ms,
-    what,
-  );
-}
 
 test('realtime-js resumes after the sidecar is killed (SIGKILL) and started again: nothing lost, nothing twice', async () => {
   let { process: sidecar, port } = await startSidecar(SECRET, 'history_js_kill');

@@ -179,6 +179,24 @@ pub async fn channel_access(
     }
 }
 
+/// A private channel's presence verdicts, asked at its first track as Supabase asks them:
+/// presence write, and presence read when it was not asked at join (presence was not
+/// enabled then). Returns (read, write).
+pub async fn presence_access(
+    tx: &mpsc::Sender<AuthRequest>,
+    who: &Identity,
+    topic: &str,
+    read: bool,
+) -> (Option<Verdict>, Verdict) {
+    let (write, read) = tokio::join!(ask(tx, who, topic, "presence", true), async {
+        match read {
+            true => Some(ask(tx, who, topic, "presence", false).await),
+            false => None,
+        }
+    });
+    (read, write)
+}
+
 pub async fn run(
     cfg: Arc<Config>,
     mut rx: mpsc::Receiver<AuthRequest>,

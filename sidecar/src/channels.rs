@@ -1,13 +1,13 @@
 //! One connection's channels and their lifecycle: join (public at once, private once the
 //! batched verdicts are back), re-checks (every AUTHORIZATION_TTL_SECS and on a new token),
 //! token expiry, and leave. Each client command is dispatched here; what an extension does
-//! on a channel lives in its own file (`broadcast`, `postgres_changes`; presence next).
+//! on a channel lives in its own file (`broadcast`, `postgres_changes`, `presence`).
 //!
 //! Everything runs in the connection's own task (`socket`): verdicts come back on a channel
 //! (`AuthDone`) instead of being applied by the task that asked, so a channel's table entry,
 //! its hub subscription and the frames sent about it change in one place, in order.
 
-use crate::authorizer::{self, Access, Identity};
+use crate::authorizer::{self, Access, Identity, Verdict};
 use crate::broadcast;
 use crate::command::{Command, Frame};
 use crate::frame::{self, Inbound, Vsn};
@@ -19,6 +19,7 @@ use crate::jwt::{self, Claims, JwtError};
 use crate::metrics::Metrics;
 use crate::postgres_changes::check::{self, Checked};
 use crate::postgres_changes::{self, subscribers, Binding};
+use crate::presence::channel::{self as presence_channel, ChannelPresence, Outcome, PresencePush};
 use crate::reason::{ChannelClosed, Disconnect, Refusal};
 use crate::state::Shared;
 use serde_json::json;
@@ -38,8 +39,8 @@ pub struct Channel {
     /// The identity its verdicts are for (the socket's token, or the join's or a refresh's).
     pub claims: Claims,
     pub broadcast: broadcast::State,
-    /// Presence was enabled on the join: its read verdict is asked for too.
-    pub presence: bool,
+    /// The channel's presence: key, verdicts, whether it watches and tracks (`presence`).
+    pub presence: ChannelPresence,
     /// The channel has Postgres Changes bindings (registered in `Shared::changes`).
     pub postgres_changes: bool,
     /// The gate its live broadcasts wait behind while its history is sent (`history`).
@@ -72,6 +73,14 @@ pub enum AuthDone {
     },
     /// A re-check that failed for want of the database is due again.
     Retry { topic: String, generation: u64 },
+    /// A private channel's presence verdicts, asked at its first track (read too when it
+    /// was not asked at join).
+    Presence {
+        topic: String,
+        generation: u64,
+        read: Option<Verdict>,
+        write: Verdict,
+    },
 }
 
 /// A join waiting for its verdicts (a private channel) or its bindings' check.
@@ -236,8 +245,9 @@ impl Channels {
         }
     }
 
-    /// Stops everything the channel receives and gives back its place in the counts.
-    fn unsubscribe(&self, topic: &str, ch: &Channel) {
+    /// Stops everything the channel receives, makes its member leave and gives back its
+    /// place in the counts.
+    fn unsubscribe(&self, topic: &str, ch: &mut Channel) {
         if let Some(gate) = &ch.history_gate {
             gate.close();
         }
@@ -245,13 +255,14 @@ impl Channels {
         if ch.postgres_changes {
             self.shared.changes.remove(self.link.id, topic);
         }
+        ch.presence.stop(&self.shared.presence, &self.link, &ch.key);
         self.shared.metrics.channels.decrement(1.0);
     }
 
     /// Leaves every channel without a word (the socket is closing).
     pub fn leave_all(&mut self) {
-        for (topic, ch) in std::mem::take(&mut self.channels) {
-            self.unsubscribe(&topic, &ch);
+        for (topic, mut ch) in std::mem::take(&mut self.channels) {
+            self.unsubscribe(&topic, &mut ch);
         }
     }
 
@@ -300,7 +311,7 @@ impl Channels {
                 }
             }
             Command::Broadcast(Err(why)) => self.refuse(&m, Refusal::UnableToBroadcast(why.into())),
-            Command::Presence => self.refuse(&m, Refusal::PresenceNotSupported),
+            Command::Presence(push) => self.presence_push(m, push),
             Command::Unknown(other) => self.refuse(&m, Refusal::UnknownEvent(other)),
         }
         Ok(())
@@ -406,20 +417,21 @@ impl Channels {
             });
             return Ok(());
         }
-        self.complete_join(m, config, claims, sub_topic, (true, true), Vec::new());
+        self.complete_join(m, config, claims, sub_topic, (true, true, None), Vec::new());
         Ok(())
     }
 
-    /// Admits a join with its broadcast (read, write) verdicts and its checked Postgres
-    /// Changes bindings: registered before the reply, so a client that saw the reply gets
-    /// every change committed after it.
+    /// Admits a join with its broadcast (read, write) verdicts, its presence read verdict (a
+    /// private join that enabled presence) and its checked Postgres Changes bindings:
+    /// registered before the reply, so a client that saw the reply gets every change
+    /// committed after it.
     fn complete_join(
         &mut self,
         m: Inbound,
         config: JoinConfig,
         claims: Claims,
         sub_topic: String,
-        (read, write): (bool, bool),
+        (read, write, presence_read): (bool, bool, Option<bool>),
         bindings: Vec<Binding>,
     ) {
         let mut ask = config.history.clone().and_then(Result::ok);
@@ -448,8 +460,8 @@ impl Channels {
             private: config.private,
             topic: sub_topic,
         };
-        if let Some(old) = self.channels.remove(&m.topic) {
-            self.unsubscribe(&m.topic, &old);
+        if let Some(mut old) = self.channels.remove(&m.topic) {
+            self.unsubscribe(&m.topic, &mut old);
         }
         let broadcast = broadcast::State::new(&config, read, write);
         let gate = ask
@@ -529,13 +541,22 @@ impl Channels {
                 history::fetch::unavailable(request, &self.shared.metrics);
             }
         }
+        // After the reply (in `out`, written first), the presence state arrives through the
+        // outbound queue, then its diffs.
+        let presence_key = match config.presence_key.as_str() {
+            "" => presence_channel::generated_key(self.shared.instance),
+            k => k.to_owned(),
+        };
+        let mut presence =
+            ChannelPresence::new(presence_key, config.presence, config.private, presence_read);
+        presence.start(&self.shared.presence, &self.link, &key, &m.join_ref);
         let generation = self.next_generation;
         self.next_generation += 1;
         let channel = Channel {
             key,
             join_ref: m.join_ref.clone(),
             broadcast,
-            presence: config.presence,
+            presence,
             postgres_changes: has_changes,
             history_gate: gate,
             claims,
@@ -578,7 +599,8 @@ impl Channels {
         }
         ch.checks.in_flight = true;
         let generation = ch.checks.generation;
-        let (sub_topic, presence, claims) = (ch.key.topic.clone(), ch.presence, ch.claims.clone());
+        let (sub_topic, presence, claims) =
+            (ch.key.topic.clone(), ch.presence.enabled, ch.claims.clone());
         let who = self.identity(&claims);
         let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
         let topic = topic.to_owned();
@@ -608,7 +630,11 @@ impl Channels {
                     // The database could not answer: not a denial, and said as Supabase says it.
                     self.join_error(&m, Refusal::Database(f.clone()));
                 } else if access.readable() {
-                    let verdicts = (access.broadcast_read.allowed(), access.write.allowed());
+                    let verdicts = (
+                        access.broadcast_read.allowed(),
+                        access.write.allowed(),
+                        access.presence_read.as_ref().map(Verdict::allowed),
+                    );
                     match checked {
                         Checked::Ok(bindings) => {
                             self.complete_join(m, config, claims, sub_topic, verdicts, bindings)
@@ -630,6 +656,12 @@ impl Channels {
                 generation,
                 access,
             } => self.apply_recheck(&topic, generation, access),
+            AuthDone::Presence {
+                topic,
+                generation,
+                read,
+                write,
+            } => self.apply_presence_verdicts(&topic, generation, read, write),
             AuthDone::Retry { topic, generation } => {
                 if self
                     .channels
@@ -687,6 +719,14 @@ impl Channels {
         let hub = &self.shared.hub;
         ch.broadcast
             .apply(verdicts, hub, &self.link, &ch.key, &ch.join_ref);
+        if let Some(read) = &access.presence_read {
+            let p = &self.shared.presence;
+            ch.presence
+                .set_read(read.allowed(), p, &self.link, &ch.key, &ch.join_ref);
+        }
+        // Presence write is asked again at the next track: revoking it takes effect
+        // within the same time to live.
+        ch.presence.write = None;
         if again {
             self.recheck(topic);
         }
@@ -694,12 +734,113 @@ impl Channels {
 
     /// Leaves a channel; with a reason, tells the client first (system error).
     fn leave(&mut self, topic: &str, reason: Option<ChannelClosed>) {
-        if let Some(ch) = self.channels.remove(topic) {
+        if let Some(mut ch) = self.channels.remove(topic) {
             if let Some(r) = reason {
                 self.push_system(topic, ch.join_ref.as_deref(), "error", &r.text());
             }
             self.push_close(topic, ch.join_ref.as_deref());
-            self.unsubscribe(topic, &ch);
+            self.unsubscribe(topic, &mut ch);
+        }
+    }
+
+    /// A `presence` push (track or untrack) on a joined channel: counted against the
+    /// client's presence limit, then handled in order behind any push still waiting for
+    /// the channel's presence verdicts.
+    fn presence_push(&mut self, m: Inbound, push: PresencePush) {
+        let limit = self.shared.cfg.max_client_presence_events_per_second;
+        let Some(ch) = self.channels.get_mut(&m.topic) else {
+            return;
+        };
+        if !ch.presence.allow(limit) {
+            self.leave(&m.topic, Some(ChannelClosed::ClientPresenceRateLimit));
+            return;
+        }
+        self.presence_apply(m, push);
+    }
+
+    fn presence_apply(&mut self, m: Inbound, push: PresencePush) {
+        let Some(ch) = self.channels.get_mut(&m.topic) else {
+            return;
+        };
+        if ch.presence.asking {
+            ch.presence.held.push((m, push));
+            return;
+        }
+        let p = &self.shared.presence;
+        let outcome = ch
+            .presence
+            .push(p, &self.link, &ch.key, &ch.join_ref, &m, push.clone());
+        match outcome {
+            Outcome::Handed => {}
+            Outcome::Refused(why) => self.refuse(&m, Refusal::Presence(why)),
+            Outcome::Close(why) => self.leave(&m.topic, Some(why)),
+            Outcome::Ask { read } => {
+                ch.presence.asking = true;
+                let topic = m.topic.clone();
+                ch.presence.held.push((m, push));
+                let generation = ch.checks.generation;
+                let sub_topic = ch.key.topic.clone();
+                let who = Identity {
+                    role: ch.claims.role.clone(),
+                    claims: ch.claims.all.to_string(),
+                    headers: self.headers.clone(),
+                };
+                let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
+                tokio::spawn(async move {
+                    let (read, write) =
+                        authorizer::presence_access(&auth, &who, &sub_topic, read).await;
+                    let _ = done.send(AuthDone::Presence {
+                        topic,
+                        generation,
+                        read,
+                        write,
+                    });
+                });
+            }
+        }
+    }
+
+    /// A private channel's presence verdicts are back: the pushes held for them are handled
+    /// in order (a database failure fails its tracks; untracks need no verdict).
+    fn apply_presence_verdicts(
+        &mut self,
+        topic: &str,
+        generation: u64,
+        read: Option<Verdict>,
+        write: Verdict,
+    ) {
+        let Some(ch) = self.channels.get_mut(topic) else {
+            return;
+        };
+        ch.presence.asking = false;
+        let held = std::mem::take(&mut ch.presence.held);
+        let failure = [read.as_ref(), Some(&write)]
+            .into_iter()
+            .flatten()
+            .find_map(|v| match v {
+                Verdict::Failed(f) => Some(f.clone()),
+                _ => None,
+            });
+        if generation == ch.checks.generation {
+            if let Some(f) = failure {
+                for (m, push) in held {
+                    match push {
+                        PresencePush::Track(_) => self.refuse(&m, Refusal::Database(f.clone())),
+                        other => self.presence_apply(m, other),
+                    }
+                }
+                return;
+            }
+            if let Some(read) = read {
+                let p = &self.shared.presence;
+                ch.presence
+                    .set_read(read.allowed(), p, &self.link, &ch.key, &ch.join_ref);
+            }
+            ch.presence.write = Some(write.allowed());
+        }
+        // (Verdicts for a replaced token are dropped; the held pushes ask again.)
+        for (m, push) in held {
+            self.presence_apply(m, push);
         }
     }
 
@@ -725,6 +866,10 @@ impl Channels {
                             );
                         }
                         ch.claims = c;
+                        if ch.key.private {
+                            // Asked again, for the new identity, at the next track.
+                            ch.presence.write = None;
+                        }
                         // Verdicts still in flight were for the old token.
                         ch.checks.generation = generation;
                         self.next_generation += 1;
@@ -743,6 +888,7 @@ mod tests {
     use crate::authorizer::{AuthRequest, DbFailure, Verdict};
     use crate::command;
     use crate::hub::{Payload, QueueMessage};
+    use crate::presence::members::Desired;
     use crate::state::testing::{self, Backends};
     use serde_json::Value;
 
@@ -1181,6 +1327,154 @@ mod tests {
         t.send(json!(["1", "3", "realtime:db", "phx_leave", {}]))
             .unwrap();
         assert!(t.c.shared.changes.is_empty());
+    }
+
+    fn presence_join(topic: &str, private: bool, enabled: bool) -> Value {
+        json!(["1", "1", topic, "phx_join",
+               {"config": {"private": private, "presence": {"key": "ann", "enabled": enabled}}}])
+    }
+
+    fn track(topic: &str, reference: &str, meta: Value) -> Value {
+        json!(["1", reference, topic, "presence", {"type": "presence", "event": "track", "payload": meta}])
+    }
+
+    /// The (event, payload) of what the connection's outbound queue holds.
+    fn queued(t: &mut Conn) -> Vec<(String, Value)> {
+        std::iter::from_fn(|| t.hub_rx.try_recv().ok())
+            .map(|m| {
+                let v: Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                (v[3].as_str().unwrap().to_owned(), v[4].clone())
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_presence_join_gets_its_state_after_the_reply_and_its_track_becomes_a_wish() {
+        let mut t = conn();
+        t.send(presence_join("realtime:room", false, true)).unwrap();
+        let w = t.written();
+        assert_eq!(
+            (w[0].1.as_str(), status(&w[0].2)),
+            ("phx_reply", ("ok", ""))
+        );
+        let p = t.c.shared.presence.clone();
+        let loads = p.views.take_loads();
+        assert_eq!(loads.len(), 1, "the topic's view is loaded");
+        assert!(queued(&mut t).is_empty(), "no state before it is loaded");
+        p.views.loaded(&loads[0].0, loads[0].1, vec![]);
+        assert_eq!(queued(&mut t), vec![("presence_state".into(), json!({}))]);
+        t.send(track("realtime:room", "2", json!({"online_at": 1})))
+            .unwrap();
+        assert!(t.written().is_empty(), "answered once written");
+        let wants = p.members.take();
+        let (id, want) = wants.into_iter().next().unwrap();
+        assert_eq!(id.topic.topic, "room");
+        assert_eq!(
+            want.desired,
+            Desired::Tracked {
+                key: "ann".into(),
+                meta: r#"{"online_at":1}"#.into()
+            }
+        );
+        // Leaving untracks; the view forgets the topic.
+        t.send(json!(["1", "3", "realtime:room", "phx_leave", {}]))
+            .unwrap();
+        assert_eq!(
+            p.members.take().into_values().next().unwrap().desired,
+            Desired::Untracked
+        );
+        assert!(p.views.members(&loads[0].0).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_private_track_asks_presence_write_once_and_a_denied_one_is_refused() {
+        let mut t = conn();
+        t.send(presence_join("realtime:room", true, false)).unwrap();
+        t.authorize(2, reader(true)).await;
+        assert_eq!(status(&t.written()[0].2), ("ok", ""));
+        // Presence was not enabled at join: the first track asks presence read and write;
+        // a second track meanwhile waits behind it.
+        t.send(track("realtime:room", "2", json!({"n": 1})))
+            .unwrap();
+        t.send(track("realtime:room", "3", json!({"n": 2})))
+            .unwrap();
+        let p = t.c.shared.presence.clone();
+        assert!(p.members.is_empty(), "held until the verdicts are back");
+        t.authorize(2, |r| {
+            assert_eq!(r.extension, "presence");
+            Verdict::Allowed
+        })
+        .await;
+        let want = p.members.take().into_values().next().unwrap();
+        assert_eq!(want.replies.len(), 2, "both pushes, in order, one wish");
+        assert_eq!(
+            want.desired,
+            Desired::Tracked {
+                key: "ann".into(),
+                meta: r#"{"n":2}"#.into()
+            }
+        );
+        assert_eq!(
+            p.views.take_loads().len(),
+            1,
+            "the track enabled presence (read allowed)"
+        );
+        t.send(track("realtime:room", "4", json!({"n": 3})))
+            .unwrap();
+        assert!(t.be.authorize.try_recv().is_err(), "the verdict is kept");
+        // Another channel whose presence write is denied.
+        t.send(presence_join("realtime:other", true, true)).unwrap();
+        t.authorize(3, reader(true)).await;
+        t.written();
+        t.send(track("realtime:other", "5", json!({}))).unwrap();
+        t.authorize(1, |r| match r.write {
+            true => Verdict::Denied(None),
+            false => Verdict::Allowed,
+        })
+        .await;
+        let w = t.written();
+        assert_eq!(
+            status(&w[0].2),
+            (
+                "error",
+                "Unauthorized: You do not have permissions to track presence on this Channel topic: other"
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn bad_presence_pushes_get_error_replies_and_the_rate_limit_closes_the_channel() {
+        let (shared, be) = testing::shared(&["--max-client-presence-events-per-second", "3"]);
+        let (tx, hub_rx) = mpsc::channel(16);
+        let (c, verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
+        let mut t = Conn {
+            c,
+            verdicts,
+            hub_rx,
+            be,
+        };
+        t.send(presence_join("realtime:room", false, false))
+            .unwrap();
+        t.written();
+        t.send(track("realtime:room", "2", json!([1]))).unwrap();
+        assert_eq!(
+            status(&t.written()[0].2),
+            ("error", "Presence track payload must be a map")
+        );
+        t.send(json!(["1", "3", "realtime:room", "presence", {"event": "sync"}]))
+            .unwrap();
+        assert!(status(&t.written()[0].2)
+            .1
+            .starts_with("UnknownPresenceEvent"));
+        // The third push this second is within the limit of 3; the fourth closes the channel.
+        t.send(track("realtime:room", "4", json!({}))).unwrap();
+        assert!(t.written().is_empty());
+        t.send(track("realtime:room", "5", json!({}))).unwrap();
+        let w = t.written();
+        let events: Vec<&str> = w.iter().map(|w| w.1.as_str()).collect();
+        assert_eq!(events, vec!["system", "phx_close"]);
+        assert_eq!(w[0].2["message"], "Client presence rate limit exceeded");
+        assert!(!t.c.has_channels());
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@ use crate::frame::{self, DecodeError, Inbound, Vsn};
 use crate::hub::Payload;
 use crate::join_config::{self, JoinConfig};
 use crate::persist::{self, PersistError};
+use crate::presence::channel::PresencePush;
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -30,7 +31,8 @@ pub enum Command {
     AccessToken(Option<String>),
     /// A client broadcast, or why it cannot be one (answered with an error reply).
     Broadcast(Result<ClientBroadcast, &'static str>),
-    Presence,
+    /// A presence `track` or `untrack` (`presence::channel`).
+    Presence(PresencePush),
     Unknown(String),
 }
 
@@ -82,7 +84,7 @@ pub fn from_text(vsn: Vsn, text: &str) -> Result<Frame, DecodeError> {
                 }
             })
         }
-        (_, "presence") => Command::Presence,
+        (_, "presence") => Command::Presence(PresencePush::parse(&payload)),
         (_, other) => Command::Unknown(other.to_owned()),
     };
     Ok(Frame { head, command })
@@ -144,8 +146,10 @@ mod tests {
             Command::AccessToken(Some(t)) if t == "t")
         );
         assert!(matches!(
-            parse(json!(["1", "4", "realtime:a", "presence", {}])),
-            Command::Presence
+            parse(
+                json!(["1", "4", "realtime:a", "presence", {"type": "presence", "event": "untrack"}])
+            ),
+            Command::Presence(PresencePush::Untrack)
         ));
         match parse(
             json!(["1", "5", "realtime:a", "broadcast", {"type": "broadcast", "event": "e", "payload": {"x": 1}}]),

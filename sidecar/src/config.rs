@@ -95,6 +95,35 @@ pub struct Config {
     /// How long connecting to Postgres may take.
     #[arg(long, env = "DB_CONNECT_TIMEOUT_SECS", default_value_t = 5)]
     pub db_connect_timeout_secs: u64,
+
+    /// Presence pushes (track, untrack) one channel may send per second before it is closed
+    /// with Supabase's "Client presence rate limit exceeded". High enough for cursors and
+    /// typing indicators (Supabase's 5 per 30 s is not).
+    #[arg(
+        long,
+        env = "MAX_CLIENT_PRESENCE_EVENTS_PER_SECOND",
+        default_value_t = 30
+    )]
+    pub max_client_presence_events_per_second: u32,
+    /// Tracks this sidecar accepts per second across its clients; past it a tracking
+    /// channel is closed with "Too many presence messages per second".
+    #[arg(long, env = "MAX_PRESENCE_EVENTS_PER_SECOND", default_value_t = 10_000)]
+    pub max_presence_events_per_second: u32,
+    /// Largest presence meta (a track's payload, as JSON); a larger track closes the
+    /// channel with "Track message size exceeded". Every watcher of the topic gets it.
+    #[arg(long, env = "MAX_PRESENCE_META_BYTES", default_value_t = 16_384)]
+    pub max_presence_meta_bytes: usize,
+    /// Presence changes of a topic are sent to its watchers as one diff per window (a join
+    /// and a leave of one member within a window cancel out).
+    #[arg(long, env = "PRESENCE_WINDOW_MS", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub presence_window_ms: u64,
+    /// How long this sidecar's presence lease lasts without renewal (renewed every second):
+    /// a sidecar that hangs or is cut off this long loses its members. A killed one loses
+    /// them within a second, whatever this is (its database session is gone).
+    #[arg(long, env = "PRESENCE_LEASE_SECS", default_value_t = 3,
+          value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub presence_lease_secs: u64,
 }
 
 /// A setting the sidecar refuses to start with; the text names it. (Exit status 2.)

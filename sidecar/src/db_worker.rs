@@ -1,4 +1,4 @@
-//! What the two database workers (the relay and the authorizer) share: a Postgres
+//! What the database workers (relay, authorizer, checker, history, presence) share: a Postgres
 //! connection kept up with backoff, and batches made of whatever requests are waiting (no
 //! timer: a batch holds what arrived while the previous one was in the database).
 
@@ -16,6 +16,22 @@ pub async fn connect<T>(
     rx: &mut mpsc::Receiver<T>,
     shutdown: &mut watch::Receiver<bool>,
     mut fail: impl FnMut(T),
+) -> Option<Client> {
+    let each_failure = || {
+        while let Ok(r) = rx.try_recv() {
+            fail(r);
+        }
+    };
+    connect_retrying(cfg, what, shutdown, each_failure).await
+}
+
+/// Connects as `connect` does, calling `each_failure` after every failed attempt. None on
+/// shutdown.
+pub async fn connect_retrying(
+    cfg: &Config,
+    what: &str,
+    shutdown: &mut watch::Receiver<bool>,
+    mut each_failure: impl FnMut(),
 ) -> Option<Client> {
     let mut backoff = Duration::from_millis(100);
     let pg = cfg.pg_config().expect("validated at startup");
@@ -35,9 +51,7 @@ pub async fn connect<T>(
             Ok(client) => return Some(client),
             Err(e) => {
                 tracing::warn!(error = %e, "{what} connection failed; retrying");
-                while let Ok(r) = rx.try_recv() {
-                    fail(r);
-                }
+                each_failure();
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = shutdown.changed() => return None,

@@ -6,10 +6,11 @@
 //! when it comes back with a new epoch (it restarted) they are told that messages were lost.
 
 use crate::config::Config;
-use crate::hub::{Hub, Payload, QueueMessage};
+use crate::hub::{Hub, Payload, QueueMessage, TopicKey};
 use crate::metrics::Metrics;
 use crate::postgres_changes::deliver::{self, Outgoing};
 use crate::postgres_changes::subscribers::Subscribers;
+use crate::presence::view::Views;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +34,7 @@ pub async fn run(
     cfg: Arc<Config>,
     hub: Arc<Hub>,
     changes: Arc<Subscribers>,
+    presence: Arc<Views>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -41,6 +43,7 @@ pub async fn run(
     let to = Destinations {
         hub: &hub,
         changes: &changes,
+        presence: &presence,
     };
     loop {
         let result = session(&cfg, to, &metrics, &mut epoch, &mut shutdown).await;
@@ -93,11 +96,12 @@ async fn connect(cfg: &Config) -> Result<Client, tokio_postgres::Error> {
 }
 
 /// Where drained messages go: broadcasts to the hub, row changes to the channels of
-/// `changes`.
+/// `changes`, presence diffs to the views of `presence`.
 #[derive(Clone, Copy)]
 struct Destinations<'a> {
     hub: &'a Hub,
     changes: &'a Subscribers,
+    presence: &'a Views,
 }
 
 /// Why a drain session ended.
@@ -398,8 +402,14 @@ async fn session(
             metrics.drain_messages_total.increment(1);
             pos = seq;
             if kind == "presence" {
-                // A presence diff (extension/src/presence.rs): never a broadcast. Presence in
-                // the sidecar is not built yet, so it reaches no channel.
+                // A presence diff (extension/src/presence.rs): never a broadcast; it moves
+                // this sidecar's view of its topic, if a channel here watches it.
+                let key = TopicKey {
+                    topic: row.get(col.topic),
+                    private: row.get(col.private),
+                };
+                let diff: Option<&str> = row.get(col.payload);
+                to.presence.apply(&key, diff.unwrap_or("null"));
                 continue;
             }
             if kind == "change" {

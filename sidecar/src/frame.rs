@@ -282,6 +282,45 @@ pub fn user_broadcast_v1(topic: &str, event: &str, payload_json: &str, meta: &Me
     s
 }
 
+/// A server push on a channel whose payload is JSON text made once for many channels
+/// (`presence_state`, `presence_diff`): only the envelope, with each channel's join_ref, is
+/// written per channel.
+pub fn push_json(
+    vsn: Vsn,
+    join_ref: Option<&str>,
+    topic: &str,
+    event: &str,
+    payload_json: &str,
+) -> String {
+    let mut s = String::with_capacity(64 + topic.len() + event.len() + payload_json.len());
+    let join_ref = ref_value(join_ref).to_string();
+    match vsn {
+        Vsn::V1 => {
+            s.push_str("{\"topic\":");
+            push_json_str(&mut s, topic);
+            s.push_str(",\"event\":");
+            push_json_str(&mut s, event);
+            s.push_str(",\"payload\":");
+            s.push_str(payload_json);
+            s.push_str(",\"ref\":null,\"join_ref\":");
+            s.push_str(&join_ref);
+            s.push('}');
+        }
+        Vsn::V2 => {
+            s.push('[');
+            s.push_str(&join_ref);
+            s.push_str(",null,");
+            push_json_str(&mut s, topic);
+            s.push(',');
+            push_json_str(&mut s, event);
+            s.push(',');
+            s.push_str(payload_json);
+            s.push(']');
+        }
+    }
+    s
+}
+
 /// A Postgres Changes event, a text frame in both serializers as Supabase sends it:
 /// payload `{ids, data}`, no ref and no join_ref. `data_json` is inserted as is.
 pub fn postgres_changes(vsn: Vsn, topic: &str, ids: &[u32], data_json: &str) -> String {
@@ -342,6 +381,28 @@ pub fn user_broadcast_v2(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_push_with_ready_json_is_the_frame_encode_makes() {
+        let payload = json!({"joins": {"k": {"metas": [{"phx_ref": "p1"}]}}, "leaves": {}});
+        for vsn in [Vsn::V1, Vsn::V2] {
+            for join_ref in [None, Some("3")] {
+                let made = push_json(
+                    vsn,
+                    join_ref,
+                    "realtime:r",
+                    "presence_diff",
+                    &payload.to_string(),
+                );
+                let want = encode(vsn, join_ref, None, "realtime:r", "presence_diff", &payload);
+                let (a, b): (Value, Value) = (
+                    serde_json::from_str(&made).unwrap(),
+                    serde_json::from_str(&want).unwrap(),
+                );
+                assert_eq!(a, b);
+            }
+        }
+    }
 
     #[test]
     fn postgres_changes_events_are_valid_json_in_both_serializers() {

@@ -17,6 +17,8 @@ pub struct JoinConfig {
     pub replication_ready: bool,
     pub private: bool,
     pub presence: bool,
+    /// `config.presence.key`: the member's key (empty: one is made for the join).
+    pub presence_key: String,
     /// The `postgres_changes` bindings, in the client's order (`postgres_changes.rs`).
     pub postgres_changes: Vec<Binding>,
     /// Why the bindings cannot be served, if they cannot: the join is refused with it.
@@ -77,6 +79,12 @@ pub fn parse_join(payload: &Value) -> JoinConfig {
         replication_ready: flexible_bool(get("broadcast", "replication_ready")),
         private,
         presence: flexible_bool(get("presence", "enabled")),
+        presence_key: match get("presence", "key") {
+            Some(Value::String(k)) => k.clone(),
+            // Phoenix keys are strings; realtime-js users pass user ids, numbers included.
+            Some(Value::Number(n)) => n.to_string(),
+            _ => String::new(),
+        },
         postgres_changes,
         postgres_changes_error,
         access_token: token.and_then(Value::as_str).map(str::to_owned),

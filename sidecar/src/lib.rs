@@ -111,6 +111,7 @@ pub mod jwt;
 pub mod metrics;
 pub mod persist;
 pub mod postgres_changes;
+pub mod presence;
 pub mod reason;
 pub mod relay;
 pub mod rest;
@@ -139,6 +140,12 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let (check_tx, check_rx) = tokio::sync::mpsc::channel(20_000);
     let (history_tx, history_rx) = tokio::sync::mpsc::channel(20_000);
     let changes = Arc::new(postgres_changes::subscribers::Subscribers::default());
+    let presence = Arc::new(presence::Presence::new(
+        metrics.clone(),
+        cfg.max_presence_meta_bytes,
+        cfg.max_presence_events_per_second,
+    ));
+    let instance = state::instance_id();
     let shared = Arc::new(state::Shared {
         cfg: cfg.clone(),
         hub: hub.clone(),
@@ -150,14 +157,31 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         check: check_tx,
         history: history_tx.clone(),
         changes: changes.clone(),
-        instance: state::instance_id(),
+        presence: presence.clone(),
+        instance,
     });
     tracing::info!(%addr, consumer = %cfg.consumer, "listening");
     let drainer = tokio::spawn(drainer::run(
         cfg.clone(),
         hub,
         changes,
+        presence.views.clone(),
         metrics.clone(),
+        shutdown.clone(),
+    ));
+    let presence_worker = tokio::spawn(
+        presence::worker::Worker::new(
+            cfg.clone(),
+            presence.views.clone(),
+            presence.members.clone(),
+            metrics.clone(),
+            instance,
+        )
+        .run(shutdown.clone()),
+    );
+    let presence_flusher = tokio::spawn(presence::view::flusher(
+        presence.views.clone(),
+        Duration::from_millis(cfg.presence_window_ms),
         shutdown.clone(),
     ));
     let relay = tokio::spawn(relay::run(
@@ -207,6 +231,9 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let _ = tokio::time::timeout(grace, authorizer).await;
     let _ = tokio::time::timeout(grace, checker).await;
     let _ = tokio::time::timeout(grace, history).await;
+    // Ends this sidecar's presence sessions: its members leave everyone's view now.
+    let _ = tokio::time::timeout(grace, presence_worker).await;
+    presence_flusher.abort();
     shutdown::wait_for_connections(&metrics, grace).await;
     upkeep.abort();
     Ok(())

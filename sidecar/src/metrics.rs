@@ -58,6 +58,18 @@ pub struct Metrics {
     pub history_messages_total: Counter,
     pub history_unrecovered_total: Counter,
     pub persisted_expired_total: Counter,
+    pub presence_tracks_total: Counter,
+    pub presence_write_batches_total: Counter,
+    pub presence_writes_total: Counter,
+    pub presence_write_failures_total: Counter,
+    pub presence_loads_total: Counter,
+    pub presence_diffs_applied_total: Counter,
+    pub presence_diffs_sent_total: Counter,
+    pub presence_frames_total: Counter,
+    pub presence_reaped_total: Counter,
+    pub presence_sessions_lost_total: Counter,
+    pub presence_topics: Gauge,
+    pub presence_members: Gauge,
     /// Age (seconds) of the oldest message the queue retains: how far back a resume reaches.
     pub retained_seconds: Gauge,
     /// Sequence of the last message this sidecar drained.
@@ -234,6 +246,48 @@ impl Default for Metrics {
                 "realtime_persisted_expired_total",
                 "persisted client broadcasts deleted past their ttl",
             ),
+            presence_tracks_total: r.counter(
+                "realtime_presence_tracks_total",
+                "presence tracks accepted from clients",
+            ),
+            presence_write_batches_total: r.counter(
+                "realtime_presence_write_batches_total",
+                "presence write statements (one per batch of changed members)",
+            ),
+            presence_writes_total: r.counter(
+                "realtime_presence_writes_total",
+                "presence tracks and untracks written to the database",
+            ),
+            presence_write_failures_total: r.counter(
+                "realtime_presence_write_failures_total",
+                "presence writes the database refused (each answered with an error)",
+            ),
+            presence_loads_total: r.counter(
+                "realtime_presence_loads_total",
+                "topic presence states read from the database to build a view",
+            ),
+            presence_diffs_applied_total: r.counter(
+                "realtime_presence_diffs_applied_total",
+                "presence diffs drained and applied to a view",
+            ),
+            presence_diffs_sent_total: r.counter(
+                "realtime_presence_diffs_sent_total",
+                "coalesced presence diffs sent (once per topic and window)",
+            ),
+            presence_frames_total: r.counter(
+                "realtime_presence_frames_total",
+                "presence_state and presence_diff frames queued to channels",
+            ),
+            presence_reaped_total: r.counter(
+                "realtime_presence_reaped_total",
+                "members of ended sessions (dead or cut-off sidecars) made to leave by this sidecar's reaper",
+            ),
+            presence_sessions_lost_total: r.counter(
+                "realtime_presence_sessions_lost_total",
+                "presence sessions this sidecar lost (connection or lease) and replaced, tracking its members again",
+            ),
+            presence_topics: r.gauge("realtime_presence_topics", "topics whose presence this sidecar holds a view of"),
+            presence_members: r.gauge("realtime_presence_members", "members in this sidecar's presence views"),
             retained_seconds: r.gauge(
                 "realtime_queue_retained_seconds",
                 "age of the oldest message the queue retains: how far back a resume reaches",
@@ -320,7 +374,7 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 30] = [
+    const COUNTERS: [&str; 40] = [
         "realtime_auth_batches_total",
         "realtime_auth_requests_total",
         "realtime_client_broadcasts_total",
@@ -351,8 +405,20 @@ mod tests {
         "realtime_history_messages_total",
         "realtime_history_unrecovered_total",
         "realtime_persisted_expired_total",
+        "realtime_presence_tracks_total",
+        "realtime_presence_write_batches_total",
+        "realtime_presence_writes_total",
+        "realtime_presence_write_failures_total",
+        "realtime_presence_loads_total",
+        "realtime_presence_diffs_applied_total",
+        "realtime_presence_diffs_sent_total",
+        "realtime_presence_frames_total",
+        "realtime_presence_reaped_total",
+        "realtime_presence_sessions_lost_total",
     ];
-    const GAUGES: [&str; 8] = [
+    const GAUGES: [&str; 10] = [
+        "realtime_presence_topics",
+        "realtime_presence_members",
         "realtime_connections",
         "realtime_channels",
         "realtime_db_up",

@@ -85,7 +85,8 @@ pub enum Refusal {
     Jwt(JwtError),
     Database(DbFailure),
     UnmatchedTopic,
-    PresenceNotSupported,
+    /// A presence push that cannot be served; the text says why.
+    Presence(String),
     UnknownEvent(String),
     UnableToBroadcast(String),
 }
@@ -123,7 +124,7 @@ impl Refusal {
             Refusal::Jwt(e) => e.reason(),
             Refusal::Database(f) => f.reason().into(),
             Refusal::UnmatchedTopic => "unmatched topic".into(),
-            Refusal::PresenceNotSupported => "Presence is not supported by this server yet".into(),
+            Refusal::Presence(why) => why.clone(),
             Refusal::UnknownEvent(event) => {
                 format!("UnknownEvent: this server does not handle event \"{event}\"")
             }
@@ -158,10 +159,20 @@ impl InvalidTopic {
 /// Why the server closes one channel (a `system` error, then `phx_close`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ChannelClosed {
-    NoLongerPermitted { topic: String },
+    NoLongerPermitted {
+        topic: String,
+    },
     TooManyMessages,
-    TokenExpired { seconds_ago: i64 },
+    TokenExpired {
+        seconds_ago: i64,
+    },
     TokenRefused(JwtError),
+    /// The channel sent more presence pushes per second than MAX_CLIENT_PRESENCE_EVENTS_PER_SECOND.
+    ClientPresenceRateLimit,
+    /// The sidecar took more tracks per second than MAX_PRESENCE_EVENTS_PER_SECOND.
+    TooManyPresenceMessages,
+    /// A track's meta is over MAX_PRESENCE_META_BYTES.
+    TrackTooLarge,
 }
 
 impl ChannelClosed {
@@ -176,6 +187,13 @@ impl ChannelClosed {
                 format!("Token has expired {seconds_ago} seconds ago")
             }
             ChannelClosed::TokenRefused(e) => e.reason(),
+            // Supabase's texts (their log names: ClientPresenceRateLimitReached,
+            // PresenceRateLimitReached, PayloadSizeExceeded).
+            ChannelClosed::ClientPresenceRateLimit => "Client presence rate limit exceeded".into(),
+            ChannelClosed::TooManyPresenceMessages => {
+                "Too many presence messages per second".into()
+            }
+            ChannelClosed::TrackTooLarge => "Track message size exceeded".into(),
         }
     }
 }

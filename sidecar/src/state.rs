@@ -28,6 +28,8 @@ pub struct Shared {
     pub history: mpsc::Sender<crate::history::fetch::Request>,
     /// The channels with Postgres Changes bindings, which the drainer serves.
     pub changes: Arc<Subscribers>,
+    /// Presence: the views of watched topics and the channels' wishes (`presence`).
+    pub presence: Arc<crate::presence::Presence>,
     /// Random per process: the high half of this sidecar's relay origins.
     pub instance: u32,
 }
@@ -92,9 +94,15 @@ pub mod testing {
         let (relay, relay_rx) = mpsc::channel(64);
         let (check, check_rx) = mpsc::channel(64);
         let (history, history_rx) = mpsc::channel(64);
+        let presence = Arc::new(crate::presence::Presence::new(
+            metrics.clone(),
+            cfg.max_presence_meta_bytes,
+            cfg.max_presence_events_per_second,
+        ));
         let shared = Shared {
             check,
             history,
+            presence,
             changes: Arc::default(),
             hub: Arc::new(Hub::new(metrics.clone())),
             verifier: Verifier::new(SECRET),

@@ -1,0 +1,316 @@
+//! A channel's presence: its member key, whether it receives the topic's presence (asked at
+//! join with `presence.enabled`, or enabled by its first `track`, as Supabase does), its
+//! presence verdicts on a private channel (read asked with the join's verdicts when
+//! presence is enabled, write asked at the first track, as Supabase asks them), the
+//! client's `track` and `untrack` pushes with their limits, and what leaving does (the
+//! member leaves).
+
+use super::members::{Desired, MemberId, Reply};
+use super::view::Watcher;
+use super::Presence;
+use crate::frame::Inbound;
+use crate::hub::{Link, TopicKey};
+use crate::reason::ChannelClosed;
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// A `presence` push, parsed once (`command`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PresencePush {
+    /// `track` with its payload (the member's meta; Phoenix needs an object).
+    Track(Value),
+    Untrack,
+    /// Any other event (lowercased, as Supabase compares it), or none.
+    Unknown(String),
+}
+
+impl PresencePush {
+    /// Reads realtime-js's `{type: "presence", event, payload}`.
+    pub fn parse(payload: &Value) -> PresencePush {
+        let event = payload
+            .get("event")
+            .and_then(Value::as_str)
+            .map(str::to_ascii_lowercase)
+            .unwrap_or_default();
+        match event.as_str() {
+            "track" => PresencePush::Track(
+                payload
+                    .get("payload")
+                    .cloned()
+                    .unwrap_or_else(|| Value::Object(Default::default())),
+            ),
+            "untrack" => PresencePush::Untrack,
+            _ => PresencePush::Unknown(event),
+        }
+    }
+}
+
+/// What the connection does with a push.
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    /// Handed to the worker, which answers it.
+    Handed,
+    /// Answered now with an error reply with this reason.
+    Refused(String),
+    /// The channel is closed with this reason (a limit, as Supabase closes it).
+    Close(ChannelClosed),
+    /// Held until the presence verdicts of a private channel are back (`read`: ask presence
+    /// read too, it was not asked at join).
+    Ask { read: bool },
+}
+
+/// Per-second counter for the presence limits.
+#[derive(Debug)]
+pub struct Rate {
+    window: Instant,
+    count: u32,
+}
+
+impl Default for Rate {
+    fn default() -> Self {
+        Rate {
+            window: Instant::now(),
+            count: 0,
+        }
+    }
+}
+
+impl Rate {
+    /// Counts one event; false once more than `limit` happened within the current second.
+    pub fn allow(&mut self, limit: u32) -> bool {
+        if self.window.elapsed() >= Duration::from_secs(1) {
+            self.window = Instant::now();
+            self.count = 0;
+        }
+        self.count += 1;
+        self.count <= limit
+    }
+}
+
+static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
+
+/// A member key for a join that named none, unique across sidecars and restarts (Supabase
+/// makes a UUID): the process's instance, the time and a counter, shaped as a UUID.
+pub fn generated_key(instance: u32) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = NEXT_KEY.fetch_add(1, Relaxed);
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        instance,
+        (nanos >> 48) & 0xffff,
+        (nanos >> 32) & 0xffff,
+        n & 0xffff,
+        ((nanos & 0xffff_ffff) << 16) | ((n >> 16) & 0xffff)
+    )
+}
+
+/// One channel's presence.
+#[derive(Debug)]
+pub struct ChannelPresence {
+    pub key: String,
+    /// The channel receives the topic's presence (when it may read it).
+    pub enabled: bool,
+    /// Presence read; None until asked (private channels only: public ones may).
+    pub read: Option<bool>,
+    /// Presence write; None until asked at a track (private channels only).
+    pub write: Option<bool>,
+    /// Verdicts asked and not back; pushes meanwhile are `held`.
+    pub asking: bool,
+    pub held: Vec<(Inbound, PresencePush)>,
+    watching: bool,
+    /// A track was handed to the worker: leaving the channel untracks.
+    tracked: bool,
+    rate: Rate,
+}
+
+impl ChannelPresence {
+    /// `read`: the presence read verdict asked at join, if it was (private channels).
+    pub fn new(key: String, enabled: bool, private: bool, read: Option<bool>) -> Self {
+        let (read, write) = if private {
+            (read, None)
+        } else {
+            (Some(true), Some(true))
+        };
+        ChannelPresence {
+            key,
+            enabled,
+            read,
+            write,
+            asking: false,
+            held: Vec::new(),
+            watching: false,
+            tracked: false,
+            rate: Rate::default(),
+        }
+    }
+
+    /// Starts receiving the topic's presence if enabled and readable: the state now (or
+    /// once loaded), then diffs.
+    pub fn start(&mut self, p: &Presence, link: &Link, key: &TopicKey, join_ref: &Option<String>) {
+        if self.watching || !self.enabled || self.read != Some(true) {
+            return;
+        }
+        self.watching = true;
+        let w = Watcher {
+            conn: link.id,
+            vsn: link.vsn,
+            join_ref: join_ref.clone(),
+            tx: link.tx.clone(),
+            too_slow: link.too_slow.clone(),
+        };
+        p.views.watch(key, w);
+    }
+
+    fn stop_watching(&mut self, p: &Presence, link: &Link, key: &TopicKey) {
+        if self.watching {
+            self.watching = false;
+            p.views.unwatch(key, link.id);
+        }
+    }
+
+    /// A re-checked (or newly asked) read verdict: presence starts or stops.
+    pub fn set_read(
+        &mut self,
+        read: bool,
+        p: &Presence,
+        link: &Link,
+        key: &TopicKey,
+        join_ref: &Option<String>,
+    ) {
+        self.read = Some(read);
+        if read {
+            self.start(p, link, key, join_ref);
+        } else {
+            self.stop_watching(p, link, key);
+        }
+    }
+
+    /// The channel is gone: it stops receiving presence and its member leaves.
+    pub fn stop(&mut self, p: &Presence, link: &Link, key: &TopicKey) {
+        self.stop_watching(p, link, key);
+        if self.tracked {
+            self.tracked = false;
+            let id = MemberId {
+                conn: link.id,
+                topic: key.clone(),
+            };
+            p.members.set(id, Desired::Untracked, None);
+        }
+    }
+
+    /// Counts a push against the client's presence limit (Supabase's
+    /// `ClientPresenceRateLimitReached`, which closes the channel).
+    pub fn allow(&mut self, limit: u32) -> bool {
+        self.rate.allow(limit)
+    }
+
+    /// Handles a `track` or `untrack` push of this channel (the rate was counted).
+    pub fn push(
+        &mut self,
+        p: &Presence,
+        link: &Link,
+        key: &TopicKey,
+        join_ref: &Option<String>,
+        m: &Inbound,
+        push: PresencePush,
+    ) -> Outcome {
+        let reply = Reply {
+            tx: link.tx.clone(),
+            vsn: link.vsn,
+            join_ref: m.join_ref.clone(),
+            reference: m.reference.clone(),
+            topic: m.topic.clone(),
+        };
+        let id = MemberId {
+            conn: link.id,
+            topic: key.clone(),
+        };
+        match push {
+            PresencePush::Unknown(event) => Outcome::Refused(format!(
+                "UnknownPresenceEvent: a presence push is \"track\" or \"untrack\", not \"{event}\""
+            )),
+            PresencePush::Untrack => {
+                // Always allowed, as in Supabase: it only ever removes.
+                p.members.set(id, Desired::Untracked, Some(reply));
+                Outcome::Handed
+            }
+            PresencePush::Track(meta) => {
+                if !meta.is_object() {
+                    return Outcome::Refused("Presence track payload must be a map".into());
+                }
+                let meta = meta.to_string();
+                if meta.len() > p.max_meta_bytes {
+                    return Outcome::Close(ChannelClosed::TrackTooLarge);
+                }
+                match self.write {
+                    None => {
+                        return Outcome::Ask {
+                            read: self.read.is_none(),
+                        }
+                    }
+                    Some(false) => {
+                        return Outcome::Refused(format!(
+                            "Unauthorized: You do not have permissions to track presence on this Channel topic: {}",
+                            key.topic
+                        ))
+                    }
+                    Some(true) => {}
+                }
+                if !p.allow_event() {
+                    return Outcome::Close(ChannelClosed::TooManyPresenceMessages);
+                }
+                // A track enables presence on the channel (Supabase then syncs the state).
+                self.enabled = true;
+                self.start(p, link, key, join_ref);
+                self.tracked = true;
+                let desired = Desired::Tracked {
+                    key: self.key.clone(),
+                    meta,
+                };
+                p.members.set(id, desired, Some(reply));
+                p.metrics.presence_tracks_total.increment(1);
+                Outcome::Handed
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pushes_are_read_as_realtime_js_sends_them() {
+        let track = json!({"type": "presence", "event": "TRACK", "payload": {"online_at": 1}});
+        assert_eq!(
+            PresencePush::parse(&track),
+            PresencePush::Track(json!({"online_at": 1}))
+        );
+        assert_eq!(
+            PresencePush::parse(&json!({"type": "presence", "event": "track"})),
+            PresencePush::Track(json!({})),
+            "no payload is an empty meta, as in Supabase"
+        );
+        assert_eq!(
+            PresencePush::parse(&json!({"type": "presence", "event": "untrack"})),
+            PresencePush::Untrack
+        );
+        assert_eq!(
+            PresencePush::parse(&json!({"event": "sync"})),
+            PresencePush::Unknown("sync".into())
+        );
+    }
+
+    #[test]
+    fn generated_keys_differ() {
+        let a = generated_key(7);
+        let b = generated_key(7);
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_ne!(generated_key(7)[..8], generated_key(8)[..8]);
+    }
+}

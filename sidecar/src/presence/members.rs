@@ -1,0 +1,177 @@
+//! What each channel of this sidecar wants its presence to be, handed from the connections
+//! to the presence worker. A channel's presence is a state, not a stream of commands: the
+//! connection sets what it wants (tracked with this key and meta, or untracked) and the
+//! worker writes whatever changed since it last looked, in one statement for every
+//! channel. So a client that re-tracks a cursor 30 times while one write is in the
+//! database costs one more write, not 30, and the queue between them can never overflow:
+//! it holds at most one entry per channel.
+
+use crate::frame::{self, Vsn};
+use crate::hub::{ConnId, TopicKey};
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use tokio::sync::{mpsc, Notify};
+use tokio_tungstenite::tungstenite::Message;
+
+/// One channel's presence: the connection and the channel's topic.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MemberId {
+    pub conn: ConnId,
+    pub topic: TopicKey,
+}
+
+/// What a channel wants.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Desired {
+    /// Present under `key` with `meta` (a JSON object's text).
+    Tracked {
+        key: String,
+        meta: String,
+    },
+    Untracked,
+}
+
+/// Where the answer to a `track` or `untrack` push goes: a `phx_reply` once the change is
+/// committed (or found to change nothing), or an error reply saying why it was not.
+pub struct Reply {
+    pub tx: mpsc::Sender<Message>,
+    pub vsn: Vsn,
+    pub join_ref: Option<String>,
+    pub reference: Option<String>,
+    pub topic: String,
+}
+
+impl Reply {
+    pub fn ok(self) {
+        self.send(json!({"status": "ok", "response": {}}));
+    }
+
+    pub fn error(self, reason: &str) {
+        self.send(json!({"status": "error", "response": {"reason": reason}}));
+    }
+
+    fn send(self, payload: serde_json::Value) {
+        let text = frame::encode(
+            self.vsn,
+            self.join_ref.as_deref(),
+            self.reference.as_deref(),
+            &self.topic,
+            "phx_reply",
+            &payload,
+        );
+        // A full queue means the client is being cut off as too slow anyway.
+        let _ = self.tx.try_send(Message::text(text));
+    }
+}
+
+/// A channel's wish, with the pushes waiting to hear how it ended.
+pub struct Want {
+    pub desired: Desired,
+    pub replies: Vec<Reply>,
+}
+
+#[derive(Default)]
+pub struct Members {
+    wants: Mutex<HashMap<MemberId, Want>>,
+    /// Wakes the worker when a wish is set.
+    pub wake: Notify,
+}
+
+impl Members {
+    /// Sets what a channel wants; it replaces any wish the worker has not taken yet (whose
+    /// pushes are then answered with this one's outcome).
+    pub fn set(&self, id: MemberId, desired: Desired, reply: Option<Reply>) {
+        let mut wants = self.wants.lock().unwrap();
+        let want = wants.entry(id).or_insert_with(|| Want {
+            desired: Desired::Untracked,
+            replies: Vec::new(),
+        });
+        want.desired = desired;
+        want.replies.extend(reply);
+        drop(wants);
+        self.wake.notify_one();
+    }
+
+    /// Sets a wish unless one is waiting already (which is newer).
+    pub fn set_if_absent(&self, id: MemberId, desired: Desired) {
+        let mut wants = self.wants.lock().unwrap();
+        wants.entry(id).or_insert_with(|| Want {
+            desired,
+            replies: Vec::new(),
+        });
+        drop(wants);
+        self.wake.notify_one();
+    }
+
+    /// Every wish set since the last call, taken by the worker.
+    pub fn take(&self) -> HashMap<MemberId, Want> {
+        std::mem::take(&mut *self.wants.lock().unwrap())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.wants.lock().unwrap().is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(conn: ConnId) -> MemberId {
+        MemberId {
+            conn,
+            topic: TopicKey {
+                private: false,
+                topic: "room".into(),
+            },
+        }
+    }
+
+    fn reply(tx: &mpsc::Sender<Message>, r: &str) -> Option<Reply> {
+        Some(Reply {
+            tx: tx.clone(),
+            vsn: Vsn::V2,
+            join_ref: Some("1".into()),
+            reference: Some(r.into()),
+            topic: "realtime:room".into(),
+        })
+    }
+
+    #[test]
+    fn the_last_wish_wins_and_every_push_hears_its_outcome() {
+        let m = Members::default();
+        let (tx, mut rx) = mpsc::channel(8);
+        for (i, meta) in ["{\"x\":1}", "{\"x\":2}", "{\"x\":3}"].iter().enumerate() {
+            let desired = Desired::Tracked {
+                key: "ann".into(),
+                meta: (*meta).into(),
+            };
+            m.set(id(1), desired, reply(&tx, &i.to_string()));
+        }
+        m.set(id(2), Desired::Untracked, None);
+        let mut wants = m.take();
+        assert!(m.is_empty());
+        assert_eq!(wants.len(), 2, "one entry per channel");
+        let want = wants.remove(&id(1)).unwrap();
+        assert_eq!(
+            want.desired,
+            Desired::Tracked {
+                key: "ann".into(),
+                meta: "{\"x\":3}".into()
+            }
+        );
+        assert_eq!(want.replies.len(), 3);
+        for r in want.replies {
+            r.ok();
+        }
+        let refs: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|m| {
+                let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                assert_eq!(v[4]["status"], "ok");
+                v[1].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(refs, vec!["0", "1", "2"]);
+    }
+}

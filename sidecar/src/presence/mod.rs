@@ -1,0 +1,83 @@
+//! Presence (realtime-js's `track`, `untrack`, `presenceState()` and its `sync`, `join` and
+//! `leave` events), with one view across every sidecar, held by the database.
+//!
+//! # Where the truth is
+//!
+//! Members live in the database (`sql/presence.sql`): a table of members, each leased to
+//! the session of the sidecar that tracked it, and every change queues Phoenix's
+//! `presence_diff` in the same transaction. So diffs reach every sidecar in the queue's one
+//! order and only if the change committed, and a member's `phx_ref` is made once, by the
+//! database: the same on every sidecar, so a channel that rejoins elsewhere sees no
+//! spurious join or leave (Phoenix's client compares refs).
+//!
+//! # A track's way: socket → channel → members → worker → queue → every sidecar's views
+//!
+//! 1. `channel`: the push is checked (its limits, the channel's presence write verdict,
+//!    asked at the first track of a private channel) and becomes the channel's wish in
+//!    `members` (tracked with this key and meta, or untracked).
+//! 2. `worker` (one task and one connection per sidecar) writes every wish that changes
+//!    something in one statement, renews the sidecar's lease, runs the reaper and loads
+//!    views; each push is answered once its change committed.
+//! 3. The drainer hands each drained diff to `view`, which applies it to its topic's view,
+//!    if a channel here watches the topic, and sends the changes to the watching channels,
+//!    coalesced over PRESENCE_WINDOW_MS.
+//!
+//! # When a sidecar dies
+//!
+//! Its sessions stop being renewed, and the backend that renewed them is gone. Every
+//! sidecar calls the reaper each second; the reaper ends sessions whose backend is gone or
+//! whose lease (PRESENCE_LEASE_SECS) ran out, and their members leave every view through the
+//! queue: a killed sidecar's members within about a second, a hung or cut-off one's within
+//! the lease plus a second. A restarted sidecar starts new sessions; its clients track again
+//! when their channels rejoin.
+//!
+//! # Limits (Supabase's names and texts; each closes the channel, as Supabase does)
+//!
+//! - MAX_CLIENT_PRESENCE_EVENTS_PER_SECOND per channel: "Client presence rate limit
+//!   exceeded" (`ClientPresenceRateLimitReached`). Default 30, so cursors and typing
+//!   indicators work; Supabase's 5 per 30 seconds does not let them.
+//! - MAX_PRESENCE_EVENTS_PER_SECOND per sidecar: "Too many presence messages per second".
+//! - MAX_PRESENCE_META_BYTES per meta: "Track message size exceeded".
+//!
+//! # Files
+//!
+//! `channel` a channel's presence and its pushes · `members` wishes from channels to the
+//! worker · `worker` the database side (lease, reaper, loads, writes) · `view` each
+//! sidecar's rebuildable view of the watched topics and the diffs sent from it.
+
+pub mod channel;
+pub mod members;
+pub mod view;
+pub mod worker;
+
+use crate::metrics::Metrics;
+use std::sync::{Arc, Mutex};
+
+/// Presence's shared state in one sidecar.
+pub struct Presence {
+    pub views: Arc<view::Views>,
+    pub members: Arc<members::Members>,
+    pub metrics: Arc<Metrics>,
+    pub max_meta_bytes: usize,
+    max_events_per_second: u32,
+    /// Tracks accepted this second, across the sidecar.
+    rate: Mutex<channel::Rate>,
+}
+
+impl Presence {
+    pub fn new(metrics: Arc<Metrics>, max_meta_bytes: usize, max_events_per_second: u32) -> Self {
+        Presence {
+            views: Arc::new(view::Views::new(metrics.clone())),
+            members: Arc::default(),
+            metrics,
+            max_meta_bytes,
+            max_events_per_second,
+            rate: Mutex::new(channel::Rate::default()),
+        }
+    }
+
+    /// Counts a track against the sidecar's presence limit.
+    pub fn allow_event(&self) -> bool {
+        self.rate.lock().unwrap().allow(self.max_events_per_second)
+    }
+}

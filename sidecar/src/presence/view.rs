@@ -1,0 +1,614 @@
+//! This sidecar's view of the presence of every topic one of its channels watches: the
+//! members, the refs that left (tombstones), and the channels to tell. A view is built from
+//! the database (`realtime.presence_state`, read by the worker) and then moved by the diffs
+//! drained from the queue. Nothing in it is this sidecar's own: another sidecar, or this
+//! one restarted, builds the same view from the same table and queue.
+//!
+//! Three rules make the view exact without lining a table snapshot up with a queue
+//! position (a transaction can be visible to a snapshot before its queue record is
+//! numbered, so "the state as of sequence S" cannot be read from a table):
+//! - **Diffs apply idempotently, per ref.** A join of a ref already present or already
+//!   left changes nothing; a leave of a ref not present only records the tombstone. So a
+//!   diff that the loaded state already holds, drained after the load, is harmless, and a
+//!   join drained late can never bring back a member that left (a ghost).
+//! - **Diffs that arrive while the view loads are held** and applied after the load: every
+//!   diff is in the loaded state, drained after the view was created, or both (a record is
+//!   readable only once its transaction is visible, so what the drainer had not yet read when
+//!   the view was created comes after it).
+//! - **A channel gets the state before any diff.** It is registered under the view's lock,
+//!   after the changes not yet sent to the others are flushed to them, and its
+//!   `presence_state` is queued right then; later changes reach it as diffs through the same
+//!   outbound queue. (Phoenix's client holds any diff that comes before its state forever.)
+//!
+//! Diffs are forwarded only when they change the view, coalesced per topic over one window
+//! (`PRESENCE_WINDOW_MS`): a join and a leave of one ref in the same window cancel out, and
+//! a 10,000-member room that joins at once costs a few diffs per watcher, not 10,000.
+
+use crate::frame::{self, Vsn};
+use crate::hub::{ConnId, TopicKey};
+use crate::metrics::Metrics;
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify};
+use tokio_tungstenite::tungstenite::Message;
+
+/// How long a tombstone is kept: longer than the database keeps it (a minute), so that a
+/// view never forgets a leave that a state loaded later could still lack.
+const KEEP_LEFT: Duration = Duration::from_secs(120);
+
+/// A channel that receives a topic's presence.
+#[derive(Clone)]
+pub struct Watcher {
+    pub conn: ConnId,
+    pub vsn: Vsn,
+    pub join_ref: Option<String>,
+    pub tx: mpsc::Sender<Message>,
+    pub too_slow: Arc<Notify>,
+}
+
+/// A member as Phoenix sends it: its key and its meta, which carries `phx_ref` (and
+/// `phx_ref_prev` after an update).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Member {
+    pub key: String,
+    pub meta: Value,
+}
+
+/// One presence diff: Phoenix's `{joins, leaves}`, each meta with its `phx_ref`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Diff {
+    pub joins: Vec<(String, Member)>,
+    pub leaves: Vec<(String, Member)>,
+}
+
+impl Diff {
+    /// Reads a diff as `realtime.queue_presence` queued it. None if it is not one.
+    pub fn parse(json: &str) -> Option<Diff> {
+        let v: Value = serde_json::from_str(json).ok()?;
+        let side = |name: &str| -> Option<Vec<(String, Member)>> {
+            let mut out = Vec::new();
+            for (key, entry) in v.get(name)?.as_object()? {
+                for meta in entry.get("metas")?.as_array()? {
+                    let r = meta.get("phx_ref")?.as_str()?.to_owned();
+                    let member = Member {
+                        key: key.clone(),
+                        meta: meta.clone(),
+                    };
+                    out.push((r, member));
+                }
+            }
+            Some(out)
+        };
+        Some(Diff {
+            joins: side("joins")?,
+            leaves: side("leaves")?,
+        })
+    }
+}
+
+/// One row of `realtime.presence_state`: a member present (`live`) or a ref that left.
+#[derive(Clone, Debug)]
+pub struct StateRow {
+    pub key: String,
+    pub r#ref: String,
+    pub meta: Value,
+    pub live: bool,
+}
+
+enum Phase {
+    /// Waiting for the worker's load; the diffs drained meanwhile are held.
+    Loading {
+        held: Vec<Diff>,
+    },
+    Ready,
+}
+
+/// What changed since the last flush.
+#[derive(Default)]
+struct Pending {
+    /// Refs that joined and are still present.
+    joins: BTreeSet<String>,
+    /// Members present at the last flush that left since.
+    leaves: BTreeMap<String, Member>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.joins.is_empty() && self.leaves.is_empty()
+    }
+}
+
+struct View {
+    /// Which load completes this view: a load asked for an earlier view of the topic (since
+    /// dropped) may have read before diffs that no view held, so it must not.
+    load: u64,
+    phase: Phase,
+    members: BTreeMap<String, Member>,
+    left: HashMap<String, Instant>,
+    watchers: HashMap<ConnId, Watcher>,
+    /// Channels registered while the view loads: sent the state once it is loaded.
+    waiting: HashMap<ConnId, Watcher>,
+    pending: Pending,
+}
+
+impl View {
+    fn loading(load: u64) -> Self {
+        View {
+            load,
+            phase: Phase::Loading { held: Vec::new() },
+            members: BTreeMap::new(),
+            left: HashMap::new(),
+            watchers: HashMap::new(),
+            waiting: HashMap::new(),
+            pending: Pending::default(),
+        }
+    }
+
+    fn apply(&mut self, diff: Diff, now: Instant) {
+        for (r, member) in diff.joins {
+            if self.members.contains_key(&r) || self.left.contains_key(&r) {
+                continue;
+            }
+            self.members.insert(r.clone(), member);
+            self.pending.joins.insert(r);
+        }
+        for (r, _) in diff.leaves {
+            self.left.insert(r.clone(), now);
+            if let Some(gone) = self.members.remove(&r) {
+                if !self.pending.joins.remove(&r) {
+                    self.pending.leaves.insert(r, gone);
+                }
+            }
+        }
+    }
+
+    /// Phoenix's shape of a set of members: `{key: {metas: [...]}}`.
+    fn group<'a>(members: impl Iterator<Item = &'a Member>) -> Value {
+        let mut by_key: Map<String, Value> = Map::new();
+        for m in members {
+            let entry = by_key
+                .entry(m.key.clone())
+                .or_insert_with(|| serde_json::json!({"metas": []}));
+            if let Some(metas) = entry["metas"].as_array_mut() {
+                metas.push(m.meta.clone());
+            }
+        }
+        Value::Object(by_key)
+    }
+
+    fn state_json(&self) -> String {
+        Self::group(self.members.values()).to_string()
+    }
+
+    /// The pending changes as one `presence_diff` payload, and forgets them.
+    fn take_diff_json(&mut self) -> String {
+        let pending = std::mem::take(&mut self.pending);
+        let joins = Self::group(pending.joins.iter().filter_map(|r| self.members.get(r)));
+        let leaves = Self::group(pending.leaves.values());
+        serde_json::json!({"joins": joins, "leaves": leaves}).to_string()
+    }
+}
+
+/// The views of every watched topic, shared by the drainer (diffs), the presence worker
+/// (loads) and the connections (watchers).
+pub struct Views {
+    topics: Mutex<HashMap<TopicKey, View>>,
+    /// Topics whose state the worker must load, with the load's number; it is woken by
+    /// `wake`.
+    to_load: Mutex<HashMap<TopicKey, u64>>,
+    next_load: std::sync::atomic::AtomicU64,
+    pub wake: Notify,
+    metrics: Arc<Metrics>,
+}
+
+impl Views {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Views {
+            topics: Mutex::new(HashMap::new()),
+            to_load: Mutex::new(HashMap::new()),
+            next_load: std::sync::atomic::AtomicU64::new(1),
+            wake: Notify::new(),
+            metrics,
+        }
+    }
+
+    fn deliver(&self, w: &Watcher, text: String) {
+        match w.tx.try_send(Message::text(text)) {
+            Ok(()) => self.metrics.presence_frames_total.increment(1),
+            Err(mpsc::error::TrySendError::Full(_)) => w.too_slow.notify_one(),
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    fn send_state(&self, key: &TopicKey, view: &View, w: &Watcher) {
+        let topic = format!("realtime:{}", key.topic);
+        let state = view.state_json();
+        let text = frame::push_json(
+            w.vsn,
+            w.join_ref.as_deref(),
+            &topic,
+            "presence_state",
+            &state,
+        );
+        self.deliver(w, text);
+    }
+
+    fn flush_view(&self, key: &TopicKey, view: &mut View) {
+        if !matches!(view.phase, Phase::Ready) || view.pending.is_empty() {
+            return;
+        }
+        let diff = view.take_diff_json();
+        let topic = format!("realtime:{}", key.topic);
+        for w in view.watchers.values() {
+            let text =
+                frame::push_json(w.vsn, w.join_ref.as_deref(), &topic, "presence_diff", &diff);
+            self.deliver(w, text);
+        }
+        self.metrics.presence_diffs_sent_total.increment(1);
+    }
+
+    /// Registers a channel as a watcher of `key`: it is sent the state now (or once the
+    /// view is loaded), then every change. Registering the same connection again replaces
+    /// its watcher (a rejoin) and sends the state again.
+    pub fn watch(&self, key: &TopicKey, w: Watcher) {
+        let mut topics = self.topics.lock().unwrap();
+        match topics.get_mut(key) {
+            Some(view) => match view.phase {
+                Phase::Ready => {
+                    self.flush_view(key, view);
+                    self.send_state(key, view, &w);
+                    view.watchers.insert(w.conn, w);
+                }
+                Phase::Loading { .. } => {
+                    view.waiting.insert(w.conn, w);
+                }
+            },
+            None => {
+                let load = self
+                    .next_load
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut view = View::loading(load);
+                view.waiting.insert(w.conn, w);
+                topics.insert(key.clone(), view);
+                self.metrics.presence_topics.increment(1.0);
+                drop(topics);
+                self.to_load.lock().unwrap().insert(key.clone(), load);
+                self.wake.notify_one();
+            }
+        }
+    }
+
+    /// Stops a channel's presence; a view no channel watches is dropped (a later watcher
+    /// loads it again).
+    pub fn unwatch(&self, key: &TopicKey, conn: ConnId) {
+        let mut topics = self.topics.lock().unwrap();
+        let Some(view) = topics.get_mut(key) else {
+            return;
+        };
+        view.watchers.remove(&conn);
+        view.waiting.remove(&conn);
+        if view.watchers.is_empty() && view.waiting.is_empty() {
+            let members = view.members.len();
+            topics.remove(key);
+            self.metrics.presence_topics.decrement(1.0);
+            self.metrics.presence_members.decrement(members as f64);
+        }
+    }
+
+    /// Applies a diff drained from the queue (ignored for a topic no channel here watches).
+    pub fn apply(&self, key: &TopicKey, diff_json: &str) {
+        let Some(diff) = Diff::parse(diff_json) else {
+            tracing::warn!(topic = %key.topic, "a presence diff that is not Phoenix's shape was skipped");
+            return;
+        };
+        let mut topics = self.topics.lock().unwrap();
+        let Some(view) = topics.get_mut(key) else {
+            return;
+        };
+        match &mut view.phase {
+            Phase::Loading { held } => held.push(diff),
+            Phase::Ready => {
+                let before = view.members.len();
+                view.apply(diff, Instant::now());
+                let after = view.members.len();
+                self.metrics
+                    .presence_members
+                    .increment(after as f64 - before as f64);
+            }
+        }
+        self.metrics.presence_diffs_applied_total.increment(1);
+    }
+
+    /// The topics to load, taken by the worker.
+    pub fn take_loads(&self) -> Vec<(TopicKey, u64)> {
+        let mut to_load = self.to_load.lock().unwrap();
+        to_load.drain().collect()
+    }
+
+    /// Asks for loads again (the worker could not read them).
+    pub fn retry_loads(&self, loads: Vec<(TopicKey, u64)>) {
+        self.to_load.lock().unwrap().extend(loads);
+    }
+
+    /// A loaded state: the view becomes ready with the held diffs applied on top, and every
+    /// waiting channel is sent it.
+    pub fn loaded(&self, key: &TopicKey, load: u64, rows: Vec<StateRow>) {
+        let mut topics = self.topics.lock().unwrap();
+        let Some(view) = topics.get_mut(key).filter(|v| v.load == load) else {
+            return;
+        };
+        let Phase::Loading { held } = std::mem::replace(&mut view.phase, Phase::Ready) else {
+            // Already loaded (a load asked twice): the drained diffs keep it current.
+            return;
+        };
+        let now = Instant::now();
+        for row in rows {
+            if row.live {
+                let mut meta = row.meta;
+                if let Some(o) = meta.as_object_mut() {
+                    o.insert("phx_ref".into(), Value::String(row.r#ref.clone()));
+                }
+                let member = Member { key: row.key, meta };
+                view.members.insert(row.r#ref, member);
+            } else {
+                view.left.insert(row.r#ref, now);
+            }
+        }
+        for diff in held {
+            view.apply(diff, now);
+        }
+        // The waiting channels get all of it as their state; there is no one to diff to yet.
+        view.pending = Pending::default();
+        self.metrics
+            .presence_members
+            .increment(view.members.len() as f64);
+        for (conn, w) in std::mem::take(&mut view.waiting) {
+            self.send_state(key, view, &w);
+            view.watchers.insert(conn, w);
+        }
+    }
+
+    /// Sends every topic's pending changes as one diff, and forgets tombstones older than
+    /// KEEP_LEFT. Called every window by the flusher.
+    pub fn flush(&self) {
+        let mut topics = self.topics.lock().unwrap();
+        let now = Instant::now();
+        for (key, view) in topics.iter_mut() {
+            self.flush_view(key, view);
+            if view.left.len() > view.members.len() + 64 {
+                view.left
+                    .retain(|_, at| now.duration_since(*at) < KEEP_LEFT);
+            }
+        }
+    }
+
+    /// The members a topic's view holds now, by ref (tests and the demo's checks).
+    pub fn members(&self, key: &TopicKey) -> Option<BTreeMap<String, Member>> {
+        let topics = self.topics.lock().unwrap();
+        let view = topics.get(key)?;
+        matches!(view.phase, Phase::Ready).then(|| view.members.clone())
+    }
+}
+
+/// Runs the flusher: every `window`, the pending changes of every topic go out.
+pub async fn flusher(
+    views: Arc<Views>,
+    window: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut every = tokio::time::interval(window);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => views.flush(),
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key() -> TopicKey {
+        TopicKey {
+            private: false,
+            topic: "room".into(),
+        }
+    }
+
+    fn watcher(conn: ConnId) -> (Watcher, mpsc::Receiver<Message>) {
+        let (tx, rx) = mpsc::channel(64);
+        let w = Watcher {
+            conn,
+            vsn: Vsn::V2,
+            join_ref: Some(format!("j{conn}")),
+            tx,
+            too_slow: Arc::new(Notify::new()),
+        };
+        (w, rx)
+    }
+
+    /// The (event, payload) of every frame queued to a watcher.
+    fn frames(rx: &mut mpsc::Receiver<Message>) -> Vec<(String, Value)> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|m| {
+                let v: Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                (v[3].as_str().unwrap().to_owned(), v[4].clone())
+            })
+            .collect()
+    }
+
+    fn join(key: &str, r: &str, meta: Value) -> String {
+        let mut meta = meta;
+        meta["phx_ref"] = json!(r);
+        json!({"joins": {key: {"metas": [meta]}}, "leaves": {}}).to_string()
+    }
+
+    fn leave(key: &str, r: &str) -> String {
+        json!({"joins": {}, "leaves": {key: {"metas": [{"phx_ref": r}]}}}).to_string()
+    }
+
+    fn row(key: &str, r: &str, live: bool) -> StateRow {
+        StateRow {
+            key: key.into(),
+            r#ref: r.into(),
+            meta: json!({"n": 1}),
+            live,
+        }
+    }
+
+    fn views() -> Views {
+        Views::new(Arc::new(Metrics::default()))
+    }
+
+    #[test]
+    fn a_watcher_gets_the_loaded_state_with_what_drained_during_the_load_then_diffs() {
+        let v = views();
+        let (w, mut rx) = watcher(1);
+        v.watch(&key(), w);
+        let loads = v.take_loads();
+        assert_eq!(loads.len(), 1, "the first watcher asks for a load");
+        let load = loads[0].1;
+        assert!(frames(&mut rx).is_empty(), "no state before the load");
+        // While the state is read: p3 joins (the read may or may not have seen it), p1
+        // leaves, and p2's join drains late although the read saw it leave.
+        v.apply(&key(), &join("cy", "p3", json!({})));
+        v.apply(&key(), &leave("ann", "p1"));
+        v.apply(&key(), &join("bob", "p2", json!({})));
+        v.loaded(
+            &key(),
+            load,
+            vec![
+                row("ann", "p1", true),
+                row("bob", "p2", false),
+                row("cy", "p3", true),
+            ],
+        );
+        let got = frames(&mut rx);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, "presence_state");
+        assert_eq!(
+            got[0].1,
+            json!({"cy": {"metas": [{"n": 1, "phx_ref": "p3"}]}}),
+            "no ghost of p2, p1 gone, p3 once"
+        );
+        v.flush();
+        assert!(frames(&mut rx).is_empty(), "the state held it all: no diff");
+        v.apply(&key(), &join("di", "p4", json!({"typing": true})));
+        v.flush();
+        let got = frames(&mut rx);
+        assert_eq!(
+            got,
+            vec![(
+                "presence_diff".into(),
+                json!({"joins": {"di": {"metas": [{"typing": true, "phx_ref": "p4"}]}}, "leaves": {}})
+            )]
+        );
+    }
+
+    #[test]
+    fn changes_within_a_window_are_one_diff_and_a_join_then_leave_cancels() {
+        let v = views();
+        let (w, mut rx) = watcher(1);
+        v.watch(&key(), w);
+        let load = v.take_loads()[0].1;
+        v.loaded(&key(), load, vec![row("ann", "p1", true)]);
+        frames(&mut rx);
+        for i in 10..20 {
+            v.apply(&key(), &join(&format!("u{i}"), &format!("p{i}"), json!({})));
+        }
+        v.apply(&key(), &leave("u15", "p15"));
+        v.apply(&key(), &leave("ann", "p1"));
+        // An update: the new ref joins with phx_ref_prev, the old one leaves, in one diff.
+        let update = json!({"joins": {"u11": {"metas": [{"phx_ref": "p30", "phx_ref_prev": "p11"}]}},
+                            "leaves": {"u11": {"metas": [{"phx_ref": "p11"}]}}});
+        v.apply(&key(), &update.to_string());
+        v.flush();
+        let got = frames(&mut rx);
+        assert_eq!(got.len(), 1, "one diff for the window");
+        let joins = got[0].1["joins"].as_object().unwrap();
+        let keys: Vec<&str> = joins.keys().map(String::as_str).collect();
+        assert!(!keys.contains(&"u15"), "joined and left in the window");
+        assert_eq!(joins.len(), 9);
+        assert_eq!(joins["u11"]["metas"][0]["phx_ref"], "p30");
+        assert_eq!(
+            got[0].1["leaves"],
+            json!({"ann": {"metas": [{"n": 1, "phx_ref": "p1"}]}}),
+            "only what the watcher had seen leaves"
+        );
+        v.flush();
+        assert!(frames(&mut rx).is_empty(), "nothing new: nothing sent");
+    }
+
+    #[test]
+    fn a_late_watcher_never_gets_a_diff_of_what_its_state_already_holds() {
+        let v = views();
+        let (a, mut rx_a) = watcher(1);
+        v.watch(&key(), a);
+        let load = v.take_loads()[0].1;
+        v.loaded(&key(), load, vec![]);
+        frames(&mut rx_a);
+        v.apply(&key(), &join("ann", "p1", json!({})));
+        // b joins within the window: a gets the pending diff first, b a state with ann.
+        let (b, mut rx_b) = watcher(2);
+        v.watch(&key(), b);
+        assert_eq!(frames(&mut rx_a)[0].0, "presence_diff");
+        let got_b = frames(&mut rx_b);
+        assert_eq!(got_b.len(), 1);
+        assert_eq!(got_b[0].0, "presence_state");
+        assert!(got_b[0].1.get("ann").is_some());
+        v.flush();
+        assert!(frames(&mut rx_b).is_empty());
+        // Joins and leaves that change nothing (a repeated join, a leave of an unknown
+        // ref, a join of a ref that left) are never sent.
+        v.apply(&key(), &join("ann", "p1", json!({})));
+        v.apply(&key(), &leave("zed", "p9"));
+        v.apply(&key(), &join("zed", "p9", json!({})));
+        v.flush();
+        assert!(frames(&mut rx_a).is_empty() && frames(&mut rx_b).is_empty());
+    }
+
+    #[test]
+    fn an_unwatched_topic_is_forgotten_and_loaded_again_by_the_next_watcher() {
+        let v = views();
+        let (a, _rx) = watcher(1);
+        v.watch(&key(), a);
+        let first = v.take_loads()[0].1;
+        v.unwatch(&key(), 1);
+        assert!(v.members(&key()).is_none());
+        // bob joins while no view holds the topic; the next watcher's view must not be
+        // completed by the first load, which may have read before bob's join.
+        v.apply(&key(), &join("bob", "p2", json!({})));
+        let (b, mut rx_b) = watcher(2);
+        v.watch(&key(), b);
+        let second = v.take_loads()[0].1;
+        v.loaded(&key(), first, vec![row("ann", "p1", true)]);
+        assert!(
+            frames(&mut rx_b).is_empty(),
+            "an earlier view's load is ignored"
+        );
+        v.loaded(
+            &key(),
+            second,
+            vec![row("ann", "p1", true), row("bob", "p2", true)],
+        );
+        assert_eq!(frames(&mut rx_b)[0].1.as_object().unwrap().len(), 2);
+        assert_eq!(
+            v.metrics.value("realtime_presence_topics"),
+            Some(1.0),
+            "one topic watched"
+        );
+    }
+
+    #[test]
+    fn a_diff_that_is_not_phoenix_shaped_is_skipped() {
+        assert!(Diff::parse("[]").is_none());
+        assert!(Diff::parse(r#"{"joins": {"k": {"metas": [{}]}}, "leaves": {}}"#).is_none());
+        let d = Diff::parse(r#"{"joins": {}, "leaves": {"k": {"metas": [{"phx_ref": "p1"}]}}}"#);
+        assert_eq!(d.unwrap().leaves[0].0, "p1");
+    }
+}

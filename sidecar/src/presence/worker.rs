@@ -1,0 +1,521 @@
+//! The presence worker: this sidecar's one presence connection to the database. In a loop,
+//! woken by a wish (`members`), a view to load (`view`) or the one-second tick:
+//! 1. **Lease.** Every second it renews this sidecar's session (`realtime.presence_renew`,
+//!    PRESENCE_LEASE_SECS long) and calls the reaper (`realtime.presence_reap`), which makes
+//!    the members of every ended session leave: a lease that ran out (a hung or cut-off
+//!    sidecar) or a backend that is gone (a killed one). Every sidecar reaps, one at a time.
+//!    A renewal that finds the lease lost means this sidecar's members were reaped: they are
+//!    tracked again, with new refs.
+//! 2. **Loads.** The topics a view is waiting for are read in one `realtime.presence_state`
+//!    call and handed to the views.
+//! 3. **Writes.** Every wish that changes something is written in one statement of
+//!    `realtime.presence_track` / `realtime.presence_untrack` calls; each commits its diff
+//!    to the queue. A statement the database refuses is retried one member at a time, so one
+//!    bad meta fails only its own push. Each push is answered once its change committed.
+//!
+//! A lost connection ends the session: the next connection ends it in the database (its
+//! members leave) and tracks every member again under a new session. A write in flight
+//! when the connection broke may or may not have committed; a new session makes that
+//! question moot instead of guessing. On shutdown the session ends, and its members leave at
+//! once.
+
+use super::members::{Desired, MemberId, Members, Reply, Want};
+use super::view::{StateRow, Views};
+use crate::config::Config;
+use crate::db_worker;
+use crate::hub::TopicKey;
+use crate::metrics::Metrics;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_postgres::Client;
+
+const WRITE_SQL: &str = "SELECT u.i, CASE WHEN u.track \
+       THEN realtime.presence_track($1, u.topic, u.private, u.key, u.meta::jsonb, u.prev) \
+       ELSE realtime.presence_untrack($1, u.prev)::text END AS result \
+     FROM unnest($2::bool[], $3::text[], $4::bool[], $5::text[], $6::text[], $7::text[]) \
+       WITH ORDINALITY AS u(track, topic, private, key, meta, prev, i)";
+
+const STATE_SQL: &str = "SELECT topic, private, key, ref, meta::text AS meta, live \
+     FROM realtime.presence_state($1, $2)";
+
+/// How often the lease is renewed and the reaper called.
+const TICK: Duration = Duration::from_secs(1);
+
+/// A member this sidecar has in the database.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    pub r#ref: String,
+    pub key: String,
+    pub meta: String,
+}
+
+/// One write of a batch.
+pub struct Write {
+    pub id: MemberId,
+    pub op: Op,
+    pub replies: Vec<Reply>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// Track, replacing the member's earlier ref if it has one.
+    Track {
+        key: String,
+        meta: String,
+        prev: Option<String>,
+    },
+    Untrack {
+        r#ref: String,
+    },
+}
+
+/// The writes that the wishes need, given what is in the database. Wishes that change
+/// nothing are answered at once.
+pub fn plan(wants: HashMap<MemberId, Want>, applied: &HashMap<MemberId, Applied>) -> Vec<Write> {
+    let mut writes = Vec::new();
+    for (id, want) in wants {
+        let have = applied.get(&id);
+        let op = match (&want.desired, have) {
+            (Desired::Untracked, None) => None,
+            (Desired::Untracked, Some(a)) => Some(Op::Untrack {
+                r#ref: a.r#ref.clone(),
+            }),
+            (Desired::Tracked { key, meta }, Some(a)) if a.key == *key && a.meta == *meta => None,
+            (Desired::Tracked { key, meta }, have) => Some(Op::Track {
+                key: key.clone(),
+                meta: meta.clone(),
+                prev: have.map(|a| a.r#ref.clone()),
+            }),
+        };
+        match op {
+            Some(op) => writes.push(Write {
+                id,
+                op,
+                replies: want.replies,
+            }),
+            None => want.replies.into_iter().for_each(Reply::ok),
+        }
+    }
+    writes
+}
+
+/// Why a step of the loop stopped.
+enum Stop {
+    /// The connection is lost or stuck: reconnect under a new session.
+    Lost(String),
+}
+
+pub struct Worker {
+    cfg: Arc<Config>,
+    views: Arc<Views>,
+    members: Arc<Members>,
+    metrics: Arc<Metrics>,
+    applied: HashMap<MemberId, Applied>,
+    /// Names this sidecar's sessions: each connection has its own (`{consumer}/{instance}/{n}`).
+    instance: u32,
+    sessions: u64,
+}
+
+impl Worker {
+    pub fn new(
+        cfg: Arc<Config>,
+        views: Arc<Views>,
+        members: Arc<Members>,
+        metrics: Arc<Metrics>,
+        instance: u32,
+    ) -> Self {
+        Worker {
+            cfg,
+            views,
+            members,
+            metrics,
+            applied: HashMap::new(),
+            instance,
+            sessions: 0,
+        }
+    }
+
+    fn new_session(&mut self) -> String {
+        self.sessions += 1;
+        format!(
+            "{}/{:08x}/{}",
+            self.cfg.consumer, self.instance, self.sessions
+        )
+    }
+
+    /// Every member this sidecar had is to be tracked again (under a new session).
+    fn track_all_again(&mut self) {
+        for (id, a) in std::mem::take(&mut self.applied) {
+            let desired = Desired::Tracked {
+                key: a.key,
+                meta: a.meta,
+            };
+            // A wish set meanwhile is newer than what was applied: it stands.
+            self.members.set_if_absent(id, desired);
+        }
+    }
+
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut ended: Option<String> = None;
+        loop {
+            let Some(client) =
+                db_worker::connect_retrying(&self.cfg, "presence", &mut shutdown, || {}).await
+            else {
+                return;
+            };
+            let session = self.new_session();
+            let result = self
+                .session(&client, &session, ended.take(), &mut shutdown)
+                .await;
+            match result {
+                Ok(()) => return,
+                Err(Stop::Lost(why)) => {
+                    tracing::warn!(error = %why, "presence connection lost; its members are tracked again under a new session");
+                    self.metrics.presence_sessions_lost_total.increment(1);
+                    ended = Some(session);
+                    self.track_all_again();
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    async fn call<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<Result<T, tokio_postgres::Error>, Stop> {
+        match tokio::time::timeout(self.cfg.db_call_deadline(), f).await {
+            Err(_) => Err(Stop::Lost(format!("{what} did not answer in time"))),
+            Ok(Err(e)) if e.is_closed() || e.as_db_error().is_none() => {
+                Err(Stop::Lost(format!("{what}: {e}")))
+            }
+            Ok(r) => Ok(r),
+        }
+    }
+
+    async fn session(
+        &mut self,
+        client: &Client,
+        session: &str,
+        ended: Option<String>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), Stop> {
+        if let Some(old) = ended {
+            let end = self
+                .call(
+                    "presence_end",
+                    client.query_one("SELECT realtime.presence_end($1)", &[&old]),
+                )
+                .await?;
+            if let Err(e) = end {
+                tracing::warn!(error = %e, "could not end the earlier presence session; the reaper will");
+            }
+        }
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut renewed_at: Option<Instant> = None;
+        loop {
+            if renewed_at.is_none_or(|at| at.elapsed() >= TICK) {
+                self.lease(client, session).await?;
+                renewed_at = Some(Instant::now());
+            }
+            self.load(client).await?;
+            self.write(client, session).await?;
+            tokio::select! {
+                _ = self.members.wake.notified() => {}
+                _ = self.views.wake.notified() => {}
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => {
+                    let end = self
+                        .call(
+                            "presence_end",
+                            client.query_one("SELECT realtime.presence_end($1)", &[&session]),
+                        )
+                        .await;
+                    if let Ok(Err(e)) = end {
+                        tracing::warn!(error = %e, "could not end the presence session on shutdown");
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    async fn lease(&mut self, client: &Client, session: &str) -> Result<(), Stop> {
+        let lease = format!("{} seconds", self.cfg.presence_lease_secs);
+        let renewed = self
+            .call(
+                "presence_renew",
+                client.query_one(
+                    "SELECT realtime.presence_renew($1, $2::text::interval) AS held",
+                    &[&session, &lease],
+                ),
+            )
+            .await?;
+        match renewed {
+            Ok(row) => {
+                let held: bool = row.get("held");
+                if !held && !self.applied.is_empty() {
+                    tracing::warn!(session, "the presence lease was lost (the sidecar was cut off or stalled past it); its members are tracked again");
+                    self.metrics.presence_sessions_lost_total.increment(1);
+                    self.track_all_again();
+                }
+            }
+            Err(e) => return Err(Stop::Lost(format!("presence_renew: {e}"))),
+        }
+        let reap = client.query_one("SELECT realtime.presence_reap() AS reaped", &[]);
+        match self.call("presence_reap", reap).await? {
+            Ok(row) => {
+                let n: i32 = row.get("reaped");
+                if n > 0 {
+                    tracing::info!(members = n, "presence members of ended sessions left");
+                    self.metrics.presence_reaped_total.increment(n as u64);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "the presence reaper failed"),
+        }
+        Ok(())
+    }
+
+    async fn load(&mut self, client: &Client) -> Result<(), Stop> {
+        let loads = self.views.take_loads();
+        if loads.is_empty() {
+            return Ok(());
+        }
+        let topics: Vec<&str> = loads.iter().map(|(k, _)| k.topic.as_str()).collect();
+        let privates: Vec<bool> = loads.iter().map(|(k, _)| k.private).collect();
+        let rows = match self
+            .call(
+                "presence_state",
+                client.query(STATE_SQL, &[&topics, &privates]),
+            )
+            .await
+        {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "presence state could not be read; retrying");
+                self.views.retry_loads(loads);
+                return Ok(());
+            }
+            Err(stop) => {
+                self.views.retry_loads(loads);
+                return Err(stop);
+            }
+        };
+        let mut by_topic: HashMap<TopicKey, Vec<StateRow>> = HashMap::new();
+        for row in rows {
+            let key = TopicKey {
+                topic: row.get("topic"),
+                private: row.get("private"),
+            };
+            let meta: String = row.get("meta");
+            by_topic.entry(key).or_default().push(StateRow {
+                key: row.get("key"),
+                r#ref: row.get("ref"),
+                meta: serde_json::from_str(&meta).unwrap_or_default(),
+                live: row.get("live"),
+            });
+        }
+        self.metrics
+            .presence_loads_total
+            .increment(loads.len() as u64);
+        for (key, load) in loads {
+            let rows = by_topic.remove(&key).unwrap_or_default();
+            self.views.loaded(&key, load, rows);
+        }
+        Ok(())
+    }
+
+    async fn write(&mut self, client: &Client, session: &str) -> Result<(), Stop> {
+        if self.members.is_empty() {
+            return Ok(());
+        }
+        let writes = plan(self.members.take(), &self.applied);
+        if writes.is_empty() {
+            return Ok(());
+        }
+        self.metrics.presence_write_batches_total.increment(1);
+        match self.statement(client, session, &writes).await? {
+            Ok(results) => {
+                for (w, r) in writes.into_iter().zip(results) {
+                    self.settle(w, Ok(r));
+                }
+            }
+            Err(why) => {
+                // One bad member sinks the statement (none of it committed): one at a time.
+                tracing::debug!(error = %why, "presence write failed; isolating");
+                for w in writes {
+                    match self
+                        .statement(client, session, std::slice::from_ref(&w))
+                        .await?
+                    {
+                        Ok(mut r) => self.settle(w, Ok(r.pop().flatten())),
+                        Err(why) => self.settle(w, Err(why)),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one statement over `writes`; each result is the new ref of a track (None when
+    /// nothing changed) or, for an untrack, whether the member was present.
+    async fn statement(
+        &self,
+        client: &Client,
+        session: &str,
+        writes: &[Write],
+    ) -> Result<Result<Vec<Option<String>>, String>, Stop> {
+        let mut track = Vec::with_capacity(writes.len());
+        let mut topics = Vec::with_capacity(writes.len());
+        let mut privates = Vec::with_capacity(writes.len());
+        let mut keys: Vec<Option<&str>> = Vec::with_capacity(writes.len());
+        let mut metas: Vec<Option<&str>> = Vec::with_capacity(writes.len());
+        let mut prevs: Vec<Option<&str>> = Vec::with_capacity(writes.len());
+        for w in writes {
+            topics.push(w.id.topic.topic.as_str());
+            privates.push(w.id.topic.private);
+            match &w.op {
+                Op::Track { key, meta, prev } => {
+                    track.push(true);
+                    keys.push(Some(key));
+                    metas.push(Some(meta));
+                    prevs.push(prev.as_deref());
+                }
+                Op::Untrack { r#ref } => {
+                    track.push(false);
+                    keys.push(None);
+                    metas.push(None);
+                    prevs.push(Some(r#ref));
+                }
+            }
+        }
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+            [&session, &track, &topics, &privates, &keys, &metas, &prevs];
+        match self
+            .call("presence write", client.query(WRITE_SQL, &params))
+            .await?
+        {
+            Ok(rows) => {
+                let mut results = vec![None; writes.len()];
+                for row in rows {
+                    let i = row.get::<_, i64>("i") as usize - 1;
+                    results[i] = row.get::<_, Option<String>>("result");
+                }
+                Ok(Ok(results))
+            }
+            Err(e) => Ok(Err(e
+                .as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_owned()))),
+        }
+    }
+
+    fn settle(&mut self, w: Write, result: Result<Option<String>, String>) {
+        let Write { id, op, replies } = w;
+        match result {
+            Err(why) => {
+                self.metrics.presence_write_failures_total.increment(1);
+                let reason = format!("UnableToTrackPresence: {why}");
+                replies.into_iter().for_each(|r| r.error(&reason));
+                return;
+            }
+            Ok(result) => {
+                self.metrics.presence_writes_total.increment(1);
+                match op {
+                    Op::Track { key, meta, .. } => {
+                        if let Some(r#ref) = result {
+                            self.applied.insert(id, Applied { r#ref, key, meta });
+                        }
+                    }
+                    Op::Untrack { .. } => {
+                        self.applied.remove(&id);
+                    }
+                }
+            }
+        }
+        replies.into_iter().for_each(Reply::ok);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hub::TopicKey;
+
+    fn id(conn: u64) -> MemberId {
+        MemberId {
+            conn,
+            topic: TopicKey {
+                private: false,
+                topic: "room".into(),
+            },
+        }
+    }
+
+    fn want(desired: Desired) -> Want {
+        Want {
+            desired,
+            replies: Vec::new(),
+        }
+    }
+
+    fn tracked(meta: &str) -> Desired {
+        Desired::Tracked {
+            key: "ann".into(),
+            meta: meta.into(),
+        }
+    }
+
+    #[test]
+    fn only_wishes_that_change_the_database_are_written() {
+        let mut applied = HashMap::new();
+        let have = Applied {
+            r#ref: "p7".into(),
+            key: "ann".into(),
+            meta: "{}".into(),
+        };
+        applied.insert(id(1), have.clone());
+        applied.insert(id(2), have.clone());
+        applied.insert(id(3), have);
+        let wants = HashMap::from([
+            (id(1), want(tracked("{}"))),
+            (id(2), want(tracked("{\"typing\":true}"))),
+            (id(3), want(Desired::Untracked)),
+            (id(4), want(Desired::Untracked)),
+            (id(5), want(tracked("{}"))),
+        ]);
+        let mut ops: Vec<(u64, Op)> = plan(wants, &applied)
+            .into_iter()
+            .map(|w| (w.id.conn, w.op))
+            .collect();
+        ops.sort_by_key(|(c, _)| *c);
+        assert_eq!(
+            ops,
+            vec![
+                (
+                    2,
+                    Op::Track {
+                        key: "ann".into(),
+                        meta: "{\"typing\":true}".into(),
+                        prev: Some("p7".into())
+                    }
+                ),
+                (3, Op::Untrack { r#ref: "p7".into() }),
+                (
+                    5,
+                    Op::Track {
+                        key: "ann".into(),
+                        meta: "{}".into(),
+                        prev: None
+                    }
+                ),
+            ]
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! Presence on the wire, where realtime-js would hide a mistake: the order of a join's
+//! frames (reply, then `presence_state`, then diffs), the channel's join_ref on them,
+//! Phoenix's update diff (`phx_ref_prev`), and a poisoned track among many.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// The next frames up to and including the first of `event` (text frames, in order).
+async fn until(c: &mut Client, event: &str) -> Vec<Value> {
+    let mut seen = Vec::new();
+    loop {
+        let m = c
+            .next_json(10)
+            .await
+            .unwrap_or_else(|| panic!("{event} within 10 s; saw {seen:?}"));
+        let done = m["event"] == event;
+        seen.push(m);
+        if done {
+            return seen;
+        }
+    }
+}
+
+fn track(meta: Value) -> Value {
+    json!({"type": "presence", "event": "track", "payload": meta})
+}
+
+#[tokio::test]
+async fn a_join_gets_reply_then_state_then_diffs_and_an_update_carries_phx_ref_prev() {
+    let sidecar = Sidecar::start("t_presence_wire", &[]).await;
+    for vsn in ["1.0.0", "2.0.0"] {
+        let topic = format!("realtime:wire-{vsn}");
+        let mut c = Client::connect(sidecar.port, vsn).await;
+        let config = json!({"config": {"presence": {"key": "ann", "enabled": true}}});
+        let r = c.push(Some("7"), &topic, "phx_join", config).await;
+        let first = c.next_json(10).await.expect("the reply");
+        assert_eq!(
+            (&first["event"], &first["ref"]),
+            (&json!("phx_reply"), &json!(r))
+        );
+        let state = c.next_json(10).await.expect("the state");
+        assert_eq!(state["event"], "presence_state", "{state}");
+        assert_eq!(state["payload"], json!({}));
+        assert_eq!(
+            state["join_ref"], "7",
+            "Phoenix drops frames of another join"
+        );
+
+        let r = c
+            .push(Some("7"), &topic, "presence", track(json!({"n": 1})))
+            .await;
+        let mut frames = until(&mut c, "presence_diff").await;
+        if !frames.iter().any(|f| f["ref"] == json!(r)) {
+            frames.extend(until(&mut c, "phx_reply").await);
+        }
+        let reply = frames.iter().find(|f| f["ref"] == json!(r)).unwrap();
+        assert_eq!(reply["payload"]["status"], "ok");
+        let diff = frames
+            .iter()
+            .find(|f| f["event"] == "presence_diff")
+            .unwrap();
+        assert_eq!(diff["join_ref"], "7");
+        let metas = &diff["payload"]["joins"]["ann"]["metas"];
+        assert_eq!(metas[0]["n"], 1, "{diff}");
+        let first_ref = metas[0]["phx_ref"].as_str().unwrap().to_owned();
+        assert_eq!(diff["payload"]["leaves"], json!({}));
+
+        c.push(Some("7"), &topic, "presence", track(json!({"n": 2})))
+            .await;
+        let diff = until(&mut c, "presence_diff").await.pop().unwrap();
+        let joined = &diff["payload"]["joins"]["ann"]["metas"][0];
+        assert_eq!(joined["n"], 2);
+        assert_eq!(joined["phx_ref_prev"], json!(first_ref), "{diff}");
+        assert_ne!(joined["phx_ref"], json!(first_ref));
+        assert_eq!(
+            diff["payload"]["leaves"],
+            json!({"ann": {"metas": [{"n": 1, "phx_ref": first_ref}]}})
+        );
+    }
+}
+
+/// A meta Postgres refuses (jsonb has no \u0000) among many tracks written together fails
+/// only its own push, with the database's reason; every other track is committed.
+#[tokio::test]
+async fn a_poisoned_track_fails_alone_and_the_others_of_its_batch_are_written() {
+    let sidecar = Sidecar::start("t_presence_poison", &[]).await;
+    let db = db().await;
+    let topic = format!("poison-{}", now());
+    let mut c = Client::connect(sidecar.port, "2.0.0").await;
+    let mut channels = Vec::new();
+    for i in 0..21 {
+        let t = format!("realtime:{topic}-{i}");
+        let config = json!({"presence": {"key": format!("k{i}")}});
+        assert_eq!(c.join(&t, config).await["status"], "ok");
+        channels.push(t);
+    }
+    // Sent back to back, so the worker finds many waiting at once.
+    let mut refs = Vec::new();
+    for (i, t) in channels.iter().enumerate() {
+        let meta = match i {
+            10 => json!({"bad": "\u{0}"}),
+            _ => json!({"i": i}),
+        };
+        refs.push(c.push(Some("1"), t, "presence", track(meta)).await);
+    }
+    // Replies come as each write settles, in any order.
+    let mut by_ref = std::collections::HashMap::new();
+    while by_ref.len() < refs.len() {
+        let m = c.next_json(10).await.expect("every track answered");
+        if m["event"] == "phx_reply" {
+            by_ref.insert(m["ref"].as_str().unwrap().to_owned(), m["payload"].clone());
+        }
+    }
+    let outcomes: Vec<&Value> = refs.iter().map(|r| &by_ref[r]).collect();
+    for (i, o) in outcomes.iter().enumerate() {
+        if i == 10 {
+            assert_eq!(o["status"], "error");
+            let reason = o["response"]["reason"].as_str().unwrap();
+            assert!(
+                reason.starts_with("UnableToTrackPresence: unsupported Unicode escape sequence"),
+                "{reason}"
+            );
+        } else {
+            assert_eq!(o["status"], "ok", "track {i}: {o}");
+        }
+    }
+    let like = format!("{topic}-%");
+    let live: i64 = db
+        .query_one(
+            "SELECT count(*) FROM realtime.presences WHERE topic LIKE $1 AND left_at IS NULL",
+            &[&like],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(live, 20);
+    assert_eq!(
+        sidecar
+            .metric("realtime_presence_write_failures_total")
+            .await,
+        1.0
+    );
+}
