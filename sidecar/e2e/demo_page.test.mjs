@@ -70,6 +70,29 @@ test('the demo page subscribes and shows a row inserted in the database', async 
   assert.deepEqual(errors, []);
 });
 
+test('the demo page shows who is watching: a second page joins the list, and leaves it when closed', async () => {
+  const watching = async (page) => page.locator('#watchers li').evaluateAll((lis) => lis.map((li) => li.dataset.key));
+  const a = await browser.newPage();
+  const errors = [];
+  a.on('pageerror', (e) => errors.push(String(e)));
+  await a.goto(`http://127.0.0.1:${port}/`);
+  await a.locator('#watchers li', { hasText: 'this page' }).waitFor({ timeout: 15000 });
+  const before = await watching(a);
+  const b = await browser.newPage();
+  await b.goto(`http://127.0.0.1:${port}/`);
+  await b.locator('#watchers li', { hasText: 'this page' }).waitFor({ timeout: 15000 });
+  const bKey = await b.locator('#watchers li', { hasText: 'this page' }).getAttribute('data-key');
+  assert.ok(!before.includes(bKey));
+  await a.locator(`#watchers li[data-key="${bKey}"]`).waitFor({ timeout: 15000 });
+  assert.deepEqual((await watching(b)).sort(), [...before, bKey].sort(), 'both pages see the same list');
+  assert.match(await a.locator('#watching').textContent(), new RegExp(`^${before.length + 1} watching$`));
+  await b.close();
+  await a.locator(`#watchers li[data-key="${bKey}"]`).waitFor({ state: 'detached', timeout: 15000 });
+  assert.deepEqual(await watching(a), before);
+  assert.deepEqual(errors, []);
+  await a.close();
+});
+
 test('the demo page survives a sidecar killed and started again, with no missing row, and says so', async () => {
   const page = await browser.newPage();
   const errors = [];
@@ -90,5 +113,7 @@ test('the demo page survives a sidecar killed and started again, with no missing
   assert.match(await page.locator('#resume').textContent(), /^den: reconnected, [1-9]\d* rows? recovered, none missing$/);
   const ids = await page.locator('#rows tr').evaluateAll((trs) => trs.map((tr) => tr.dataset.id));
   assert.equal(new Set(ids).size, ids.length, 'no row shown twice');
+  // The killed sidecar's member left; the page rejoined and tracked itself again.
+  await page.locator('#watchers li', { hasText: 'this page' }).waitFor({ timeout: 15000 });
   assert.deepEqual(errors, []);
 });

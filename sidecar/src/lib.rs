@@ -70,12 +70,23 @@
 //! gate at the sequence the history went through: held frames after it follow, the rest were
 //! already sent. Nothing is missed at the seam because the subscription comes before the read.
 //!
+//! # Presence: channels → members → presence worker → queue → every sidecar's views
+//!
+//! A `track` or `untrack` push becomes the channel's wish (`presence::members`); the
+//! `presence::worker` (one connection) writes every changed wish in one statement of
+//! `realtime.presence_track`/`_untrack`, each committing its diff to the queue; the
+//! `presence::lease` task renews this sidecar's lease and runs the reaper every second. The drainer hands each drained diff to
+//! `presence::view`, which keeps a view only of the topics this sidecar's channels watch
+//! (loaded from the table, then moved by the diffs, idempotently) and sends the watchers a
+//! `presence_state` first and coalesced diffs after (`presence/mod.rs` tells the whole of it).
+//!
 //! # Tasks and their shared state
 //!
 //! One task each for the listener (`server`), the drainer, the authorizer, the relay,
-//! the bindings' check and the history, and one per connection. They share
-//! `state::Shared` (settings, the hub, the Postgres Changes subscribers, the token
-//! verifier, the metrics, the request queues) and nothing else; a connection's channels
+//! the bindings' check, the history, the presence worker, lease and flusher, and one per
+//! connection. They share `state::Shared` (settings, the hub, the Postgres Changes
+//! subscribers, presence's views and wishes, the token verifier, the metrics, the request
+//! queues) and nothing else; a connection's channels
 //! are touched only by its own task. On SIGTERM the listener stops, every socket is sent
 //! a close frame with its reason (`reason::Disconnect`) and the drainer confirms its
 //! position, so a restarted sidecar resumes where this one stopped (`shutdown`).
@@ -87,7 +98,8 @@
 //! format of both serializers · `channels` the channel lifecycle · `join_config` what a
 //! join asks for · `broadcast` the broadcast extension · `postgres_changes/` the Postgres
 //! Changes extension (bindings, the join-time check, who listens, delivery) · `history/`
-//! replay and resume (what a join asks, the batched read) · `gate` a rejoining channel's
+//! replay and resume (what a join asks, the batched read) · `presence/` presence (a
+//! channel's pushes, wishes, the worker, the views) · `gate` a rejoining channel's
 //! live frames held until its history is sent · `hub` topics and fan-out ·
 //! `drainer` the queue side · `authorizer` batched `realtime.authorize` · `relay` batched
 //! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what those two share (reconnects, batches) · `reason`
@@ -169,16 +181,26 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         metrics.clone(),
         shutdown.clone(),
     ));
+    let session = Arc::new(presence::lease::Session::new(&cfg.consumer, instance));
     let presence_worker = tokio::spawn(
         presence::worker::Worker::new(
             cfg.clone(),
             presence.views.clone(),
             presence.members.clone(),
             metrics.clone(),
-            instance,
+            session.clone(),
         )
         .run(shutdown.clone()),
     );
+    // The lease outlives the worker: it ends the session once the worker has written the
+    // untracks of the closing sockets (ending it meanwhile would race those writes).
+    let (end_presence, presence_ends) = tokio::sync::watch::channel(false);
+    let presence_lease = tokio::spawn(presence::lease::run(
+        cfg.clone(),
+        session,
+        metrics.clone(),
+        presence_ends,
+    ));
     let presence_flusher = tokio::spawn(presence::view::flusher(
         presence.views.clone(),
         Duration::from_millis(cfg.presence_window_ms),
@@ -231,8 +253,10 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let _ = tokio::time::timeout(grace, authorizer).await;
     let _ = tokio::time::timeout(grace, checker).await;
     let _ = tokio::time::timeout(grace, history).await;
-    // Ends this sidecar's presence sessions: its members leave everyone's view now.
     let _ = tokio::time::timeout(grace, presence_worker).await;
+    // Ends this sidecar's presence session: its members leave everyone's view now.
+    let _ = end_presence.send(true);
+    let _ = tokio::time::timeout(grace, presence_lease).await;
     presence_flusher.abort();
     shutdown::wait_for_connections(&metrics, grace).await;
     upkeep.abort();

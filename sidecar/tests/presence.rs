@@ -143,3 +143,51 @@ async fn a_poisoned_track_fails_alone_and_the_others_of_its_batch_are_written() 
         1.0
     );
 }
+
+/// Fixed bug: the presence lease task could miss the shutdown signal, so a sidecar stopped
+/// with SIGTERM hung for its whole grace period (5 s) and then exited without ending its
+/// presence session. A stop is prompt (about 0.1 s here), its members leave, and the
+/// session is ended in the database.
+#[tokio::test]
+async fn sigterm_stops_promptly_and_ends_the_presence_session() {
+    let mut sidecar = Sidecar::start("t_presence_sigterm", &[]).await;
+    let db = db().await;
+    let topic = format!("sigterm-{}", now());
+    let mut c = Client::connect(sidecar.port, "2.0.0").await;
+    let channel = format!("realtime:{topic}");
+    let config = json!({"presence": {"key": "ann"}});
+    assert_eq!(c.join(&channel, config).await["status"], "ok");
+    let r = c
+        .push(Some("1"), &channel, "presence", track(json!({})))
+        .await;
+    assert_eq!(c.reply(&r).await["status"], "ok");
+    let session: String = db
+        .query_one(
+            "SELECT session FROM realtime.presences WHERE topic = $1 AND left_at IS NULL",
+            &[&topic],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let stopping = std::time::Instant::now();
+    assert!(sidecar.stop().success());
+    let took = stopping.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(4),
+        "the stop waited out the 5 s grace: {took:?}"
+    );
+    let row = db
+        .query_one(
+            "SELECT (SELECT count(*) FROM realtime.presences WHERE topic = $1 AND left_at IS NULL),
+                    (SELECT count(*) FROM realtime.presence_sessions WHERE session = $2)",
+            &[&topic, &session],
+        )
+        .await
+        .unwrap();
+    let (live, sessions): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(
+        (live, sessions),
+        (0, 0),
+        "members left and the session ended"
+    );
+}

@@ -1,6 +1,7 @@
 // The demo page: subscribes to the demo rooms (Broadcast) and to the task list's table
 // (Postgres Changes) with the official realtime-js client and shows each row as it arrives,
-// with the time from the row's commit to its arrival here.
+// with the time from the row's commit to its arrival here; and shows who is watching
+// (Presence: every open page and the terminal feed track themselves).
 import { RealtimeClient } from '@supabase/realtime-js';
 
 const MAX_ROWS = 50;
@@ -103,3 +104,28 @@ client
   .channel('tasks')
   .on('postgres_changes', { event: '*', schema: 'public', table: 'demo_tasks' }, showChange)
   .subscribe((status) => setStatus('demo_tasks', status));
+
+// Presence: this page is one of the watchers. It tracks itself once subscribed, and again
+// after every rejoin (realtime-js rejoins by itself when the socket comes back; a member
+// lives as long as its channel, so a new channel tracks again, as Supabase apps do).
+const watchersEl = document.getElementById('watchers');
+const me = `page-${Math.random().toString(36).slice(2, 7)}`;
+const watchers = client.channel('watchers', { config: { presence: { key: me } } });
+watchers.on('presence', { event: 'sync' }, () => {
+  const state = watchers.presenceState();
+  const names = Object.keys(state).sort();
+  watchersEl.replaceChildren(
+    ...names.map((name) => {
+      const li = document.createElement('li');
+      const [meta] = state[name];
+      li.dataset.key = name;
+      li.textContent = `${name} (${meta.kind}${name === me ? ', this page' : ''}) since ${new Date(meta.since).toLocaleTimeString()}`;
+      return li;
+    }),
+  );
+  document.getElementById('watching').textContent = `${names.length} watching`;
+});
+watchers.subscribe((status) => {
+  setStatus('watchers', status);
+  if (status === 'SUBSCRIBED') watchers.track({ kind: 'page', since: Date.now() });
+});

@@ -1,7 +1,8 @@
 // The demo's terminal twin of the page: subscribes like the page does (realtime-js over the
 // `ws` transport: the rooms' broadcasts and the task list's Postgres Changes) and prints each
 // row with its commit-to-receive latency, for SECONDS seconds. Like the page, it resumes after
-// its last position when its socket drops (the demo restarts the sidecar halfway).
+// its last position when its socket drops (the demo restarts the sidecar halfway), and it is
+// one of the watchers the page lists (Presence), saying who joins and leaves.
 // Usage: node watch.mjs URL APIKEY SECONDS ROOM...
 import WebSocket from 'ws';
 import { RealtimeClient } from '@supabase/realtime-js';
@@ -34,6 +35,12 @@ client
     console.log(`  demo_tasks   ${c.eventType.padEnd(6)} #${String(row.id).padEnd(5)} ${row.title ?? ''}${row.done ? ' ✓' : ''}  (${latency} ms)`);
   })
   .subscribe((status) => console.log(`  demo_tasks (postgres_changes) ${status}`));
+const watchers = client.channel('watchers', { config: { presence: { key: 'terminal' } } });
+watchers.on('presence', { event: 'join' }, ({ key }) => key !== 'terminal' && console.log(`  watchers: ${key} joined`));
+watchers.on('presence', { event: 'leave' }, ({ key }) => key !== 'terminal' && console.log(`  watchers: ${key} left`));
+watchers.subscribe((status) => {
+  if (status === 'SUBSCRIBED') watchers.track({ kind: 'terminal', since: Date.now() });
+});
 setTimeout(() => {
   const s = [...latencies].sort((a, b) => a - b);
   const q = (p) => s[Math.min(s.length - 1, Math.floor(p * s.length))];

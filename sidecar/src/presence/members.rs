@@ -104,6 +104,19 @@ impl Members {
         self.wake.notify_one();
     }
 
+    /// Puts back a wish the worker could not write yet; a wish set meanwhile is newer and
+    /// stands (and answers these pushes too).
+    pub fn restore(&self, id: MemberId, desired: Desired, replies: Vec<Reply>) {
+        let mut wants = self.wants.lock().unwrap();
+        let want = wants.entry(id).or_insert_with(|| Want {
+            desired,
+            replies: Vec::new(),
+        });
+        want.replies.extend(replies);
+        drop(wants);
+        self.wake.notify_one();
+    }
+
     /// Every wish set since the last call, taken by the worker.
     pub fn take(&self) -> HashMap<MemberId, Want> {
         std::mem::take(&mut *self.wants.lock().unwrap())

@@ -16,8 +16,9 @@
 //!    asked at the first track of a private channel) and becomes the channel's wish in
 //!    `members` (tracked with this key and meta, or untracked).
 //! 2. `worker` (one task and one connection per sidecar) writes every wish that changes
-//!    something in one statement, renews the sidecar's lease, runs the reaper and loads
-//!    views; each push is answered once its change committed.
+//!    something in one statement, under the sidecar's session, and loads views; each push
+//!    is answered once its change committed. `lease` (a task and a connection of its own,
+//!    so it never waits behind a write) renews the session's lease and runs the reaper.
 //! 3. The drainer hands each drained diff to `view`, which applies it to its topic's view,
 //!    if a channel here watches the topic, and sends the changes to the watching channels,
 //!    coalesced over PRESENCE_WINDOW_MS.
@@ -42,10 +43,12 @@
 //! # Files
 //!
 //! `channel` a channel's presence and its pushes · `members` wishes from channels to the
-//! worker · `worker` the database side (lease, reaper, loads, writes) · `view` each
-//! sidecar's rebuildable view of the watched topics and the diffs sent from it.
+//! worker · `worker` loads and batched writes · `lease` the session, its lease and the
+//! reaper · `view` each sidecar's rebuildable view of the watched topics and the diffs sent
+//! from it.
 
 pub mod channel;
+pub mod lease;
 pub mod members;
 pub mod view;
 pub mod worker;

@@ -15,10 +15,13 @@
 //!   diff is in the loaded state, drained after the view was created, or both (a record is
 //!   readable only once its transaction is visible, so what the drainer had not yet read when
 //!   the view was created comes after it).
-//! - **A channel gets the state before any diff.** It is registered under the view's lock,
-//!   after the changes not yet sent to the others are flushed to them, and its
-//!   `presence_state` is queued right then; later changes reach it as diffs through the same
-//!   outbound queue. (Phoenix's client holds any diff that comes before its state forever.)
+//! - **A channel gets the state before any diff.** It is registered under the view's lock
+//!   and sent, right then, the state as of the last flush; the changes since reach it with
+//!   everyone else's in the window's diff, through the same outbound queue. (Phoenix's client
+//!   holds any diff that comes before its state forever.) That state is the members minus the
+//!   window's joins plus its leaves, which no diff applied within the window changes: it is
+//!   serialized once per window, however many channels register in it (in a room that fills,
+//!   every member that tracks starts watching).
 //!
 //! Diffs are forwarded only when they change the view, coalesced per topic over one window
 //! (`PRESENCE_WINDOW_MS`): a join and a leave of one ref in the same window cancel out, and
@@ -131,6 +134,8 @@ struct View {
     /// Channels registered while the view loads: sent the state once it is loaded.
     waiting: HashMap<ConnId, Watcher>,
     pending: Pending,
+    /// The state as of the last flush, serialized for the channels registering meanwhile.
+    flushed_state: Option<String>,
 }
 
 impl View {
@@ -143,6 +148,7 @@ impl View {
             watchers: HashMap::new(),
             waiting: HashMap::new(),
             pending: Pending::default(),
+            flushed_state: None,
         }
     }
 
@@ -178,13 +184,25 @@ impl View {
         Value::Object(by_key)
     }
 
-    fn state_json(&self) -> String {
-        Self::group(self.members.values()).to_string()
+    /// The state as of the last flush: the members but the window's joins, and those who
+    /// left in the window.
+    fn flushed_state_json(&mut self) -> &str {
+        if self.flushed_state.is_none() {
+            let then = self
+                .members
+                .iter()
+                .filter(|(r, _)| !self.pending.joins.contains(*r))
+                .map(|(_, m)| m)
+                .chain(self.pending.leaves.values());
+            self.flushed_state = Some(Self::group(then).to_string());
+        }
+        self.flushed_state.as_deref().unwrap_or("{}")
     }
 
     /// The pending changes as one `presence_diff` payload, and forgets them.
     fn take_diff_json(&mut self) -> String {
         let pending = std::mem::take(&mut self.pending);
+        self.flushed_state = None;
         let joins = Self::group(pending.joins.iter().filter_map(|r| self.members.get(r)));
         let leaves = Self::group(pending.leaves.values());
         serde_json::json!({"joins": joins, "leaves": leaves}).to_string()
@@ -222,15 +240,15 @@ impl Views {
         }
     }
 
-    fn send_state(&self, key: &TopicKey, view: &View, w: &Watcher) {
+    fn send_state(&self, key: &TopicKey, view: &mut View, w: &Watcher) {
         let topic = format!("realtime:{}", key.topic);
-        let state = view.state_json();
+        let state = view.flushed_state_json();
         let text = frame::push_json(
             w.vsn,
             w.join_ref.as_deref(),
             &topic,
             "presence_state",
-            &state,
+            state,
         );
         self.deliver(w, text);
     }
@@ -249,15 +267,14 @@ impl Views {
         self.metrics.presence_diffs_sent_total.increment(1);
     }
 
-    /// Registers a channel as a watcher of `key`: it is sent the state now (or once the
-    /// view is loaded), then every change. Registering the same connection again replaces
-    /// its watcher (a rejoin) and sends the state again.
+    /// Registers a channel as a watcher of `key`: it is sent the state as of the last flush
+    /// now (or the state once the view is loaded), then every change. Registering the same
+    /// connection again replaces its watcher (a rejoin) and sends the state again.
     pub fn watch(&self, key: &TopicKey, w: Watcher) {
         let mut topics = self.topics.lock().unwrap();
         match topics.get_mut(key) {
             Some(view) => match view.phase {
                 Phase::Ready => {
-                    self.flush_view(key, view);
                     self.send_state(key, view, &w);
                     view.watchers.insert(w.conn, w);
                 }
@@ -361,6 +378,7 @@ impl Views {
         }
         // The waiting channels get all of it as their state; there is no one to diff to yet.
         view.pending = Pending::default();
+        view.flushed_state = None;
         self.metrics
             .presence_members
             .increment(view.members.len() as f64);
@@ -545,24 +563,42 @@ mod tests {
     }
 
     #[test]
-    fn a_late_watcher_never_gets_a_diff_of_what_its_state_already_holds() {
+    fn a_late_watcher_gets_the_state_of_the_last_flush_then_the_window_with_everyone() {
         let v = views();
         let (a, mut rx_a) = watcher(1);
         v.watch(&key(), a);
         let load = v.take_loads()[0].1;
-        v.loaded(&key(), load, vec![]);
+        v.loaded(&key(), load, vec![row("zoe", "p0", true)]);
         frames(&mut rx_a);
         v.apply(&key(), &join("ann", "p1", json!({})));
-        // b joins within the window: a gets the pending diff first, b a state with ann.
+        v.apply(&key(), &leave("zoe", "p0"));
+        // b registers within the window: it gets the state as the last flush left it (zoe,
+        // not ann), and a gets nothing yet.
         let (b, mut rx_b) = watcher(2);
         v.watch(&key(), b);
-        assert_eq!(frames(&mut rx_a)[0].0, "presence_diff");
+        assert!(frames(&mut rx_a).is_empty());
         let got_b = frames(&mut rx_b);
         assert_eq!(got_b.len(), 1);
         assert_eq!(got_b[0].0, "presence_state");
-        assert!(got_b[0].1.get("ann").is_some());
+        assert_eq!(
+            got_b[0].1,
+            json!({"zoe": {"metas": [{"n": 1, "phx_ref": "p0"}]}})
+        );
+        // The window's diff reaches both: ann joins, zoe leaves, once each.
         v.flush();
-        assert!(frames(&mut rx_b).is_empty());
+        let (da, db) = (frames(&mut rx_a), frames(&mut rx_b));
+        assert_eq!(da, db);
+        assert_eq!(da.len(), 1);
+        assert!(da[0].1["joins"].get("ann").is_some() && da[0].1["leaves"].get("zoe").is_some());
+        // A watcher after the flush gets ann in its state, and no diff of her.
+        let (c, mut rx_c) = watcher(3);
+        v.watch(&key(), c);
+        assert_eq!(
+            frames(&mut rx_c)[0].1,
+            json!({"ann": {"metas": [{"phx_ref": "p1"}]}})
+        );
+        v.flush();
+        assert!(frames(&mut rx_c).is_empty());
         // Joins and leaves that change nothing (a repeated join, a leave of an unknown
         // ref, a join of a ref that left) are never sent.
         v.apply(&key(), &join("ann", "p1", json!({})));

@@ -1,24 +1,20 @@
-//! The presence worker: this sidecar's one presence connection to the database. In a loop,
-//! woken by a wish (`members`), a view to load (`view`) or the one-second tick:
-//! 1. **Lease.** Every second it renews this sidecar's session (`realtime.presence_renew`,
-//!    PRESENCE_LEASE_SECS long) and calls the reaper (`realtime.presence_reap`), which makes
-//!    the members of every ended session leave: a lease that ran out (a hung or cut-off
-//!    sidecar) or a backend that is gone (a killed one). Every sidecar reaps, one at a time.
-//!    A renewal that finds the lease lost means this sidecar's members were reaped: they are
-//!    tracked again, with new refs.
-//! 2. **Loads.** The topics a view is waiting for are read in one `realtime.presence_state`
+//! The presence worker: this sidecar's connection for presence writes and loads. In a
+//! loop, woken by a wish (`members`), a view to load (`view`), a new session (`lease`) or a
+//! one-second tick:
+//! 1. **Loads.** The topics a view is waiting for are read in one `realtime.presence_state`
 //!    call and handed to the views.
-//! 3. **Writes.** Every wish that changes something is written in one statement of
-//!    `realtime.presence_track` / `realtime.presence_untrack` calls; each commits its diff
-//!    to the queue. A statement the database refuses is retried one member at a time, so one
-//!    bad meta fails only its own push. Each push is answered once its change committed.
+//! 2. **Writes.** Every wish that changes something is written, at most WRITE_BATCH to a
+//!    statement of `realtime.presence_track` / `realtime.presence_untrack` calls, under the
+//!    current session (`lease`); each call commits its diff to the queue. A statement the
+//!    database refuses is retried one member at a time, so one bad meta fails only its own
+//!    push; one cancelled by its timeout is retried whole later. Each push is answered once
+//!    its change committed.
 //!
-//! A lost connection ends the session: the next connection ends it in the database (its
-//! members leave) and tracks every member again under a new session. A write in flight
-//! when the connection broke may or may not have committed; a new session makes that
-//! question moot instead of guessing. On shutdown the session ends, and its members leave at
-//! once.
+//! Under each new session (a lease lost, or this connection broken with a write in flight
+//! whose fate is unknown) every member is tracked again; the old session is ended, so what
+//! was written under it leaves.
 
+use super::lease::Session;
 use super::members::{Desired, MemberId, Members, Reply, Want};
 use super::view::{StateRow, Views};
 use crate::config::Config;
@@ -27,9 +23,11 @@ use crate::hub::TopicKey;
 use crate::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_postgres::Client;
+
+/// Most members written by one statement: a statement stays short, whatever is waiting.
+const WRITE_BATCH: usize = 1000;
 
 const WRITE_SQL: &str = "SELECT u.i, CASE WHEN u.track \
        THEN realtime.presence_track($1, u.topic, u.private, u.key, u.meta::jsonb, u.prev) \
@@ -39,9 +37,6 @@ const WRITE_SQL: &str = "SELECT u.i, CASE WHEN u.track \
 
 const STATE_SQL: &str = "SELECT topic, private, key, ref, meta::text AS meta, live \
      FROM realtime.presence_state($1, $2)";
-
-/// How often the lease is renewed and the reaper called.
-const TICK: Duration = Duration::from_secs(1);
 
 /// A member this sidecar has in the database.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,6 +64,19 @@ pub enum Op {
     Untrack {
         r#ref: String,
     },
+}
+
+impl Op {
+    /// The wish this write carries out.
+    fn desired(&self) -> Desired {
+        match self {
+            Op::Track { key, meta, .. } => Desired::Tracked {
+                key: key.clone(),
+                meta: meta.clone(),
+            },
+            Op::Untrack { .. } => Desired::Untracked,
+        }
+    }
 }
 
 /// The writes that the wishes need, given what is in the database. Wishes that change
@@ -107,15 +115,24 @@ enum Stop {
     Lost(String),
 }
 
+/// How a write statement ended, when the connection survived it.
+enum Refused {
+    /// Cancelled by its statement timeout, or a deadlock's victim: nothing was written; try
+    /// again later.
+    Canceled,
+    /// The database refused it; the text is its reason.
+    Input(String),
+}
+
 pub struct Worker {
     cfg: Arc<Config>,
     views: Arc<Views>,
     members: Arc<Members>,
     metrics: Arc<Metrics>,
+    session: Arc<Session>,
     applied: HashMap<MemberId, Applied>,
-    /// Names this sidecar's sessions: each connection has its own (`{consumer}/{instance}/{n}`).
-    instance: u32,
-    sessions: u64,
+    /// The session generation `applied` was written under.
+    generation: u64,
 }
 
 impl Worker {
@@ -124,25 +141,18 @@ impl Worker {
         views: Arc<Views>,
         members: Arc<Members>,
         metrics: Arc<Metrics>,
-        instance: u32,
+        session: Arc<Session>,
     ) -> Self {
+        let generation = session.generation();
         Worker {
             cfg,
             views,
             members,
             metrics,
+            session,
             applied: HashMap::new(),
-            instance,
-            sessions: 0,
+            generation,
         }
-    }
-
-    fn new_session(&mut self) -> String {
-        self.sessions += 1;
-        format!(
-            "{}/{:08x}/{}",
-            self.cfg.consumer, self.instance, self.sessions
-        )
     }
 
     /// Every member this sidecar had is to be tracked again (under a new session).
@@ -165,21 +175,18 @@ impl Worker {
             else {
                 return;
             };
-            let session = self.new_session();
-            let result = self
-                .session(&client, &session, ended.take(), &mut shutdown)
-                .await;
-            match result {
+            match self.serve(&client, ended.take(), &mut shutdown).await {
                 Ok(()) => return,
                 Err(Stop::Lost(why)) => {
                     tracing::warn!(error = %why, "presence connection lost; its members are tracked again under a new session");
                     self.metrics.presence_sessions_lost_total.increment(1);
-                    ended = Some(session);
+                    ended = Some(self.session.replace());
+                    self.generation = self.session.generation();
                     self.track_all_again();
                 }
             }
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
                 _ = shutdown.changed() => return,
             }
         }
@@ -199,14 +206,15 @@ impl Worker {
         }
     }
 
-    async fn session(
+    async fn serve(
         &mut self,
         client: &Client,
-        session: &str,
         ended: Option<String>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), Stop> {
         if let Some(old) = ended {
+            // What was written under the old session leaves now (its backend lives on in the
+            // lease task's connection, so the reaper would wait for the lease to run out).
             let end = self
                 .call(
                     "presence_end",
@@ -214,73 +222,23 @@ impl Worker {
                 )
                 .await?;
             if let Err(e) = end {
-                tracing::warn!(error = %e, "could not end the earlier presence session; the reaper will");
+                tracing::warn!(error = %e, "could not end the earlier presence session; its lease will");
             }
         }
-        let mut tick = tokio::time::interval(TICK);
+        let mut tick = tokio::time::interval(super::lease::TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut renewed_at: Option<Instant> = None;
         loop {
-            if renewed_at.is_none_or(|at| at.elapsed() >= TICK) {
-                self.lease(client, session).await?;
-                renewed_at = Some(Instant::now());
-            }
             self.load(client).await?;
-            self.write(client, session).await?;
+            self.write(client).await?;
             tokio::select! {
                 _ = self.members.wake.notified() => {}
                 _ = self.views.wake.notified() => {}
+                _ = self.session.ready.notified() => {}
                 _ = tick.tick() => {}
-                _ = shutdown.changed() => {
-                    let end = self
-                        .call(
-                            "presence_end",
-                            client.query_one("SELECT realtime.presence_end($1)", &[&session]),
-                        )
-                        .await;
-                    if let Ok(Err(e)) = end {
-                        tracing::warn!(error = %e, "could not end the presence session on shutdown");
-                    }
-                    return Ok(());
-                }
+                // The lease task ends the session on shutdown.
+                _ = shutdown.changed() => return Ok(()),
             }
         }
-    }
-
-    async fn lease(&mut self, client: &Client, session: &str) -> Result<(), Stop> {
-        let lease = format!("{} seconds", self.cfg.presence_lease_secs);
-        let renewed = self
-            .call(
-                "presence_renew",
-                client.query_one(
-                    "SELECT realtime.presence_renew($1, $2::text::interval) AS held",
-                    &[&session, &lease],
-                ),
-            )
-            .await?;
-        match renewed {
-            Ok(row) => {
-                let held: bool = row.get("held");
-                if !held && !self.applied.is_empty() {
-                    tracing::warn!(session, "the presence lease was lost (the sidecar was cut off or stalled past it); its members are tracked again");
-                    self.metrics.presence_sessions_lost_total.increment(1);
-                    self.track_all_again();
-                }
-            }
-            Err(e) => return Err(Stop::Lost(format!("presence_renew: {e}"))),
-        }
-        let reap = client.query_one("SELECT realtime.presence_reap() AS reaped", &[]);
-        match self.call("presence_reap", reap).await? {
-            Ok(row) => {
-                let n: i32 = row.get("reaped");
-                if n > 0 {
-                    tracing::info!(members = n, "presence members of ended sessions left");
-                    self.metrics.presence_reaped_total.increment(n as u64);
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "the presence reaper failed"),
-        }
-        Ok(())
     }
 
     async fn load(&mut self, client: &Client) -> Result<(), Stop> {
@@ -332,14 +290,34 @@ impl Worker {
         Ok(())
     }
 
-    async fn write(&mut self, client: &Client, session: &str) -> Result<(), Stop> {
+    async fn write(&mut self, client: &Client) -> Result<(), Stop> {
+        let Some((session, generation)) = self.session.ready_id() else {
+            // A new session whose lease is not taken yet: the wishes wait for it.
+            return Ok(());
+        };
+        if generation != self.generation {
+            // The lease task took a new session (the old one's lease was lost).
+            self.generation = generation;
+            self.track_all_again();
+        }
         if self.members.is_empty() {
             return Ok(());
         }
-        let writes = plan(self.members.take(), &self.applied);
-        if writes.is_empty() {
-            return Ok(());
+        let mut writes = plan(self.members.take(), &self.applied);
+        while !writes.is_empty() {
+            let rest = writes.split_off(writes.len().min(WRITE_BATCH));
+            self.write_batch(client, &session, writes).await?;
+            writes = rest;
         }
+        Ok(())
+    }
+
+    async fn write_batch(
+        &mut self,
+        client: &Client,
+        session: &str,
+        writes: Vec<Write>,
+    ) -> Result<(), Stop> {
         self.metrics.presence_write_batches_total.increment(1);
         match self.statement(client, session, &writes).await? {
             Ok(results) => {
@@ -347,7 +325,16 @@ impl Worker {
                     self.settle(w, Ok(r));
                 }
             }
-            Err(why) => {
+            Err(Refused::Canceled) => {
+                tracing::warn!(
+                    members = writes.len(),
+                    "a presence write hit its statement timeout; retrying"
+                );
+                for w in writes {
+                    self.members.restore(w.id, w.op.desired(), w.replies);
+                }
+            }
+            Err(Refused::Input(why)) => {
                 // One bad member sinks the statement (none of it committed): one at a time.
                 tracing::debug!(error = %why, "presence write failed; isolating");
                 for w in writes {
@@ -356,7 +343,10 @@ impl Worker {
                         .await?
                     {
                         Ok(mut r) => self.settle(w, Ok(r.pop().flatten())),
-                        Err(why) => self.settle(w, Err(why)),
+                        Err(Refused::Input(why)) => self.settle(w, Err(why)),
+                        Err(Refused::Canceled) => {
+                            self.members.restore(w.id, w.op.desired(), w.replies)
+                        }
                     }
                 }
             }
@@ -371,7 +361,7 @@ impl Worker {
         client: &Client,
         session: &str,
         writes: &[Write],
-    ) -> Result<Result<Vec<Option<String>>, String>, Stop> {
+    ) -> Result<Result<Vec<Option<String>>, Refused>, Stop> {
         let mut track = Vec::with_capacity(writes.len());
         let mut topics = Vec::with_capacity(writes.len());
         let mut privates = Vec::with_capacity(writes.len());
@@ -410,9 +400,20 @@ impl Worker {
                 }
                 Ok(Ok(results))
             }
-            Err(e) => Ok(Err(e
-                .as_db_error()
-                .map_or_else(|| e.to_string(), |d| d.message().to_owned()))),
+            // Cancelled by its timeout, or chosen as a deadlock's victim (a reaper tombstoning
+            // the same rows in another order): nothing was written; the same write is tried
+            // again, not isolated as if its input were bad.
+            Err(e)
+                if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)
+                    || e.code()
+                        == Some(&tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED) =>
+            {
+                Ok(Err(Refused::Canceled))
+            }
+            Err(e) => Ok(Err(Refused::Input(
+                e.as_db_error()
+                    .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+            ))),
         }
     }
 
