@@ -152,6 +152,38 @@ test(`a sidecar killed with SIGKILL: its members leave the other sidecar's view 
   }
 });
 
+test('a sidecar killed and started again: its clients rejoin and track again, every view shows each member once', async () => {
+  let restarted = await startSidecar(SECRET, 'presence_js_restart');
+  const topic = `presence-restart-${Date.now()}`;
+  const far = member(one.port, topic, 'far');
+  // On the restarted sidecar: they track again on every SUBSCRIBED, as apps do after a reconnect.
+  const near = ['n1', 'n2', 'nw'].map((k) => member(restarted.port, topic, k));
+  try {
+    await subscribed(far.channel);
+    await far.channel.track({ at: 'far' });
+    for (const m of near) {
+      m.channel.subscribe((status) => status === 'SUBSCRIBED' && m.channel.track({ at: 'near' }));
+    }
+    const four = (m) => JSON.stringify(Object.keys(m.view())) === JSON.stringify(['far', 'n1', 'n2', 'nw']);
+    await waitFor(() => four(far) && near.every(four), 10000, 'all four everywhere');
+    const before = far.refs();
+    restarted.process.kill('SIGKILL');
+    restarted = await startSidecar(SECRET, 'presence_js_restart', {}, restarted.port);
+    // realtime-js reconnects and rejoins by itself; the restarted sidecar builds its view
+    // from the database again.
+    const settled = (m) =>
+      four(m) &&
+      Object.values(m.refs()).every((refs) => refs.length === 1) &&
+      ['n1', 'n2', 'nw'].every((k) => m.refs()[k][0] !== before[k][0]);
+    await waitFor(() => settled(far) && near.every(settled), 20000, 'one new meta per member everywhere');
+    for (const m of near) assert.deepEqual(m.refs(), far.refs(), 'the rebuilt view is the same');
+    assert.deepEqual(far.refs().far, before.far, 'the member of the other sidecar is untouched');
+  } finally {
+    restarted.process.kill('SIGKILL');
+    for (const m of [far, ...near]) m.client.disconnect();
+  }
+});
+
 test(`a hung sidecar (SIGSTOP): its members leave within ${DEAD_SIDECAR_BOUND_MS} ms (the lease), and come back when it resumes`, async () => {
   const hung = await startSidecar(SECRET, 'presence_js_hung', { PRESENCE_LEASE_SECS: '2' });
   const topic = `presence-hang-${Date.now()}`;
@@ -211,6 +243,27 @@ test('private presence: members read it, only writers track, others are refused 
     await close(pub.client);
   } finally {
     await Promise.all([w, r, s].map((m) => close(m.client)));
+  }
+});
+
+test('a private channel whose policies allow broadcast but not presence: no presence state, no track', async () => {
+  await db.query(`DROP POLICY IF EXISTS broadcast_only_read ON realtime.messages;
+                  CREATE POLICY broadcast_only_read ON realtime.messages FOR SELECT TO authenticated
+                    USING ((SELECT realtime.topic()) = 'broadcast-only' AND realtime.messages.extension = 'broadcast')`);
+  const token = jwt(SECRET, { role: 'authenticated', sub: '44444444-4444-4444-8444-444444444444', exp: Math.floor(Date.now() / 1000) + 3600 });
+  const m = member(one.port, 'broadcast-only', 'eve', { token, isPrivate: true });
+  const got = [];
+  m.channel.on('broadcast', { event: 'marker' }, (b) => got.push(b));
+  try {
+    await subscribed(m.channel);
+    assert.equal(await m.channel.track({ x: 1 }), 'error', 'no presence write');
+    // A broadcast after the join: it arrives, and no presence event came before it.
+    await db.query("SELECT realtime.send('{}', 'marker', 'broadcast-only', true)");
+    await waitFor(() => got.length === 1, 10000, 'the marker');
+    assert.deepEqual(m.events, [], 'no presence state or diff');
+  } finally {
+    await close(m.client);
+    await db.query('DROP POLICY IF EXISTS broadcast_only_read ON realtime.messages');
   }
 });
 

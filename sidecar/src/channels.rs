@@ -1478,6 +1478,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_revoked_presence_read_stops_presence_and_the_sidecar_limit_closes_a_tracking_channel(
+    ) {
+        let (shared, be) = testing::shared(&["--max-presence-events-per-second", "2"]);
+        let (tx, hub_rx) = mpsc::channel(16);
+        let (c, verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
+        let mut t = Conn {
+            c,
+            verdicts,
+            hub_rx,
+            be,
+        };
+        t.send(presence_join("realtime:room", true, true)).unwrap();
+        t.authorize(3, reader(true)).await;
+        t.written();
+        let p = t.c.shared.presence.clone();
+        let (key, load) = p.views.take_loads().pop().expect("presence read: watching");
+        p.views.loaded(&key, load, vec![]);
+        assert_eq!(queued(&mut t)[0].0, "presence_state");
+        // The re-check keeps broadcast read and revokes presence read: the channel stays,
+        // and stops receiving presence (its view is dropped: no one here watches).
+        t.c.recheck_all();
+        t.authorize(3, |r| match r.extension {
+            "presence" => Verdict::Denied(None),
+            _ => Verdict::Allowed,
+        })
+        .await;
+        assert!(t.c.get("realtime:room").is_some());
+        assert!(p.views.members(&key).is_none());
+        // The sidecar takes 2 tracks a second: the third closes its channel.
+        t.send(presence_join("realtime:a", false, false)).unwrap();
+        t.send(presence_join("realtime:b", false, false)).unwrap();
+        t.written();
+        t.send(track("realtime:a", "5", json!({}))).unwrap();
+        t.send(track("realtime:b", "6", json!({}))).unwrap();
+        t.send(track("realtime:a", "7", json!({"n": 2}))).unwrap();
+        let w = t.written();
+        assert_eq!(w[0].2["message"], "Too many presence messages per second");
+        assert_eq!(w[1].1, "phx_close");
+        assert!(t.c.get("realtime:a").is_none() && t.c.get("realtime:b").is_some());
+    }
+
+    #[tokio::test]
     async fn too_many_joins_a_second_close_the_socket() {
         let (shared, _be) = testing::shared(&["--max-joins-per-second", "2"]);
         let (tx, _hub_rx) = mpsc::channel(16);

@@ -134,8 +134,11 @@ struct View {
     /// Channels registered while the view loads: sent the state once it is loaded.
     waiting: HashMap<ConnId, Watcher>,
     pending: Pending,
-    /// The state as of the last flush, serialized for the channels registering meanwhile.
+    /// The state as of the last flush, serialized for the channels registering meanwhile,
+    /// and its frames by serializer and join_ref (realtime-js numbers a socket's joins from
+    /// 1, so many channels share one): encoded once, the bytes shared.
     flushed_state: Option<String>,
+    state_frames: HashMap<(Vsn, Option<String>), Message>,
 }
 
 impl View {
@@ -149,6 +152,7 @@ impl View {
             waiting: HashMap::new(),
             pending: Pending::default(),
             flushed_state: None,
+            state_frames: HashMap::new(),
         }
     }
 
@@ -203,6 +207,7 @@ impl View {
     fn take_diff_json(&mut self) -> String {
         let pending = std::mem::take(&mut self.pending);
         self.flushed_state = None;
+        self.state_frames.clear();
         let joins = Self::group(pending.joins.iter().filter_map(|r| self.members.get(r)));
         let leaves = Self::group(pending.leaves.values());
         serde_json::json!({"joins": joins, "leaves": leaves}).to_string()
@@ -232,8 +237,8 @@ impl Views {
         }
     }
 
-    fn deliver(&self, w: &Watcher, text: String) {
-        match w.tx.try_send(Message::text(text)) {
+    fn deliver(&self, w: &Watcher, frame: Message) {
+        match w.tx.try_send(frame) {
             Ok(()) => self.metrics.presence_frames_total.increment(1),
             Err(mpsc::error::TrySendError::Full(_)) => w.too_slow.notify_one(),
             Err(mpsc::error::TrySendError::Closed(_)) => {}
@@ -241,16 +246,25 @@ impl Views {
     }
 
     fn send_state(&self, key: &TopicKey, view: &mut View, w: &Watcher) {
-        let topic = format!("realtime:{}", key.topic);
-        let state = view.flushed_state_json();
-        let text = frame::push_json(
-            w.vsn,
-            w.join_ref.as_deref(),
-            &topic,
-            "presence_state",
-            state,
-        );
-        self.deliver(w, text);
+        let at = (w.vsn, w.join_ref.clone());
+        let made = match view.state_frames.get(&at) {
+            Some(f) => f.clone(),
+            None => {
+                let topic = format!("realtime:{}", key.topic);
+                let state = view.flushed_state_json();
+                let text = frame::push_json(
+                    w.vsn,
+                    w.join_ref.as_deref(),
+                    &topic,
+                    "presence_state",
+                    state,
+                );
+                let f = Message::text(text);
+                view.state_frames.insert(at, f.clone());
+                f
+            }
+        };
+        self.deliver(w, made);
     }
 
     fn flush_view(&self, key: &TopicKey, view: &mut View) {
@@ -259,10 +273,21 @@ impl Views {
         }
         let diff = view.take_diff_json();
         let topic = format!("realtime:{}", key.topic);
+        let mut frames: HashMap<(Vsn, Option<&str>), Message> = HashMap::new();
         for w in view.watchers.values() {
-            let text =
-                frame::push_json(w.vsn, w.join_ref.as_deref(), &topic, "presence_diff", &diff);
-            self.deliver(w, text);
+            let f = frames
+                .entry((w.vsn, w.join_ref.as_deref()))
+                .or_insert_with(|| {
+                    let text = frame::push_json(
+                        w.vsn,
+                        w.join_ref.as_deref(),
+                        &topic,
+                        "presence_diff",
+                        &diff,
+                    );
+                    Message::text(text)
+                });
+            self.deliver(w, f.clone());
         }
         self.metrics.presence_diffs_sent_total.increment(1);
     }
@@ -379,6 +404,7 @@ impl Views {
         // The waiting channels get all of it as their state; there is no one to diff to yet.
         view.pending = Pending::default();
         view.flushed_state = None;
+        view.state_frames.clear();
         self.metrics
             .presence_members
             .increment(view.members.len() as f64);
@@ -637,6 +663,49 @@ mod tests {
             v.metrics.value("realtime_presence_topics"),
             Some(1.0),
             "one topic watched"
+        );
+    }
+
+    #[test]
+    fn channels_with_the_same_join_ref_share_one_encoded_frame_and_others_get_their_own() {
+        let v = views();
+        let mut rxs = Vec::new();
+        for (conn, join_ref) in [(1, "1"), (2, "1"), (3, "4")] {
+            let (mut w, rx) = watcher(conn);
+            w.join_ref = Some(join_ref.into());
+            v.watch(&key(), w);
+            rxs.push(rx);
+        }
+        let load = v.take_loads()[0].1;
+        v.loaded(&key(), load, vec![]);
+        v.apply(&key(), &join("ann", "p1", json!({})));
+        v.flush();
+        let (w4, mut rx4) = watcher(4);
+        let w4 = Watcher {
+            join_ref: Some("1".into()),
+            ..w4
+        };
+        v.watch(&key(), w4);
+        let (w5, mut rx5) = watcher(5);
+        let w5 = Watcher {
+            join_ref: Some("1".into()),
+            ..w5
+        };
+        v.watch(&key(), w5);
+        let texts = |rx: &mut mpsc::Receiver<Message>| -> Vec<Message> {
+            std::iter::from_fn(|| rx.try_recv().ok()).collect()
+        };
+        let (a, b, c) = (texts(&mut rxs[0]), texts(&mut rxs[1]), texts(&mut rxs[2]));
+        let ptr = |m: &Message| m.to_text().unwrap().as_ptr();
+        assert_eq!(ptr(&a[1]), ptr(&b[1]), "one diff encoded for join_ref 1");
+        assert_ne!(ptr(&a[1]), ptr(&c[1]));
+        let v3: Value = serde_json::from_str(c[1].to_text().unwrap()).unwrap();
+        assert_eq!(v3[0], "4", "its own join_ref");
+        let (s4, s5) = (texts(&mut rx4), texts(&mut rx5));
+        assert_eq!(
+            ptr(&s4[0]),
+            ptr(&s5[0]),
+            "one state encoded per window and join_ref"
         );
     }
 
