@@ -50,17 +50,19 @@ def main():
     ap.add_argument("--churn", nargs="+", default=["5000:1000:1000", "5000:2000:2000", "1000:1000:1000"],
                     help="ROOM:CHURNERS:TOGGLES_PER_SECOND runs (toggles: half joins, half leaves)")
     ap.add_argument("--churn-seconds", type=float, default=10)
+    ap.add_argument("--window-ms", type=int, default=None, help="PRESENCE_WINDOW_MS of the sidecars (default theirs)")
     ap.add_argument("--pg-port", type=int, default=24366)
     ap.add_argument("--http-ports", type=int, nargs=3, default=[24367, 24368, 24369])
     a = ap.parse_args()
 
     harness.build()
+    env = {"PRESENCE_WINDOW_MS": str(a.window_ms)} if a.window_ms else {}
     fills, churns = [], []
     with harness.Cluster(a.pg_port, "max_connections = 60") as pg:
         pg.psql("-c", "CREATE EXTENSION pg_realtime")
-        with harness.Sidecar(a.http_ports[0], pg.dsn, "presence_a", SECRET) as one, \
-                harness.Sidecar(a.http_ports[1], pg.dsn, "presence_b", SECRET) as two, \
-                harness.Sidecar(a.http_ports[2], pg.dsn, "presence_views", SECRET) as views:
+        with harness.Sidecar(a.http_ports[0], pg.dsn, "presence_a", SECRET, **env) as one, \
+                harness.Sidecar(a.http_ports[1], pg.dsn, "presence_b", SECRET, **env) as two, \
+                harness.Sidecar(a.http_ports[2], pg.dsn, "presence_views", SECRET, **env) as views:
             ports, pids = a.http_ports[:2], [one.process.pid, two.process.pid]
             for i, seconds in enumerate(a.fill_seconds):
                 r = run(ports, pids, f"fill-{i}", members=a.members, observers=a.observers, fill_seconds=seconds)
@@ -81,7 +83,7 @@ def main():
 
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; serializer 2.0.0; Postgres, the sidecars and "
           f"the load generator on the same 2 cores; members alternate between two sidecar processes; diffs "
-          f"coalesced every 20 ms (PRESENCE_WINDOW_MS). A track enables presence on its channel (as in "
+          f"coalesced every {a.window_ms or 20} ms (PRESENCE_WINDOW_MS). A track enables presence on its channel (as in "
           f"Supabase), so every member receives the room's state and diffs: a room of N costs N²/2 member "
           f"entries however they are framed. The observers' views are the ones checked.\n")
     print("| members | observers | tracks over | tracks/s | every observer complete, after the first track | "

@@ -2,7 +2,7 @@
 # Every benchmark of pgbench/RESULTS.md at full size, one after the other (never two at
 # once: they share 2 cores), from a fresh Debian 12 machine as root. Each table goes to
 # target/bench/<time>/<runner>.md (with the runner's JSON lines beside it) and to stdout.
-# About 45 minutes. `scripts/bench.sh peers connections` runs only the runners named.
+# About 50 minutes. `scripts/bench.sh peers connections` runs only the runners named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -27,6 +27,7 @@ run visible --seconds 10
 run changes
 run joins
 run resume
+run presence
 run peers --json "$out/peers.json"
 run scenarios --json "$out/scenarios.json"
 run connections --json "$out/connections.json"

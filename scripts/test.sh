@@ -66,6 +66,7 @@ python3 pgbench/visible.py --seconds 1 --check-users 20 > "$log/visible.md"
 python3 pgbench/changes.py --seconds 1 --users 100 --rates 100 > "$log/changes.md"
 python3 pgbench/joins.py --clients 50 > "$log/joins.md"
 python3 pgbench/resume.py --clients 200 --topics 10 --rate 200 --seconds 4 --storm-after 2 > "$log/resume.md"
+python3 pgbench/presence.py --members 200 --observers 10 --fill-seconds 1 --churn 100:50:100 --churn-seconds 1 > "$log/presence.md"
 python3 pgbench/scenarios.py --scale smoke --seconds 2 > "$log/scenarios.md"
 python3 pgbench/peers.py --seconds 2 --subscribers 20 --rates 100 --k6-vus 5 --k6-rate 20 > "$log/peers.md"
 python3 pgbench/connections.py --clients 300 --centrifugo-clients 100 --seconds 3 > "$log/connections.md"
@@ -74,7 +75,7 @@ python3 pgbench/profile.py fanout --seconds 1 --subscribers 20 --rate 100 >> "$l
 python3 pgbench/profile.py joins --seconds 1 --clients 50 >> "$log/profile.md"
 python3 pgbench/profile.py authorize --seconds 1 --batch 100 >> "$log/profile.md"
 python3 pgbench/profile.py drain --messages 20000 >> "$log/profile.md"
-cat "$log"/{trigger_cost,capture_cost,fanout,authorize,visible,changes,joins,resume,scenarios,peers,connections,profile}.md
+cat "$log"/{trigger_cost,capture_cost,fanout,authorize,visible,changes,joins,resume,presence,scenarios,peers,connections,profile}.md
 
 echo "== expected outputs hold no wall-clock text (the suite once passed only on Saturdays)"
 if grep -n -E '\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\b' regress/expected/*.out; then

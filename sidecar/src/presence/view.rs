@@ -24,8 +24,10 @@
 //!   every member that tracks starts watching).
 //!
 //! Diffs are forwarded only when they change the view, coalesced per topic over one window
-//! (`PRESENCE_WINDOW_MS`): a join and a leave of one ref in the same window cancel out, and
-//! a 10,000-member room that joins at once costs a few diffs per watcher, not 10,000.
+//! (`PRESENCE_WINDOW_MS`, 20 ms; LARGE_ROOM_WINDOW, 50 ms, for a topic with LARGE_ROOM
+//! watchers or more, where every frame is multiplied by thousands): a join and a leave of
+//! one ref in the same window cancel out, and a 10,000-member room that joins at once costs
+//! a few diffs per watcher, not 10,000.
 
 use crate::frame::{self, Vsn};
 use crate::hub::{ConnId, TopicKey};
@@ -36,6 +38,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 use tokio_tungstenite::tungstenite::Message;
+
+/// A topic with this many watchers or more is a large room: its diffs go out every
+/// LARGE_ROOM_WINDOW at most often. (In a 5,000-member room churning 1,000 times a second,
+/// 20 ms windows queued 300,000 frames a second and swamped this 2-core box; 50 ms ones
+/// delivered every change: `pgbench/RESULTS.md`, Presence.)
+pub const LARGE_ROOM: usize = 1000;
+pub const LARGE_ROOM_WINDOW: Duration = Duration::from_millis(50);
 
 /// How long a tombstone is kept: longer than the database keeps it (a minute), so that a
 /// view never forgets a leave that a state loaded later could still lack.
@@ -139,6 +148,8 @@ struct View {
     /// 1, so many channels share one): encoded once, the bytes shared.
     flushed_state: Option<String>,
     state_frames: HashMap<(Vsn, Option<String>), Message>,
+    /// When its last diff went out (a window starts with the first change after it).
+    flushed_at: Instant,
 }
 
 impl View {
@@ -153,6 +164,7 @@ impl View {
             pending: Pending::default(),
             flushed_state: None,
             state_frames: HashMap::new(),
+            flushed_at: Instant::now(),
         }
     }
 
@@ -272,6 +284,7 @@ impl Views {
             return;
         }
         let diff = view.take_diff_json();
+        view.flushed_at = Instant::now();
         let topic = format!("realtime:{}", key.topic);
         let mut frames: HashMap<(Vsn, Option<&str>), Message> = HashMap::new();
         for w in view.watchers.values() {
@@ -414,12 +427,32 @@ impl Views {
         }
     }
 
-    /// Sends every topic's pending changes as one diff, and forgets tombstones older than
-    /// KEEP_LEFT. Called every window by the flusher.
+    /// Sends every topic's pending changes as one diff now (tests).
     pub fn flush(&self) {
+        self.flush_due_at(None, Duration::ZERO, Duration::ZERO);
+    }
+
+    /// Sends the pending changes of every topic whose window is over, as one diff each,
+    /// and forgets tombstones older than KEEP_LEFT. The flusher calls it every `tick`; a
+    /// window is `window`, or LARGE_ROOM_WINDOW for a large room, and ends at the tick
+    /// nearest its end.
+    pub fn flush_due(&self, window: Duration, tick: Duration) {
+        self.flush_due_at(Some(Instant::now()), window, tick);
+    }
+
+    /// As `flush_due` at `now`; None flushes every topic now.
+    fn flush_due_at(&self, now: Option<Instant>, window: Duration, tick: Duration) {
         let mut topics = self.topics.lock().unwrap();
-        let now = Instant::now();
+        let forced = now.is_none();
+        let now = now.unwrap_or_else(Instant::now);
         for (key, view) in topics.iter_mut() {
+            let room_window = match view.watchers.len() >= LARGE_ROOM {
+                true => window.max(LARGE_ROOM_WINDOW),
+                false => window,
+            };
+            if !forced && now.saturating_duration_since(view.flushed_at) + tick / 2 < room_window {
+                continue;
+            }
             self.flush_view(key, view);
             if view.left.len() > view.members.len() + 64 {
                 view.left
@@ -436,17 +469,19 @@ impl Views {
     }
 }
 
-/// Runs the flusher: every `window`, the pending changes of every topic go out.
+/// Runs the flusher: every 10 ms (or `window`, if shorter), the pending changes of every
+/// topic whose window is over go out.
 pub async fn flusher(
     views: Arc<Views>,
     window: Duration,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut every = tokio::time::interval(window);
+    let tick = window.min(Duration::from_millis(10));
+    let mut every = tokio::time::interval(tick);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = every.tick() => views.flush(),
+            _ = every.tick() => views.flush_due(window, tick),
             _ = shutdown.changed() => return,
         }
     }
@@ -707,6 +742,60 @@ mod tests {
             ptr(&s5[0]),
             "one state encoded per window and join_ref"
         );
+    }
+
+    #[test]
+    fn a_large_room_waits_out_its_longer_window_and_a_small_one_does_not() {
+        let v = views();
+        let small = key();
+        let large = TopicKey {
+            private: false,
+            topic: "hall".into(),
+        };
+        let (w, mut rx_small) = watcher(0);
+        v.watch(&small, w);
+        let mut rx_large = None;
+        for conn in 1..=LARGE_ROOM as u64 {
+            let (w, rx) = watcher(conn);
+            v.watch(&large, w);
+            if conn == 1 {
+                rx_large = Some(rx);
+            }
+        }
+        let mut rx_large = rx_large.unwrap();
+        for (k, load) in v.take_loads() {
+            v.loaded(&k, load, vec![]);
+        }
+        frames(&mut rx_small);
+        frames(&mut rx_large);
+        // A first change after a quiet spell goes out at once, and starts a window. (Times
+        // are taken before it, so each check below holds whatever pauses the test thread.)
+        let flushed = Instant::now();
+        let at = |ms: u64| Some(flushed + Duration::from_millis(ms));
+        v.apply(&small, &join("zoe", "p0", json!({})));
+        v.apply(&large, &join("yan", "p9", json!({})));
+        v.flush();
+        assert_eq!(
+            (frames(&mut rx_small).len(), frames(&mut rx_large).len()),
+            (1, 1)
+        );
+        v.apply(&small, &join("ann", "p1", json!({})));
+        v.apply(&large, &join("bob", "p2", json!({})));
+        // Ticks of 10 ms: the small room's 20 ms window is not over at 10 ms and is by 30,
+        // the large room's 50 ms one is not at 40 and is by 60.
+        let (window, tick) = (Duration::from_millis(20), Duration::from_millis(10));
+        v.flush_due_at(at(10), window, tick);
+        assert!(frames(&mut rx_small).is_empty() && frames(&mut rx_large).is_empty());
+        v.flush_due_at(at(30), window, tick);
+        assert_eq!(
+            frames(&mut rx_small).len(),
+            1,
+            "the small room's window is over"
+        );
+        v.flush_due_at(at(40), window, tick);
+        assert!(frames(&mut rx_large).is_empty(), "the large room's is not");
+        v.flush_due_at(at(60), window, tick);
+        assert_eq!(frames(&mut rx_large).len(), 1);
     }
 
     #[test]
