@@ -911,7 +911,12 @@ mod tests {
     }
 
     fn conn() -> Conn {
-        let (shared, be) = testing::shared(&[]);
+        conn_with(&[])
+    }
+
+    /// A connection of a sidecar started with `flags`.
+    fn conn_with(flags: &[&str]) -> Conn {
+        let (shared, be) = testing::shared(flags);
         let (tx, hub_rx) = mpsc::channel(16);
         let (c, verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
         Conn {
@@ -1444,15 +1449,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_presence_pushes_get_error_replies_and_the_rate_limit_closes_the_channel() {
-        let (shared, be) = testing::shared(&["--max-client-presence-events-per-second", "3"]);
-        let (tx, hub_rx) = mpsc::channel(16);
-        let (c, verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
-        let mut t = Conn {
-            c,
-            verdicts,
-            hub_rx,
-            be,
-        };
+        let mut t = conn_with(&["--max-client-presence-events-per-second", "3"]);
         t.send(presence_join("realtime:room", false, false))
             .unwrap();
         t.written();
@@ -1480,15 +1477,7 @@ mod tests {
     #[tokio::test]
     async fn a_revoked_presence_read_stops_presence_and_the_sidecar_limit_closes_a_tracking_channel(
     ) {
-        let (shared, be) = testing::shared(&["--max-presence-events-per-second", "2"]);
-        let (tx, hub_rx) = mpsc::channel(16);
-        let (c, verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
-        let mut t = Conn {
-            c,
-            verdicts,
-            hub_rx,
-            be,
-        };
+        let mut t = conn_with(&["--max-presence-events-per-second", "2"]);
         t.send(presence_join("realtime:room", true, true)).unwrap();
         t.authorize(3, reader(true)).await;
         t.written();
