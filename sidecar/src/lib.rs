@@ -74,8 +74,8 @@
 //!
 //! A `track` or `untrack` push becomes the channel's wish (`presence::members`); the
 //! `presence::worker` (one connection) writes every changed wish in one statement of
-//! `realtime.presence_track`/`_untrack`, each committing its diff to the queue; the
-//! `presence::lease` task renews this sidecar's lease and runs the reaper every second. The drainer hands each drained diff to
+//! `realtime.presence_track`/`_untrack`, each committing its diff to the queue, and runs
+//! the reaper every second; the `presence::lease` task renews this sidecar's lease. The drainer hands each drained diff to
 //! `presence::view`, which keeps a view only of the topics this sidecar's channels watch
 //! (loaded from the table, then moved by the diffs, idempotently) and sends the watchers a
 //! `presence_state` first and coalesced diffs after (`presence/mod.rs` tells the whole of it).

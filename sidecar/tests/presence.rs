@@ -191,3 +191,87 @@ async fn sigterm_stops_promptly_and_ends_the_presence_session() {
         "members left and the session ended"
     );
 }
+
+/// Fixed bug: the lease task ran the reaper right after each renewal, so a reaper waiting
+/// for locks on the members table held up the next renewal; a sidecar busy behind a slow
+/// or blocked statement lost its lease, and its members were reaped and tracked again
+/// (every observer saw them leave and join). Renewals now never wait behind the reaper.
+#[tokio::test]
+async fn a_members_table_locked_longer_than_the_lease_loses_no_session() {
+    let sidecar = Sidecar::start("t_presence_locked", &[("PRESENCE_LEASE_SECS", "2")]).await;
+    let mut db = db().await;
+    let topic = format!("locked-{}", now());
+    let mut c = Client::connect(sidecar.port, "2.0.0").await;
+    let (a, b) = (format!("realtime:{topic}-a"), format!("realtime:{topic}-b"));
+    for t in [&a, &b] {
+        assert_eq!(
+            c.join(t, json!({"presence": {"key": t}})).await["status"],
+            "ok"
+        );
+    }
+    let r = c.push(Some("1"), &a, "presence", track(json!({}))).await;
+    assert_eq!(c.reply(&r).await["status"], "ok");
+    let before = live_ref(&db, &format!("{topic}-a")).await;
+    // Writes to the members table wait (SHARE blocks INSERT and UPDATE) for twice the lease.
+    let tx = db.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE realtime.presences IN SHARE MODE")
+        .await
+        .unwrap();
+    let r = c.push(Some("1"), &b, "presence", track(json!({}))).await;
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    tx.commit().await.unwrap();
+    assert_eq!(
+        c.reply(&r).await["status"],
+        "ok",
+        "the blocked track went through"
+    );
+    // Wait for a renewal after the lock (a lost lease shows at the first one), then look.
+    let renewed_after = "SELECT count(*) FROM realtime.presence_sessions \
+         WHERE session LIKE 't_presence_locked/%' AND expires_at - interval '2 seconds' > $1";
+    let unlocked: std::time::SystemTime = db
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let n: i64 = db
+            .query_one(renewed_after, &[&unlocked])
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no renewal after the lock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        sidecar
+            .metric("realtime_presence_sessions_lost_total")
+            .await,
+        0.0,
+        "the lease held while the writer waited"
+    );
+    assert_eq!(
+        live_ref(&db, &format!("{topic}-a")).await,
+        before,
+        "the member was not reaped and tracked again"
+    );
+}
+
+/// The ref of the live member of `topic`; it must be exactly one.
+async fn live_ref(db: &tokio_postgres::Client, topic: &str) -> String {
+    let rows = db
+        .query(
+            "SELECT ref FROM realtime.presences WHERE topic = $1 AND left_at IS NULL",
+            &[&topic],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "live members of {topic}");
+    rows[0].get(0)
+}

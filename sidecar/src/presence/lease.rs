@@ -1,6 +1,7 @@
 //! This sidecar's presence session and its lease. A task of its own, on a connection of its
-//! own, renews the lease every second and calls the reaper: it never waits behind the
-//! worker's writes, so a sidecar that is busy (a room filling, a slow statement) does not
+//! own, renews the lease every second and does nothing else: it never waits behind the
+//! worker's writes nor behind the reaper (which the worker runs, and which may wait for row
+//! locks), so a sidecar that is busy (a room filling, a slow or blocked statement) does not
 //! lose its members, while one that is killed, hung or cut off does.
 //!
 //! A session has a generation. When its lease turns out lost (the sidecar stalled past it
@@ -18,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio_postgres::Client;
 
-/// How often the lease is renewed and the reaper called.
+/// How often the lease is renewed (and the worker calls the reaper).
 pub const TICK: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug, PartialEq)]
@@ -87,8 +88,8 @@ impl Session {
     }
 }
 
-/// Renews the lease and reaps every TICK until `shutdown` (sent once the worker has
-/// stopped); then ends the session, so its members leave at once.
+/// Renews the lease every TICK until `shutdown` (sent once the worker has stopped); then
+/// ends the session, so its members leave at once.
 pub async fn run(
     cfg: Arc<Config>,
     session: Arc<Session>,
@@ -114,7 +115,6 @@ pub async fn run(
                     }
                 }
                 renew(&cfg, &client, &session, &metrics).await?;
-                reap(&cfg, &client, &metrics).await;
                 Ok::<(), String>(())
             };
             let failed = tokio::select! {
@@ -199,20 +199,6 @@ async fn renew(
         tracing::warn!(session = %now.id, "the presence lease was lost (the sidecar stalled past it); its members are tracked again under a new session");
         metrics.presence_sessions_lost_total.increment(1);
         session.replace();
-    }
-}
-
-async fn reap(cfg: &Config, client: &Client, metrics: &Metrics) {
-    let sql = "SELECT realtime.presence_reap() AS reaped";
-    match within(cfg, client.query_one(sql, &[])).await {
-        Ok(row) => {
-            let n: i32 = row.get("reaped");
-            if n > 0 {
-                tracing::info!(members = n, "presence members of ended sessions left");
-                metrics.presence_reaped_total.increment(n as u64);
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "the presence reaper failed"),
     }
 }
 

@@ -17,8 +17,9 @@
 //!    `members` (tracked with this key and meta, or untracked).
 //! 2. `worker` (one task and one connection per sidecar) writes every wish that changes
 //!    something in one statement, under the sidecar's session, and loads views; each push
-//!    is answered once its change committed. `lease` (a task and a connection of its own,
-//!    so it never waits behind a write) renews the session's lease and runs the reaper.
+//!    is answered once its change committed; every second it runs the reaper. `lease` (a
+//!    task and a connection of its own, so it never waits behind a write or the reaper)
+//!    renews the session's lease.
 //! 3. The drainer hands each drained diff to `view`, which applies it to its topic's view,
 //!    if a channel here watches the topic, and sends the changes to the watching channels,
 //!    coalesced over PRESENCE_WINDOW_MS.
@@ -43,8 +44,8 @@
 //! # Files
 //!
 //! `channel` a channel's presence and its pushes · `members` wishes from channels to the
-//! worker · `worker` loads and batched writes · `lease` the session, its lease and the
-//! reaper · `view` each sidecar's rebuildable view of the watched topics and the diffs sent
+//! worker · `worker` loads, batched writes and the reaper · `lease` the session and its
+//! lease · `view` each sidecar's rebuildable view of the watched topics and the diffs sent
 //! from it.
 
 pub mod channel;

@@ -1,6 +1,10 @@
-//! The presence worker: this sidecar's connection for presence writes and loads. In a
-//! loop, woken by a wish (`members`), a view to load (`view`), a new session (`lease`) or a
-//! one-second tick:
+//! The presence worker: this sidecar's connection for presence writes, loads and the
+//! reaper. In a loop, woken by a wish (`members`), a view to load (`view`), a new session
+//! (`lease`) or a one-second tick:
+//! 0. **Reaper.** Every second it calls `realtime.presence_reap`, which makes the members of
+//!    every ended session leave: a lease that ran out (a hung or cut-off sidecar) or a
+//!    backend that is gone (a killed one). Every sidecar reaps; one at a time does. (Not on
+//!    the lease's connection: the reaper may wait for row locks, a renewal must not.)
 //! 1. **Loads.** The topics a view is waiting for are read in one `realtime.presence_state`
 //!    call and handed to the views.
 //! 2. **Writes.** Every wish that changes something is written, at most WRITE_BATCH to a
@@ -23,6 +27,7 @@ use crate::hub::TopicKey;
 use crate::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
@@ -227,7 +232,12 @@ impl Worker {
         }
         let mut tick = tokio::time::interval(super::lease::TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reaped_at: Option<Instant> = None;
         loop {
+            if reaped_at.is_none_or(|at| at.elapsed() >= super::lease::TICK) {
+                self.reap(client).await?;
+                reaped_at = Some(Instant::now());
+            }
             self.load(client).await?;
             self.write(client).await?;
             tokio::select! {
@@ -239,6 +249,24 @@ impl Worker {
                 _ = shutdown.changed() => return Ok(()),
             }
         }
+    }
+
+    async fn reap(&self, client: &Client) -> Result<(), Stop> {
+        let sql = "SELECT realtime.presence_reap() AS reaped";
+        match self
+            .call("presence_reap", client.query_one(sql, &[]))
+            .await?
+        {
+            Ok(row) => {
+                let n: i32 = row.get("reaped");
+                if n > 0 {
+                    tracing::info!(members = n, "presence members of ended sessions left");
+                    self.metrics.presence_reaped_total.increment(n as u64);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "the presence reaper failed"),
+        }
+        Ok(())
     }
 
     async fn load(&mut self, client: &Client) -> Result<(), Stop> {
