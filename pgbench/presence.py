@@ -80,6 +80,7 @@ def main():
                 churns.append(r)
             batches = sum(x.metric("realtime_presence_write_batches_total") for x in (one, two, views))
             writes = sum(x.metric("realtime_presence_writes_total") for x in (one, two, views))
+            lost = sum(x.metric("realtime_presence_sessions_lost_total") for x in (one, two, views))
 
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; serializer 2.0.0; Postgres, the sidecars and "
           f"the load generator on the same 2 cores; members alternate between two sidecar processes; diffs "
@@ -116,7 +117,8 @@ def main():
               f"{e['p50_ms']:,.1f} / {e['p99_ms']:,.1f} ms | {v['p50_ms']:,.1f} / {v['p99_ms']:,.1f} / "
               f"{v['max_ms']:,.1f} ms | {c['observer_frames_per_second']:,.0f} | {r['errors']} |")
     print(f"\nDatabase writes: {writes:,.0f} tracks and untracks in {batches:,.0f} statements "
-          f"({writes / max(batches, 1):.1f} per statement).")
+          f"({writes / max(batches, 1):.1f} per statement); presence sessions lost by the sidecars over "
+          f"all runs: {lost:.0f}.")
     print("\nSupabase's published limits (not run: it cannot run here): presence messages 1,000/s per project at "
           "most (20 / 50 / 1,000 by plan), 5 presence calls per 30 s per client, Phoenix.Tracker's state sync "
           "every 1.5 s, a dead node's members present for about 30 s.")
