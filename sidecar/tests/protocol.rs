@@ -770,7 +770,20 @@ async fn slowloris_sockets_are_closed_and_do_not_stop_joins() {
             .await
             .expect("closed within the header timeout");
     }
-    assert!(sidecar.metric("realtime_slow_requests_closed_total").await >= 1000.0);
+    // Hyper shuts the socket before the server counts the timeout, so the count may trail
+    // what the clients saw for a moment (a single read here once came out short).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let closed = sidecar.metric("realtime_slow_requests_closed_total").await;
+        if closed >= 1000.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{closed} slow requests counted as closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// MAX_CONNECTIONS is answered as Supabase answers an over-limit connection, and counted.
