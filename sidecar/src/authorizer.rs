@@ -102,13 +102,13 @@ pub async fn ask(
     rx.await.unwrap_or(Verdict::Failed(DbFailure::Unreachable))
 }
 
-/// A private channel's verdicts: broadcast read, presence read (asked only when presence is
-/// enabled on the join), and broadcast write.
+/// A private channel's read verdicts: broadcast read, and presence read (asked only when
+/// presence is enabled on the join). Write verdicts are asked at the first push that needs
+/// one (`write_access`, `presence_access`), as Supabase asks them: a join costs one verdict.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Access {
     pub broadcast_read: Verdict,
     pub presence_read: Option<Verdict>,
-    pub write: Verdict,
 }
 
 impl Access {
@@ -117,23 +117,18 @@ impl Access {
         Access {
             broadcast_read: Verdict::Allowed,
             presence_read: None,
-            write: Verdict::Allowed,
         }
     }
 
     /// The first database failure among the verdicts, if any: then nothing is decided.
     pub fn failure(&self) -> Option<&DbFailure> {
-        [
-            Some(&self.broadcast_read),
-            self.presence_read.as_ref(),
-            Some(&self.write),
-        ]
-        .into_iter()
-        .flatten()
-        .find_map(|v| match v {
-            Verdict::Failed(f) => Some(f),
-            _ => None,
-        })
+        [Some(&self.broadcast_read), self.presence_read.as_ref()]
+            .into_iter()
+            .flatten()
+            .find_map(|v| match v {
+                Verdict::Failed(f) => Some(f),
+                _ => None,
+            })
     }
 
     /// A join is admitted, as Supabase admits it, if broadcast or (with presence enabled)
@@ -162,21 +157,22 @@ pub async fn channel_access(
     topic: &str,
     presence: bool,
 ) -> Access {
-    let (broadcast_read, write, presence_read) = tokio::join!(
-        ask(tx, who, topic, "broadcast", false),
-        ask(tx, who, topic, "broadcast", true),
-        async {
+    let (broadcast_read, presence_read) =
+        tokio::join!(ask(tx, who, topic, "broadcast", false), async {
             match presence {
                 true => Some(ask(tx, who, topic, "presence", false).await),
                 false => None,
             }
-        }
-    );
+        });
     Access {
         broadcast_read,
         presence_read,
-        write,
     }
+}
+
+/// A private channel's broadcast write verdict, asked at its first client broadcast.
+pub async fn write_access(tx: &mpsc::Sender<AuthRequest>, who: &Identity, topic: &str) -> Verdict {
+    ask(tx, who, topic, "broadcast", true).await
 }
 
 /// A private channel's presence verdicts, asked at its first track as Supabase asks them:
@@ -496,7 +492,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_join_asks_read_and_write_and_presence_only_when_enabled() {
+    async fn a_join_asks_read_only_and_presence_read_when_enabled() {
         let (tx, mut rx) = mpsc::channel(8);
         let who = Identity {
             role: "authenticated".into(),
@@ -505,7 +501,7 @@ mod tests {
         };
         let asked = tokio::spawn(async move { channel_access(&tx, &who, "room", true).await });
         let mut seen = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..2 {
             let r = rx.recv().await.unwrap();
             seen.push((r.extension, r.write));
             let v = match (r.extension, r.write) {
@@ -516,14 +512,8 @@ mod tests {
             r.reply.send(v).unwrap();
         }
         seen.sort();
-        assert_eq!(
-            seen,
-            vec![
-                ("broadcast", false),
-                ("broadcast", true),
-                ("presence", false)
-            ]
-        );
+        // No write verdict: it is asked at the first push.
+        assert_eq!(seen, vec![("broadcast", false), ("presence", false)]);
         let access = asked.await.unwrap();
         // Admitted on presence read alone, as Supabase admits it.
         assert!(access.readable() && !access.broadcast_read.allowed());

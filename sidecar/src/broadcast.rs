@@ -25,12 +25,13 @@ pub struct State {
     /// Read verdict: the channel is subscribed in the hub only while it holds. (A private
     /// join may be admitted on presence read alone; it then gets no broadcasts.)
     pub read: bool,
-    /// Write verdict of a private channel (public channels: anyone may send).
-    pub write: bool,
+    /// Write verdict of a private channel, None until asked at its first push (public
+    /// channels: anyone may send).
+    pub write: Option<bool>,
 }
 
 impl State {
-    pub fn new(config: &JoinConfig, read: bool, write: bool) -> Self {
+    pub fn new(config: &JoinConfig, read: bool, write: Option<bool>) -> Self {
         State {
             ack: config.ack,
             self_broadcast: config.self_broadcast,
@@ -62,17 +63,20 @@ impl State {
         }
     }
 
-    /// Applies re-checked verdicts: delivery starts or stops when the read verdict changed.
+    /// Applies a re-checked read verdict: delivery starts or stops when it changed. The
+    /// write verdict is asked again at the next push (so a revoked write takes effect
+    /// within the same time to live).
     pub fn apply(
         &mut self,
-        verdicts: (bool, bool),
+        read: bool,
         hub: &Hub,
         link: &Link,
         key: &TopicKey,
         join_ref: &Option<String>,
     ) {
-        let (read, write) = verdicts;
-        self.write = write;
+        if key.private {
+            self.write = None;
+        }
         if read == self.read {
             return;
         }
@@ -103,7 +107,7 @@ pub fn push(
     let persist = persist
         .and_then(|ttl| crate::persist::check(ttl, key.private))
         .map_err(Refusal::Persist)?;
-    if key.private && !state.write {
+    if key.private && state.write != Some(true) {
         // Supabase drops these silently; an error reply says why instead.
         return Err(Refusal::WriteDenied {
             topic: key.topic.clone(),

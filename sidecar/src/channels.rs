@@ -9,7 +9,7 @@
 
 use crate::authorizer::{self, Access, Identity, Verdict};
 use crate::broadcast;
-use crate::command::{Command, Frame};
+use crate::command::{ClientBroadcast, Command, Frame};
 use crate::frame::{self, Inbound, Vsn};
 use crate::gate::Gate;
 use crate::history::{self, ask::Ask};
@@ -47,6 +47,9 @@ pub struct Channel {
     history_gate: Option<Arc<Gate>>,
     /// The private channel's re-checks; see `Checks`.
     checks: Checks,
+    /// Client broadcasts waiting for the channel's write verdict (asked at the first).
+    held_broadcasts: Vec<(Inbound, ClientBroadcast)>,
+    asking_write: bool,
 }
 
 /// At most one authorization check is in flight per channel, and a verdict applies only to
@@ -73,6 +76,12 @@ pub enum AuthDone {
     },
     /// A re-check that failed for want of the database is due again.
     Retry { topic: String, generation: u64 },
+    /// A private channel's broadcast write verdict, asked at its first client broadcast.
+    Write {
+        topic: String,
+        generation: u64,
+        write: Verdict,
+    },
     /// A private channel's presence verdicts, asked at its first track (read too when it
     /// was not asked at join).
     Presence {
@@ -294,22 +303,7 @@ impl Channels {
             Command::AccessToken(token) => self.refresh_token(&m, token),
             // A missing or stale join_ref is accepted, as Supabase's patched Phoenix accepts
             // it: SDK clients send such pushes.
-            Command::Broadcast(Ok(b)) => {
-                let ch = &self.channels[&m.topic];
-                let (key, state) = (&ch.key, &ch.broadcast);
-                let persisted = b.persist != Ok(None);
-                if let Err(why) = broadcast::push(&self.shared, &self.link, key, state, &m, b) {
-                    let reply = crate::relay::refusal(&why.text(), persisted);
-                    self.push_text(frame::encode(
-                        self.link.vsn,
-                        m.join_ref.as_deref(),
-                        m.reference.as_deref(),
-                        &m.topic,
-                        "phx_reply",
-                        &reply,
-                    ));
-                }
-            }
+            Command::Broadcast(Ok(b)) => self.broadcast_push(m, b),
             Command::Broadcast(Err(why)) => self.refuse(&m, Refusal::UnableToBroadcast(why.into())),
             Command::Presence(push) => self.presence_push(m, push),
             Command::Unknown(other) => self.refuse(&m, Refusal::UnknownEvent(other)),
@@ -417,7 +411,7 @@ impl Channels {
             });
             return Ok(());
         }
-        self.complete_join(m, config, claims, sub_topic, (true, true, None), Vec::new());
+        self.complete_join(m, config, claims, sub_topic, (true, None), Vec::new());
         Ok(())
     }
 
@@ -431,7 +425,7 @@ impl Channels {
         config: JoinConfig,
         claims: Claims,
         sub_topic: String,
-        (read, write, presence_read): (bool, bool, Option<bool>),
+        (read, presence_read): (bool, Option<bool>),
         bindings: Vec<Binding>,
     ) {
         let mut ask = config.history.clone().and_then(Result::ok);
@@ -463,6 +457,8 @@ impl Channels {
         if let Some(mut old) = self.channels.remove(&m.topic) {
             self.unsubscribe(&m.topic, &mut old);
         }
+        // A private channel's write verdict is asked at its first push.
+        let write = (!config.private).then_some(true);
         let broadcast = broadcast::State::new(&config, read, write);
         let gate = ask
             .as_ref()
@@ -564,6 +560,8 @@ impl Channels {
                 generation,
                 ..Checks::default()
             },
+            held_broadcasts: Vec::new(),
+            asking_write: false,
         };
         self.channels.insert(m.topic, channel);
     }
@@ -632,7 +630,6 @@ impl Channels {
                 } else if access.readable() {
                     let verdicts = (
                         access.broadcast_read.allowed(),
-                        access.write.allowed(),
                         access.presence_read.as_ref().map(Verdict::allowed),
                     );
                     match checked {
@@ -662,6 +659,11 @@ impl Channels {
                 read,
                 write,
             } => self.apply_presence_verdicts(&topic, generation, read, write),
+            AuthDone::Write {
+                topic,
+                generation,
+                write,
+            } => self.apply_write_verdict(&topic, generation, write),
             AuthDone::Retry { topic, generation } => {
                 if self
                     .channels
@@ -715,10 +717,10 @@ impl Channels {
             self.leave(topic, Some(why));
             return;
         }
-        let verdicts = (access.broadcast_read.allowed(), access.write.allowed());
+        let read = access.broadcast_read.allowed();
         let hub = &self.shared.hub;
         ch.broadcast
-            .apply(verdicts, hub, &self.link, &ch.key, &ch.join_ref);
+            .apply(read, hub, &self.link, &ch.key, &ch.join_ref);
         if let Some(read) = &access.presence_read {
             let p = &self.shared.presence;
             ch.presence
@@ -740,6 +742,84 @@ impl Channels {
             }
             self.push_close(topic, ch.join_ref.as_deref());
             self.unsubscribe(topic, &mut ch);
+        }
+    }
+
+    /// A client broadcast on a joined channel: relayed, refused, or held while the write
+    /// verdict of a private channel is asked (at its first push, as Supabase asks it); the
+    /// pushes held meanwhile keep their order.
+    fn broadcast_push(&mut self, m: Inbound, b: ClientBroadcast) {
+        let Some(ch) = self.channels.get_mut(&m.topic) else {
+            return;
+        };
+        if ch.asking_write {
+            ch.held_broadcasts.push((m, b));
+            return;
+        }
+        if ch.key.private && ch.broadcast.write.is_none() {
+            ch.asking_write = true;
+            let generation = ch.checks.generation;
+            let sub_topic = ch.key.topic.clone();
+            let who = Identity {
+                role: ch.claims.role.clone(),
+                claims: ch.claims.all.to_string(),
+                headers: self.headers.clone(),
+            };
+            let topic = m.topic.clone();
+            ch.held_broadcasts.push((m, b));
+            let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
+            tokio::spawn(async move {
+                let write = authorizer::write_access(&auth, &who, &sub_topic).await;
+                let _ = done.send(AuthDone::Write {
+                    topic,
+                    generation,
+                    write,
+                });
+            });
+            return;
+        }
+        let (key, state) = (&ch.key, &ch.broadcast);
+        let persisted = b.persist != Ok(None);
+        if let Err(why) = broadcast::push(&self.shared, &self.link, key, state, &m, b) {
+            self.refuse_broadcast(&m, &why, persisted);
+        }
+    }
+
+    /// An error reply to a client broadcast: Supabase's `reason`, and `error` too for one
+    /// that asked to be kept (realtime-js returns that to the app).
+    fn refuse_broadcast(&mut self, m: &Inbound, why: &Refusal, persisted: bool) {
+        let reply = crate::relay::refusal(&why.text(), persisted);
+        self.push_text(frame::encode(
+            self.link.vsn,
+            m.join_ref.as_deref(),
+            m.reference.as_deref(),
+            &m.topic,
+            "phx_reply",
+            &reply,
+        ));
+    }
+
+    /// A private channel's write verdict is back: the broadcasts held for it are handled in
+    /// order (a database failure refuses them, saying so).
+    fn apply_write_verdict(&mut self, topic: &str, generation: u64, write: Verdict) {
+        let Some(ch) = self.channels.get_mut(topic) else {
+            return;
+        };
+        ch.asking_write = false;
+        let held = std::mem::take(&mut ch.held_broadcasts);
+        if generation == ch.checks.generation {
+            if let Verdict::Failed(f) = write {
+                for (m, b) in held {
+                    let persisted = b.persist != Ok(None);
+                    self.refuse_broadcast(&m, &Refusal::Database(f.clone()), persisted);
+                }
+                return;
+            }
+            ch.broadcast.write = Some(write.allowed());
+        }
+        // (A verdict for a replaced token is dropped; the held pushes ask again.)
+        for (m, b) in held {
+            self.broadcast_push(m, b);
         }
     }
 
@@ -867,8 +947,9 @@ impl Channels {
                         }
                         ch.claims = c;
                         if ch.key.private {
-                            // Asked again, for the new identity, at the next track.
+                            // Asked again, for the new identity, at the next push.
                             ch.presence.write = None;
+                            ch.broadcast.write = None;
                         }
                         // Verdicts still in flight were for the old token.
                         ch.checks.generation = generation;
@@ -1085,7 +1166,7 @@ mod tests {
         t.send(json!(["1", "1", "realtime:room", "phx_join", ask]))
             .unwrap();
         // Presence read alone admits a private join, but not its replay.
-        t.authorize(3, |r| match r.extension {
+        t.authorize(2, |r| match r.extension {
             "presence" => Verdict::Allowed,
             _ => Verdict::Denied(None),
         })
@@ -1114,7 +1195,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_private_join_waits_for_its_verdicts_and_write_is_enforced() {
+    async fn a_private_join_waits_for_its_read_verdict_and_write_is_asked_at_the_first_push() {
         let mut t = conn();
         t.send(join("realtime:room", true)).unwrap();
         assert!(t.written().is_empty(), "answered only with the verdicts");
@@ -1122,10 +1203,11 @@ mod tests {
         t.send(join("realtime:room", true)).unwrap();
         let w = t.written();
         assert!(status(&w[0].2).1.starts_with("JoinInProgress"), "{w:?}");
-        t.authorize(2, |r| {
+        // One verdict per join: read (write waits for a push, as Supabase asks it).
+        t.authorize(1, |r| {
             assert_eq!(
-                (r.role.as_str(), r.topic.as_str()),
-                ("authenticated", "room")
+                (r.role.as_str(), r.topic.as_str(), r.write),
+                ("authenticated", "room", false)
             );
             assert!(r.claims.contains(r#""sub":"u1""#));
             reader(false)(r)
@@ -1135,9 +1217,24 @@ mod tests {
         assert_eq!(status(&w[0].2), ("ok", ""));
         assert!(t.delivered("room", true));
         assert!(!t.delivered("room", false));
-        let push = json!(["1", "3", "realtime:room", "broadcast", {"event": "e", "payload": {}}]);
-        t.send(push).unwrap();
+        // Two pushes: the first asks the write verdict, the second waits behind it; both
+        // are refused, in order, and nothing is relayed.
+        for r in ["3", "4"] {
+            let push = json!(["1", r, "realtime:room", "broadcast", {"event": "e", "payload": {}}]);
+            t.send(push).unwrap();
+        }
+        assert!(
+            t.written().is_empty(),
+            "held until the write verdict is back"
+        );
+        t.authorize(1, |r| {
+            assert!(r.write);
+            reader(false)(r)
+        })
+        .await;
         let w = t.written();
+        assert_eq!(w.len(), 2);
+        assert_eq!(status(&w[1].2).0, "error");
         assert_eq!(
             status(&w[0].2),
             (
@@ -1155,7 +1252,7 @@ mod tests {
     async fn a_denied_join_and_a_failed_one_are_told_apart() {
         let mut t = conn();
         t.send(join("realtime:a", true)).unwrap();
-        t.authorize(2, |_| Verdict::Denied(None)).await;
+        t.authorize(1, |_| Verdict::Denied(None)).await;
         let w = t.written();
         assert_eq!(
             status(&w[0].2),
@@ -1165,7 +1262,7 @@ mod tests {
             )
         );
         t.send(join("realtime:b", true)).unwrap();
-        t.authorize(2, |_| Verdict::Failed(DbFailure::Unreachable))
+        t.authorize(1, |_| Verdict::Failed(DbFailure::Unreachable))
             .await;
         let w = t.written();
         assert!(
@@ -1180,11 +1277,11 @@ mod tests {
     async fn a_revoked_read_closes_the_channel_and_a_blip_does_not() {
         let mut t = conn();
         t.send(join("realtime:room", true)).unwrap();
-        t.authorize(2, reader(true)).await;
+        t.authorize(1, reader(true)).await;
         t.written();
         // The database cannot answer the re-check: the channel stays and is told.
         t.c.recheck_all();
-        t.authorize(2, |_| Verdict::Failed(DbFailure::QueryCanceled))
+        t.authorize(1, |_| Verdict::Failed(DbFailure::QueryCanceled))
             .await;
         let w = t.written();
         assert_eq!(w[0].1, "system");
@@ -1198,7 +1295,7 @@ mod tests {
         let retry = t.verdicts.recv().await.unwrap();
         assert!(matches!(retry, AuthDone::Retry { .. }));
         t.c.on_auth(retry);
-        t.authorize(2, |_| Verdict::Denied(None)).await;
+        t.authorize(1, |_| Verdict::Denied(None)).await;
         let w = t.written();
         let events: Vec<&str> = w.iter().map(|w| w.1.as_str()).collect();
         assert_eq!(events, vec!["system", "phx_close"]);
@@ -1214,7 +1311,7 @@ mod tests {
     async fn a_verdict_for_a_replaced_token_is_never_applied() {
         let mut t = conn();
         t.send(join("realtime:room", true)).unwrap();
-        t.authorize(2, reader(true)).await;
+        t.authorize(1, reader(true)).await;
         t.written();
         t.c.recheck_all();
         // A new token arrives while the re-check for the old one is in flight.
@@ -1224,14 +1321,14 @@ mod tests {
         t.send(json!(["1", "4", "realtime:room", "access_token", {"access_token": new}]))
             .unwrap();
         // The old token's check says no: discarded, and the new token is checked instead.
-        t.authorize(2, |r| {
+        t.authorize(1, |r| {
             assert!(r.claims.contains("u1"));
             Verdict::Denied(None)
         })
         .await;
         assert!(t.written().is_empty(), "{:?}", t.c.out);
         assert!(t.c.get("realtime:room").is_some());
-        t.authorize(2, |r| {
+        t.authorize(1, |r| {
             assert!(r.claims.contains("u2"), "the replacing token is checked");
             Verdict::Allowed
         })
@@ -1395,7 +1492,7 @@ mod tests {
     async fn a_private_track_asks_presence_write_once_and_a_denied_one_is_refused() {
         let mut t = conn();
         t.send(presence_join("realtime:room", true, false)).unwrap();
-        t.authorize(2, reader(true)).await;
+        t.authorize(1, reader(true)).await;
         assert_eq!(status(&t.written()[0].2), ("ok", ""));
         // Presence was not enabled at join: the first track asks presence read and write;
         // a second track meanwhile waits behind it.
@@ -1429,7 +1526,7 @@ mod tests {
         assert!(t.be.authorize.try_recv().is_err(), "the verdict is kept");
         // Another channel whose presence write is denied.
         t.send(presence_join("realtime:other", true, true)).unwrap();
-        t.authorize(3, reader(true)).await;
+        t.authorize(2, reader(true)).await;
         t.written();
         t.send(track("realtime:other", "5", json!({}))).unwrap();
         t.authorize(1, |r| match r.write {
@@ -1479,7 +1576,7 @@ mod tests {
     ) {
         let mut t = conn_with(&["--max-presence-events-per-second", "2"]);
         t.send(presence_join("realtime:room", true, true)).unwrap();
-        t.authorize(3, reader(true)).await;
+        t.authorize(2, reader(true)).await;
         t.written();
         let p = t.c.shared.presence.clone();
         let (key, load) = p.views.take_loads().pop().expect("presence read: watching");
@@ -1488,7 +1585,7 @@ mod tests {
         // The re-check keeps broadcast read and revokes presence read: the channel stays,
         // and stops receiving presence (its view is dropped: no one here watches).
         t.c.recheck_all();
-        t.authorize(3, |r| match r.extension {
+        t.authorize(2, |r| match r.extension {
             "presence" => Verdict::Denied(None),
             _ => Verdict::Allowed,
         })
