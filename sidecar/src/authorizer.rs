@@ -68,6 +68,14 @@ impl Verdict {
     pub fn allowed(&self) -> bool {
         matches!(self, Verdict::Allowed)
     }
+
+    /// Why the database could not answer, if it could not.
+    pub fn failure(&self) -> Option<&DbFailure> {
+        match self {
+            Verdict::Failed(f) => Some(f),
+            _ => None,
+        }
+    }
 }
 
 /// Who asks: the JWT's role and claims (JSON) and the request's headers (JSON).
@@ -125,10 +133,7 @@ impl Access {
         [Some(&self.broadcast_read), self.presence_read.as_ref()]
             .into_iter()
             .flatten()
-            .find_map(|v| match v {
-                Verdict::Failed(f) => Some(f),
-                _ => None,
-            })
+            .find_map(Verdict::failure)
     }
 
     /// A join is admitted, as Supabase admits it, if broadcast or (with presence enabled)

@@ -20,13 +20,14 @@ use crate::metrics::Metrics;
 use crate::postgres_changes::check::{self, Checked};
 use crate::postgres_changes::{self, subscribers, Binding};
 use crate::presence::channel::{self as presence_channel, ChannelPresence, Outcome, PresencePush};
+use crate::rate::Rate;
 use crate::reason::{ChannelClosed, Disconnect, Refusal};
 use crate::state::Shared;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -102,31 +103,6 @@ pub struct PendingJoin {
     checked: Checked,
 }
 
-/// Per-second counter for the connection's rate limits.
-struct Rate {
-    window: Instant,
-    count: u32,
-}
-
-impl Rate {
-    fn new() -> Self {
-        Rate {
-            window: Instant::now(),
-            count: 0,
-        }
-    }
-
-    /// Counts one event; false once more than `limit` happened within the current second.
-    fn allow(&mut self, limit: u32) -> bool {
-        if self.window.elapsed() >= Duration::from_secs(1) {
-            self.window = Instant::now();
-            self.count = 0;
-        }
-        self.count += 1;
-        self.count <= limit
-    }
-}
-
 pub struct Channels {
     link: Link,
     shared: Arc<Shared>,
@@ -171,8 +147,8 @@ impl Channels {
             shared,
             socket_claims,
             channels: HashMap::new(),
-            joins: Rate::new(),
-            events: Rate::new(),
+            joins: Rate::default(),
+            events: Rate::default(),
             out: Vec::new(),
             headers,
             auth_done,
@@ -379,7 +355,7 @@ impl Channels {
             // Answered when the batched verdicts and the bindings' check arrive (`on_auth`),
             // in this same task.
             self.pending_joins.insert(m.topic.clone());
-            let who = self.identity(&claims);
+            let who = identity(&claims, &self.headers);
             let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
             let checker = self.shared.check.clone();
             tokio::spawn(async move {
@@ -415,8 +391,8 @@ impl Channels {
         Ok(())
     }
 
-    /// Admits a join with its broadcast (read, write) verdicts, its presence read verdict (a
-    /// private join that enabled presence) and its checked Postgres Changes bindings:
+    /// Admits a join with its broadcast read verdict, its presence read verdict (a private
+    /// join that enabled presence) and its checked Postgres Changes bindings:
     /// registered before the reply, so a client that saw the reply gets every change
     /// committed after it.
     fn complete_join(
@@ -566,14 +542,6 @@ impl Channels {
         self.channels.insert(m.topic, channel);
     }
 
-    fn identity(&self, claims: &Claims) -> Identity {
-        Identity {
-            role: claims.role.clone(),
-            claims: claims.all.to_string(),
-            headers: self.headers.clone(),
-        }
-    }
-
     /// Re-checks every private channel (the TTL passed).
     pub fn recheck_all(&mut self) {
         let topics: Vec<String> = self.channels.keys().cloned().collect();
@@ -599,7 +567,7 @@ impl Channels {
         let generation = ch.checks.generation;
         let (sub_topic, presence, claims) =
             (ch.key.topic.clone(), ch.presence.enabled, ch.claims.clone());
-        let who = self.identity(&claims);
+        let who = identity(&claims, &self.headers);
         let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
         let topic = topic.to_owned();
         tokio::spawn(async move {
@@ -760,11 +728,7 @@ impl Channels {
             ch.asking_write = true;
             let generation = ch.checks.generation;
             let sub_topic = ch.key.topic.clone();
-            let who = Identity {
-                role: ch.claims.role.clone(),
-                claims: ch.claims.all.to_string(),
-                headers: self.headers.clone(),
-            };
+            let who = identity(&ch.claims, &self.headers);
             let topic = m.topic.clone();
             ch.held_broadcasts.push((m, b));
             let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
@@ -808,7 +772,7 @@ impl Channels {
         ch.asking_write = false;
         let held = std::mem::take(&mut ch.held_broadcasts);
         if generation == ch.checks.generation {
-            if let Verdict::Failed(f) = write {
+            if let Some(f) = write.failure() {
                 for (m, b) in held {
                     let persisted = b.persist != Ok(None);
                     self.refuse_broadcast(&m, &Refusal::Database(f.clone()), persisted);
@@ -849,22 +813,18 @@ impl Channels {
         let p = &self.shared.presence;
         let outcome = ch
             .presence
-            .push(p, &self.link, &ch.key, &ch.join_ref, &m, push.clone());
+            .push(p, &self.link, &ch.key, &ch.join_ref, &m, push);
         match outcome {
             Outcome::Handed => {}
-            Outcome::Refused(why) => self.refuse(&m, Refusal::Presence(why)),
+            Outcome::Refused(why) => self.refuse(&m, why),
             Outcome::Close(why) => self.leave(&m.topic, Some(why)),
-            Outcome::Ask { read } => {
+            Outcome::Ask { read, push } => {
                 ch.presence.asking = true;
                 let topic = m.topic.clone();
                 ch.presence.held.push((m, push));
                 let generation = ch.checks.generation;
                 let sub_topic = ch.key.topic.clone();
-                let who = Identity {
-                    role: ch.claims.role.clone(),
-                    claims: ch.claims.all.to_string(),
-                    headers: self.headers.clone(),
-                };
+                let who = identity(&ch.claims, &self.headers);
                 let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
                 tokio::spawn(async move {
                     let (read, write) =
@@ -897,10 +857,8 @@ impl Channels {
         let failure = [read.as_ref(), Some(&write)]
             .into_iter()
             .flatten()
-            .find_map(|v| match v {
-                Verdict::Failed(f) => Some(f.clone()),
-                _ => None,
-            });
+            .find_map(Verdict::failure)
+            .cloned();
         if generation == ch.checks.generation {
             if let Some(f) = failure {
                 for (m, push) in held {
@@ -960,6 +918,16 @@ impl Channels {
             }
             Err(e) => self.leave(&m.topic, Some(ChannelClosed::TokenRefused(e))),
         }
+    }
+}
+
+/// Who a channel's verdicts are asked for: its token's role and claims, and the socket's
+/// headers (`request.headers`).
+fn identity(claims: &Claims, headers: &str) -> Identity {
+    Identity {
+        role: claims.role.clone(),
+        claims: claims.all.to_string(),
+        headers: headers.to_owned(),
     }
 }
 

@@ -103,7 +103,7 @@
 //! live frames held until its history is sent · `hub` topics and fan-out ·
 //! `drainer` the queue side · `authorizer` batched `realtime.authorize` · `relay` batched
 //! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what those two share (reconnects, batches) · `reason`
-//! every reason a client can be given · `jwt` · `metrics` · `config` · `state` · `shutdown`.
+//! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` · `config` · `state` · `shutdown`.
 
 pub mod authorizer;
 pub mod broadcast;
@@ -124,6 +124,7 @@ pub mod metrics;
 pub mod persist;
 pub mod postgres_changes;
 pub mod presence;
+pub mod rate;
 pub mod reason;
 pub mod relay;
 pub mod rest;

@@ -85,8 +85,16 @@ pub enum Refusal {
     Jwt(JwtError),
     Database(DbFailure),
     UnmatchedTopic,
-    /// A presence push that cannot be served; the text says why.
-    Presence(String),
+    /// A presence push other than `track` and `untrack` (its event, lowercased).
+    UnknownPresenceEvent(String),
+    /// A `track` whose payload is not a JSON object (Phoenix's presence metas are maps).
+    PresenceNotAMap,
+    /// A `track` on a private channel without the presence write verdict.
+    PresenceWriteDenied {
+        topic: String,
+    },
+    /// A `track` or `untrack` the database refused (its reason).
+    UnableToTrackPresence(String),
     UnknownEvent(String),
     UnableToBroadcast(String),
 }
@@ -124,7 +132,16 @@ impl Refusal {
             Refusal::Jwt(e) => e.reason(),
             Refusal::Database(f) => f.reason().into(),
             Refusal::UnmatchedTopic => "unmatched topic".into(),
-            Refusal::Presence(why) => why.clone(),
+            Refusal::UnknownPresenceEvent(event) => format!(
+                "UnknownPresenceEvent: a presence push is \"track\" or \"untrack\", not \"{event}\""
+            ),
+            // Supabase's text (InvalidPresencePayload in its logs).
+            Refusal::PresenceNotAMap => "Presence track payload must be a map".into(),
+            // Supabase replies a bare error; the reason says which permission is missing.
+            Refusal::PresenceWriteDenied { topic } => format!(
+                "Unauthorized: You do not have permissions to track presence on this Channel topic: {topic}"
+            ),
+            Refusal::UnableToTrackPresence(why) => format!("UnableToTrackPresence: {why}"),
             Refusal::UnknownEvent(event) => {
                 format!("UnknownEvent: this server does not handle event \"{event}\"")
             }

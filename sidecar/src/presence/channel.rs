@@ -10,10 +10,10 @@ use super::view::Watcher;
 use super::Presence;
 use crate::frame::Inbound;
 use crate::hub::{Link, TopicKey};
-use crate::reason::ChannelClosed;
+use crate::rate::Rate;
+use crate::reason::{ChannelClosed, Refusal};
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
 
 /// A `presence` push, parsed once (`command`).
 #[derive(Clone, Debug, PartialEq)]
@@ -52,40 +52,12 @@ pub enum Outcome {
     /// Handed to the worker, which answers it.
     Handed,
     /// Answered now with an error reply with this reason.
-    Refused(String),
+    Refused(Refusal),
     /// The channel is closed with this reason (a limit, as Supabase closes it).
     Close(ChannelClosed),
     /// Held until the presence verdicts of a private channel are back (`read`: ask presence
-    /// read too, it was not asked at join).
-    Ask { read: bool },
-}
-
-/// Per-second counter for the presence limits.
-#[derive(Debug)]
-pub struct Rate {
-    window: Instant,
-    count: u32,
-}
-
-impl Default for Rate {
-    fn default() -> Self {
-        Rate {
-            window: Instant::now(),
-            count: 0,
-        }
-    }
-}
-
-impl Rate {
-    /// Counts one event; false once more than `limit` happened within the current second.
-    pub fn allow(&mut self, limit: u32) -> bool {
-        if self.window.elapsed() >= Duration::from_secs(1) {
-            self.window = Instant::now();
-            self.count = 0;
-        }
-        self.count += 1;
-        self.count <= limit
-    }
+    /// read too, it was not asked at join); the push is handed back to be held.
+    Ask { read: bool, push: PresencePush },
 }
 
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
@@ -217,47 +189,44 @@ impl ChannelPresence {
         m: &Inbound,
         push: PresencePush,
     ) -> Outcome {
-        let reply = Reply {
+        let id = MemberId {
+            conn: link.id,
+            topic: key.clone(),
+        };
+        let reply = || Reply {
             tx: link.tx.clone(),
             vsn: link.vsn,
             join_ref: m.join_ref.clone(),
             reference: m.reference.clone(),
             topic: m.topic.clone(),
         };
-        let id = MemberId {
-            conn: link.id,
-            topic: key.clone(),
-        };
         match push {
-            PresencePush::Unknown(event) => Outcome::Refused(format!(
-                "UnknownPresenceEvent: a presence push is \"track\" or \"untrack\", not \"{event}\""
-            )),
+            PresencePush::Unknown(event) => Outcome::Refused(Refusal::UnknownPresenceEvent(event)),
             PresencePush::Untrack => {
                 // Always allowed, as in Supabase: it only ever removes.
-                p.members.set(id, Desired::Untracked, Some(reply));
+                p.members.set(id, Desired::Untracked, Some(reply()));
                 Outcome::Handed
             }
             PresencePush::Track(meta) => {
                 if !meta.is_object() {
-                    return Outcome::Refused("Presence track payload must be a map".into());
+                    return Outcome::Refused(Refusal::PresenceNotAMap);
+                }
+                // Authorization before the payload's size, as Supabase checks them.
+                match self.write {
+                    None => {
+                        let read = self.read.is_none();
+                        let push = PresencePush::Track(meta);
+                        return Outcome::Ask { read, push };
+                    }
+                    Some(false) => {
+                        let topic = key.topic.clone();
+                        return Outcome::Refused(Refusal::PresenceWriteDenied { topic });
+                    }
+                    Some(true) => {}
                 }
                 let meta = meta.to_string();
                 if meta.len() > p.max_meta_bytes {
                     return Outcome::Close(ChannelClosed::TrackTooLarge);
-                }
-                match self.write {
-                    None => {
-                        return Outcome::Ask {
-                            read: self.read.is_none(),
-                        }
-                    }
-                    Some(false) => {
-                        return Outcome::Refused(format!(
-                            "Unauthorized: You do not have permissions to track presence on this Channel topic: {}",
-                            key.topic
-                        ))
-                    }
-                    Some(true) => {}
                 }
                 if !p.allow_event() {
                     return Outcome::Close(ChannelClosed::TooManyPresenceMessages);
@@ -270,7 +239,7 @@ impl ChannelPresence {
                     key: self.key.clone(),
                     meta,
                 };
-                p.members.set(id, desired, Some(reply));
+                p.members.set(id, desired, Some(reply()));
                 p.metrics.presence_tracks_total.increment(1);
                 Outcome::Handed
             }

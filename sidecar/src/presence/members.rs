@@ -8,6 +8,7 @@
 
 use crate::frame::{self, Vsn};
 use crate::hub::{ConnId, TopicKey};
+use crate::reason::Refusal;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -47,8 +48,8 @@ impl Reply {
         self.send(json!({"status": "ok", "response": {}}));
     }
 
-    pub fn error(self, reason: &str) {
-        self.send(json!({"status": "error", "response": {"reason": reason}}));
+    pub fn error(self, why: &Refusal) {
+        self.send(json!({"status": "error", "response": {"reason": why.text()}}));
     }
 
     fn send(self, payload: serde_json::Value) {

@@ -65,7 +65,7 @@ pub struct Presence {
     pub max_meta_bytes: usize,
     max_events_per_second: u32,
     /// Tracks accepted this second, across the sidecar.
-    rate: Mutex<channel::Rate>,
+    rate: Mutex<crate::rate::Rate>,
 }
 
 impl Presence {
@@ -76,7 +76,7 @@ impl Presence {
             metrics,
             max_meta_bytes,
             max_events_per_second,
-            rate: Mutex::new(channel::Rate::default()),
+            rate: Mutex::default(),
         }
     }
 

@@ -33,7 +33,7 @@ use crate::frame::{self, Vsn};
 use crate::hub::{ConnId, TopicKey};
 use crate::metrics::Metrics;
 use serde_json::{Map, Value};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
@@ -226,10 +226,19 @@ impl View {
     }
 }
 
+/// The views, and the topics with changes not sent yet: the flusher visits only those (a
+/// sidecar may watch 10,000 quiet topics; visiting them all every tick would cost a
+/// million visits a second for nothing).
+#[derive(Default)]
+struct Topics {
+    views: HashMap<TopicKey, View>,
+    dirty: HashSet<TopicKey>,
+}
+
 /// The views of every watched topic, shared by the drainer (diffs), the presence worker
 /// (loads) and the connections (watchers).
 pub struct Views {
-    topics: Mutex<HashMap<TopicKey, View>>,
+    topics: Mutex<Topics>,
     /// Topics whose state the worker must load, with the load's number; it is woken by
     /// `wake`.
     to_load: Mutex<HashMap<TopicKey, u64>>,
@@ -241,7 +250,7 @@ pub struct Views {
 impl Views {
     pub fn new(metrics: Arc<Metrics>) -> Self {
         Views {
-            topics: Mutex::new(HashMap::new()),
+            topics: Mutex::default(),
             to_load: Mutex::new(HashMap::new()),
             next_load: std::sync::atomic::AtomicU64::new(1),
             wake: Notify::new(),
@@ -310,7 +319,7 @@ impl Views {
     /// connection again replaces its watcher (a rejoin) and sends the state again.
     pub fn watch(&self, key: &TopicKey, w: Watcher) {
         let mut topics = self.topics.lock().unwrap();
-        match topics.get_mut(key) {
+        match topics.views.get_mut(key) {
             Some(view) => match view.phase {
                 Phase::Ready => {
                     self.send_state(key, view, &w);
@@ -326,7 +335,7 @@ impl Views {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mut view = View::loading(load);
                 view.waiting.insert(w.conn, w);
-                topics.insert(key.clone(), view);
+                topics.views.insert(key.clone(), view);
                 self.metrics.presence_topics.increment(1.0);
                 drop(topics);
                 self.to_load.lock().unwrap().insert(key.clone(), load);
@@ -339,14 +348,15 @@ impl Views {
     /// loads it again).
     pub fn unwatch(&self, key: &TopicKey, conn: ConnId) {
         let mut topics = self.topics.lock().unwrap();
-        let Some(view) = topics.get_mut(key) else {
+        let Some(view) = topics.views.get_mut(key) else {
             return;
         };
         view.watchers.remove(&conn);
         view.waiting.remove(&conn);
         if view.watchers.is_empty() && view.waiting.is_empty() {
             let members = view.members.len();
-            topics.remove(key);
+            topics.views.remove(key);
+            topics.dirty.remove(key);
             self.metrics.presence_topics.decrement(1.0);
             self.metrics.presence_members.decrement(members as f64);
         }
@@ -359,7 +369,7 @@ impl Views {
             return;
         };
         let mut topics = self.topics.lock().unwrap();
-        let Some(view) = topics.get_mut(key) else {
+        let Some(view) = topics.views.get_mut(key) else {
             return;
         };
         match &mut view.phase {
@@ -371,6 +381,9 @@ impl Views {
                 self.metrics
                     .presence_members
                     .increment(after as f64 - before as f64);
+                if !view.pending.is_empty() {
+                    topics.dirty.insert(key.clone());
+                }
             }
         }
         self.metrics.presence_diffs_applied_total.increment(1);
@@ -391,7 +404,7 @@ impl Views {
     /// waiting channel is sent it.
     pub fn loaded(&self, key: &TopicKey, load: u64, rows: Vec<StateRow>) {
         let mut topics = self.topics.lock().unwrap();
-        let Some(view) = topics.get_mut(key).filter(|v| v.load == load) else {
+        let Some(view) = topics.views.get_mut(key).filter(|v| v.load == load) else {
             return;
         };
         let Phase::Loading { held } = std::mem::replace(&mut view.phase, Phase::Ready) else {
@@ -427,7 +440,8 @@ impl Views {
         }
     }
 
-    /// Sends every topic's pending changes as one diff now (tests).
+    /// Sends every topic's pending changes as one diff now.
+    #[cfg(test)]
     pub fn flush(&self) {
         self.flush_due_at(None, Duration::ZERO, Duration::ZERO);
     }
@@ -442,29 +456,35 @@ impl Views {
 
     /// As `flush_due` at `now`; None flushes every topic now.
     fn flush_due_at(&self, now: Option<Instant>, window: Duration, tick: Duration) {
-        let mut topics = self.topics.lock().unwrap();
+        let mut guard = self.topics.lock().unwrap();
+        let Topics { views, dirty } = &mut *guard;
         let forced = now.is_none();
         let now = now.unwrap_or_else(Instant::now);
-        for (key, view) in topics.iter_mut() {
+        dirty.retain(|key| {
+            let Some(view) = views.get_mut(key) else {
+                return false;
+            };
             let room_window = match view.watchers.len() >= LARGE_ROOM {
                 true => window.max(LARGE_ROOM_WINDOW),
                 false => window,
             };
             if !forced && now.saturating_duration_since(view.flushed_at) + tick / 2 < room_window {
-                continue;
+                return true;
             }
             self.flush_view(key, view);
             if view.left.len() > view.members.len() + 64 {
                 view.left
                     .retain(|_, at| now.duration_since(*at) < KEEP_LEFT);
             }
-        }
+            false
+        });
     }
 
-    /// The members a topic's view holds now, by ref (tests and the demo's checks).
+    /// The members a topic's view holds now, by ref.
+    #[cfg(test)]
     pub fn members(&self, key: &TopicKey) -> Option<BTreeMap<String, Member>> {
         let topics = self.topics.lock().unwrap();
-        let view = topics.get(key)?;
+        let view = topics.views.get(key)?;
         matches!(view.phase, Phase::Ready).then(|| view.members.clone())
     }
 }

@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::db_worker;
 use crate::hub::TopicKey;
 use crate::metrics::Metrics;
+use crate::reason::Refusal;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -450,8 +451,8 @@ impl Worker {
         match result {
             Err(why) => {
                 self.metrics.presence_write_failures_total.increment(1);
-                let reason = format!("UnableToTrackPresence: {why}");
-                replies.into_iter().for_each(|r| r.error(&reason));
+                let refusal = Refusal::UnableToTrackPresence(why);
+                replies.into_iter().for_each(|r| r.error(&refusal));
                 return;
             }
             Ok(result) => {
