@@ -28,7 +28,7 @@ SECRET = "profile-benchmark-secret-with-enough-length"
 def samples(data):
     """Samples per (process, library, symbol) in a perf.data file."""
     out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--stdio", "-n", "--sort", "comm,dso,sym",
-                          "--percent-limit", "0"], capture_output=True, text=True).stdout
+                          "--percent-limit", "0", "-g", "none"], capture_output=True, text=True).stdout
     counts = {}
     for line in out.splitlines():
         parts = line.split()
@@ -37,15 +37,31 @@ def samples(data):
     return counts
 
 
-def perf(seconds, label, during, keep=False):
+def inclusive(data):
+    """Samples per (process, symbol) including callees' (perf's children view)."""
+    out = subprocess.run(["perf", "report", "-i", data, "--children", "--stdio", "-n", "--sort", "comm,sym", "-g",
+                          "none", "--percent-limit", "0.05"], capture_output=True, text=True).stdout
+    total = sum(samples(data).values())
+    shares = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 5 and parts[0].endswith("%") and parts[1].endswith("%"):
+            shares[" ".join(parts[3:])] = float(parts[0][:-1]) * total / 100
+    return shares
+
+
+def perf(seconds, label, during, keep=False, callgraph=False):
     """Samples the whole machine for `seconds` while `during()` runs; prints the top.
-    Returns the samples per symbol when `keep`."""
+    Returns the samples per symbol when `keep`. With `callgraph`, also prints each
+    function's inclusive share in the backends (itself and what it calls), unwound from
+    .eh_frame since Debian's Postgres keeps no frame pointers."""
     scratch = tempfile.TemporaryDirectory()
     data = f"{scratch.name}/perf.data"
-    rec = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", "-a", "-o", data, "--",
+    graph = ["--call-graph", "dwarf,8192"] if callgraph else []
+    rec = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", *graph, "-a", "-o", data, "--",
                             "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     during()
-    rec.wait(timeout=seconds + 60)
+    rec.wait(timeout=seconds + 120)
     def report(*args):
         out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--stdio", *args],
                              capture_output=True, text=True).stdout
@@ -57,15 +73,22 @@ def perf(seconds, label, during, keep=False):
     print("```\nOur code (pg_realtime.so and the sidecar), symbols over 0.1%:\n```")
     print(report("--sort", "comm,dso,sym", "--percent-limit", "0.1", "--dsos", "pg_realtime.so,realtime-sidecar"))
     print("```")
+    if callgraph:
+        print("Inclusive share in the backends (a function and its callees), over 1%:\n```")
+        print(report("--children", "--comm", "postgres", "--sort", "sym", "-g", "none", "--percent-limit", "1"))
+        print("```")
     counts = samples(data) if keep else None
+    if keep and callgraph:
+        counts = (counts, inclusive(data))
     scratch.cleanup()
     return counts
 
 
 def trigger(a):
     import trigger_cost
+    extra = [f"realtime.queue_size = {a.queue_size}"] if a.queue_size else []
     with harness.Cluster(a.pg_port, "max_connections = 50", "shared_buffers = 256MB", "max_wal_size = 4GB",
-                         "wal_level = logical") as pg:
+                         "wal_level = logical", *extra) as pg:
         pg.psql("-f", f"{HERE}/trigger_cost_setup.sql")
         psql = ["psql", *pg.conn, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"]
         background = trigger_cost.start_consumers(psql, 4 * a.seconds + 60, sql_drainer=a.drainer == "sql")
@@ -77,7 +100,7 @@ def trigger(a):
                 consumers["sidecar process"] = sidecar.process.pid
             query = "SELECT pid FROM pg_stat_activity WHERE query LIKE '%realtime.drain%' AND pid <> pg_backend_pid()"
             consumers["drain backend"] = int(pg.psql("-c", query).split()[0])
-            per_txn = {}
+            per_txn, per_txn_incl = {}, {}
             for table in ("t_plain", a.variant):
                 txns = {}
 
@@ -88,7 +111,11 @@ def trigger(a):
                     print(next(l for l in out.splitlines() if l.startswith("tps")))
                     txns["n"] = int(re.search(r"actually processed: (\d+)", out).group(1))
                 cpu0 = {name: harness.proc_stats(pid)[0] for name, pid in consumers.items()}
-                counts = perf(a.seconds, f"{table}, {a.clients} pgbench clients", run, keep=True)
+                counts = perf(a.seconds, f"{table}, {a.clients} pgbench clients", run, keep=True,
+                              callgraph=a.callgraph)
+                if a.callgraph:
+                    counts, incl = counts
+                    per_txn_incl[table] = {k: v / txns["n"] for k, v in incl.items()}
                 per_txn[table] = {k: v / txns["n"] for k, v in counts.items()}
                 print("Consumers' CPU per transaction: " + ", ".join(
                     f"{name} {1e6 * (harness.proc_stats(pid)[0] - cpu0[name]) / txns['n']:.1f} µs"
@@ -102,6 +129,14 @@ def trigger(a):
             for d, k in [g for g in grew if not g[1].startswith("swapper")][:30]:
                 print(f"{1000 * d:+8.2f}  {k}")
             print("```")
+            if a.callgraph:
+                # The same difference with callees included: which calls the growth is under.
+                base, var = per_txn_incl["t_plain"], per_txn_incl[a.variant]
+                grew = sorted(((var.get(k, 0) - base.get(k, 0), k) for k in set(base) | set(var)), reverse=True)
+                print(f"\nIncluding callees, backends only, per 1,000 transactions:\n\n```")
+                for d, k in [g for g in grew if g[1].startswith("postgres ")][:60]:
+                    print(f"{1000 * d:+8.2f}  {1000 * var.get(k, 0):8.2f}  {k}")
+                print("```")
         finally:
             stack.close()
             for p in background:
@@ -186,6 +221,9 @@ def main():
     ap.add_argument("--clients", type=int, default=8, help="trigger: pgbench clients; joins: joining clients")
     ap.add_argument("--subscribers", type=int, default=1000)
     ap.add_argument("--rate", type=int, default=500)
+    ap.add_argument("--callgraph", action="store_true",
+                    help="trigger: also record call graphs and print inclusive shares in the backends")
+    ap.add_argument("--queue-size", help="trigger: realtime.queue_size (default: the extension's)")
     ap.add_argument("--pg-port", type=int, default=24420)
     ap.add_argument("--http-port", type=int, default=24421)
     a = ap.parse_args()

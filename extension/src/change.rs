@@ -20,9 +20,11 @@
 
 use crate::capture;
 use crate::payload::{push_json_str, row_json};
+use crate::row_json::{self as rows, RowJson};
 use pgrx::pg_sys;
 use std::collections::HashMap;
 use std::ffi::CStr;
+use std::rc::Rc;
 
 /// What a drain call learned about one table, looked up once per call.
 struct Table {
@@ -32,6 +34,11 @@ struct Table {
     /// `[{"name": ..., "type": ...}, ...]`
     columns: String,
     identity: Identity,
+    /// The table's descriptor (a copy, valid for the call), which its stored rows have
+    /// when `layout` matches theirs.
+    desc: pg_sys::TupleDesc,
+    /// How its rows print, kept across calls (`row_json.rs`).
+    rows: Rc<RowJson>,
 }
 
 enum Identity {
@@ -94,7 +101,7 @@ impl Decoder {
         out.push_str(&t.columns);
         if let Some(new) = c.new {
             out.push_str(",\"record\":");
-            out.push_str(&unsafe { row_text(new) });
+            out.push_str(&unsafe { t.row_text(new, None, c.relid) });
         }
         if let Some(old) = c.old {
             out.push_str(",\"old_record\":");
@@ -105,10 +112,10 @@ impl Decoder {
                 _ => &t.identity,
             };
             match identity {
-                Identity::Full => out.push_str(&unsafe { row_text(old) }),
+                Identity::Full => out.push_str(&unsafe { t.row_text(old, None, c.relid) }),
                 Identity::Nothing | Identity::NoPrimaryKey => out.push_str("{}"),
-                Identity::Columns(cols, desc) => {
-                    out.push_str(&unsafe { projected_text(old, cols, *desc, c.relid) })
+                Identity::Columns(cols, _) => {
+                    out.push_str(&unsafe { t.row_text(old, Some(cols), c.relid) })
                 }
             }
         }
@@ -239,6 +246,8 @@ impl Table {
                 layout: capture::layout(desc),
                 columns,
                 identity,
+                desc: pg_sys::CreateTupleDescCopy(desc),
+                rows: rows::for_table(pg_sys::Oid::from(relid), desc),
             };
             pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
             Some(table)
@@ -274,9 +283,29 @@ unsafe fn datum_of(bytes: &[u8]) -> pg_sys::Datum {
     }
 }
 
-/// The row as JSON, every column.
-unsafe fn row_text(bytes: &[u8]) -> String {
-    unsafe { String::from_utf8_lossy(row_json(datum_of(bytes))).into_owned() }
+impl Table {
+    /// A stored row of this table as JSON: every column, or only `cols` (1-based).
+    unsafe fn row_text(&self, bytes: &[u8], cols: Option<&[usize]>, relid: u32) -> String {
+        unsafe {
+            let datum = datum_of(bytes);
+            let mut tuple = pg_sys::HeapTupleData {
+                t_len: bytes.len() as u32,
+                t_self: pg_sys::ItemPointerData::default(),
+                t_tableOid: pg_sys::Oid::from(relid),
+                t_data: datum.cast_mut_ptr::<pg_sys::HeapTupleHeaderData>(),
+            };
+            let mut out = Vec::with_capacity(bytes.len() * 2);
+            if self.rows.write(&mut out, &mut tuple, self.desc, cols) {
+                return String::from_utf8(out)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+            }
+            // A column nests (arrays, composites): row_to_json prints it.
+            match (cols, &self.identity) {
+                (Some(cols), Identity::Columns(_, sub)) => projected_text(bytes, cols, *sub, relid),
+                _ => String::from_utf8_lossy(row_json(datum)).into_owned(),
+            }
+        }
+    }
 }
 
 /// The row as JSON, only the columns `cols` (a row of the blessed descriptor `sub`).

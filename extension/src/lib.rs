@@ -16,6 +16,8 @@ mod message;
 mod payload;
 mod presence;
 mod queue;
+mod ring_pages;
+mod row_json;
 mod row_trigger;
 mod send;
 mod shared;

@@ -110,6 +110,11 @@ impl Ring {
         self.cap
     }
 
+    /// The ring's first byte (for mapping its pages, `ring_pages.rs`).
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
     pub fn write(&self, off: u64, src: &[u8]) {
         let at = (off % self.cap) as usize;
         let first = src.len().min(self.cap as usize - at);

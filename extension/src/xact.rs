@@ -161,9 +161,11 @@ fn pre_commit() {
         let reserved_at = unsafe { pg_sys::GetCurrentTimestamp() };
         b.records[COMMITTED_AT].copy_from_slice(&reserved_at.to_le_bytes());
         let q = queue();
-        let mut guard = q.exclusive();
-        let start = guard.core().reserve(&q.ring(), &b.records)?;
+        let ring = q.ring();
+        let start = q.exclusive().core().reserve(&ring, &b.records)?;
         b.reserved = Some(start);
+        // After the lock is released: map the pages the next writes will touch.
+        crate::ring_pages::map_ahead(ring.base(), ring.capacity(), start, b.records.len() as u64);
         Ok(())
     });
     match result {
