@@ -182,7 +182,7 @@ def authorize(a):
                                  "-f", f"{HERE}/authorize_batched.sql", "postgres"])
             tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
             print(f"{tps * a.batch:,.0f} verdicts/s")
-        perf(a.seconds, f"realtime.authorize, batches of {a.batch:,}", run)
+        perf(a.seconds, f"realtime.authorize, batches of {a.batch:,}", run, callgraph=a.callgraph)
 
 
 def drain(a):
@@ -222,7 +222,7 @@ def main():
     ap.add_argument("--subscribers", type=int, default=1000)
     ap.add_argument("--rate", type=int, default=500)
     ap.add_argument("--callgraph", action="store_true",
-                    help="trigger: also record call graphs and print inclusive shares in the backends")
+                    help="trigger, authorize: also record call graphs and print inclusive shares in the backends")
     ap.add_argument("--queue-size", help="trigger: realtime.queue_size (default: the extension's)")
     ap.add_argument("--pg-port", type=int, default=24420)
     ap.add_argument("--http-port", type=int, default=24421)

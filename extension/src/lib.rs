@@ -16,6 +16,7 @@ mod message;
 mod payload;
 mod presence;
 mod queue;
+mod rerun;
 mod ring_pages;
 mod row_json;
 mod row_trigger;

@@ -52,7 +52,8 @@ $$;
 CREATE POLICY explosive ON realtime.messages AS RESTRICTIVE FOR SELECT TO authenticated
     USING (explode((SELECT realtime.topic())));
 
--- One mixed batch: allowed, denied and erroring requests each get their own verdict.
+-- One mixed batch: allowed, denied and erroring requests each get their own verdict (the
+-- error among user 1111's reads makes that identity's reads run again one by one).
 CREATE TEMP TABLE asks (i serial, role text, claims text, topic text, extension text, action text);
 INSERT INTO asks (role, claims, topic, extension, action) VALUES
     ('authenticated', '{"sub": "11111111-1111-4111-8111-111111111111", "role": "authenticated"}', 'room:1', 'broadcast', 'read'),
