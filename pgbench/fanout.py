@@ -7,6 +7,7 @@ scripts/install-extension.sh; builds the sidecar and the load generator (release
 import argparse
 import datetime
 import json
+import subprocess
 import sys
 
 import harness
@@ -19,6 +20,8 @@ def main():
     ap.add_argument("--subscribers", type=int, default=1000)
     ap.add_argument("--rates", default="100,300,500,1000", help="fan-out message rates to try")
     ap.add_argument("--vsn", default="2.0.0")
+    ap.add_argument("--pin", action="store_true",
+                    help="the sidecar on CPU 0 and the load generator on CPU 1 (Postgres on either)")
     ap.add_argument("--pg-port", type=int, default=24360)
     ap.add_argument("--http-port", type=int, default=24361)
     a = ap.parse_args()
@@ -28,6 +31,9 @@ def main():
     with harness.Cluster(a.pg_port) as pg:
         pg.psql("-c", "CREATE EXTENSION pg_realtime")
         with harness.Sidecar(a.http_port, pg.dsn, "fanout", SECRET) as sidecar:
+            if a.pin:
+                subprocess.run(["taskset", "-a", "-pc", "0", str(sidecar.process.pid)], check=True,
+                               stdout=subprocess.DEVNULL)
             scenarios = [("latency, 1 subscriber", 1, 1000)] + [
                 (f"fan-out, {a.subscribers} subscribers", a.subscribers, int(r)) for r in a.rates.split(",")]
             for label, subs, rate in scenarios:
@@ -35,7 +41,7 @@ def main():
                 cpu0, _ = harness.proc_stats(pid)
                 r = harness.loadgen(f"ws://127.0.0.1:{a.http_port}", pg.dsn, SECRET, "--vsn", a.vsn, "--clients", subs,
                                     "--rate", rate, "--seconds", a.seconds, "--topic-prefix", f"t{subs}x{rate}-",
-                                    "--label", label, timeout=a.seconds + 400)
+                                    "--label", label, timeout=a.seconds + 400, cpus="1" if a.pin else None)
                 cpu1, hwm = harness.proc_stats(pid)
                 r["sidecar_cpu_pct"] = 100 * (cpu1 - cpu0) / (a.seconds + r["connect_seconds"])
                 r["sidecar_peak_rss_mb"] = hwm / 1024
@@ -43,7 +49,9 @@ def main():
                 rows.append(r)
 
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; serializer {a.vsn}; "
-          f"{a.seconds} s per row; sidecar, Postgres and the load generator on the same 2 cores.\n")
+          f"{a.seconds} s per row; "
+          + ("the sidecar pinned to CPU 0, the load generator to CPU 1, Postgres on either.\n" if a.pin else
+             "sidecar, Postgres and the load generator on the same 2 cores.\n"))
     print("| scenario | msg/s sent | subscribers | deliveries/s | lost | failed conns | p50 ms | p95 ms | p99 ms | max ms | sidecar CPU | sidecar peak RSS |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:

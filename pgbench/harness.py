@@ -19,6 +19,12 @@ def machine():
     return f"{os.cpu_count()} cores, {mem:.0f} GiB"
 
 
+# The sidecar the runners start: this tree's release build, or another build named by
+# REALTIME_SIDECAR_BIN (a copy of an earlier commit's, to measure a change against it in the
+# same session).
+SIDECAR_BIN = os.environ.get("REALTIME_SIDECAR_BIN", f"{ROOT}/target/release/realtime-sidecar")
+
+
 def build():
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "realtime-sidecar", "-p", "realtime-loadgen"],
                    cwd=ROOT, check=True)
@@ -120,7 +126,7 @@ class Sidecar:
                         LOG_LEVEL="warn", **env)
 
     def __enter__(self):
-        self.process = subprocess.Popen([f"{ROOT}/target/release/realtime-sidecar"], env=self.env)
+        self.process = subprocess.Popen([SIDECAR_BIN], env=self.env)
         wait_healthy(f"http://127.0.0.1:{self.port}/healthz", self.process, "the sidecar", 15)
         return self
 
@@ -198,10 +204,11 @@ def loadgen_cmd(url, dsn, secret, *flags):
     return [LOADGEN, "--url", url, "--dsn", dsn, "--jwt-secret", secret, *map(str, flags)]
 
 
-def loadgen(url, dsn, secret, *flags, timeout=900):
-    """Runs the load generator once; returns its result line, parsed. Its progress lines go
-    to this process's stderr."""
-    out = subprocess.run(loadgen_cmd(url, dsn, secret, *flags), check=True, stdout=subprocess.PIPE, text=True,
+def loadgen(url, dsn, secret, *flags, timeout=900, cpus=None):
+    """Runs the load generator once (on the CPUs `cpus` names, `taskset` style, if given);
+    returns its result line, parsed. Its progress lines go to this process's stderr."""
+    pin = ["taskset", "-c", cpus] if cpus else []
+    out = subprocess.run(pin + loadgen_cmd(url, dsn, secret, *flags), check=True, stdout=subprocess.PIPE, text=True,
                          timeout=timeout).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -281,7 +288,7 @@ class Sidecars:
 
     def __enter__(self):
         for i in range(self.n):
-            p = subprocess.Popen([f"{ROOT}/target/release/realtime-sidecar"],
+            p = subprocess.Popen([SIDECAR_BIN],
                                  env=dict(self.env, CONSUMER_NAME=f"sidecar{i}"))
             self.processes.append(p)
             deadline = time.time() + 15

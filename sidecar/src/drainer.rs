@@ -374,9 +374,17 @@ async fn session(
             );
         }
         let now_us = unix_micros();
+        // Consecutive broadcasts are handed out together (`Hub::dispatch_batch`); anything
+        // else in the batch first hands out those before it, so each connection still gets
+        // everything in queue order.
+        let mut broadcasts: Vec<QueueMessage> = Vec::new();
         for row in &rows {
             let seq: i64 = row.get(col.seq);
             let kind: &str = row.get(col.kind);
+            if kind != "message" && !broadcasts.is_empty() {
+                hub.dispatch_batch(&broadcasts);
+                broadcasts.clear();
+            }
             if kind == "gap" {
                 let (first, last): (i64, i64) = (row.get(col.lost_first), row.get(col.lost_last));
                 metrics.drain_gaps_total.increment(1);
@@ -423,7 +431,7 @@ async fn session(
             }
             let payload = Payload::from_columns(row.get(col.binary_payload), row.get(col.payload));
             let origin: Option<i64> = row.get(col.origin);
-            hub.dispatch(&QueueMessage {
+            broadcasts.push(QueueMessage {
                 topic: row.get(col.topic),
                 event: row.get(col.event),
                 payload,
@@ -440,6 +448,7 @@ async fn session(
                 replayed: false,
             });
         }
+        hub.dispatch_batch(&broadcasts);
         metrics.last_seq.set(pos as f64);
     }
 }

@@ -200,42 +200,75 @@ impl Hub {
         }
     }
 
-    fn deliver(&self, sub: &Subscriber, msg: Message) {
+    /// Queues `msg` to the subscriber's connection; false if the queue was full (the
+    /// connection is then told to close, and nothing more should be queued to it).
+    fn deliver(&self, sub: &Subscriber, msg: Message) -> bool {
         match sub.tx.try_send(msg) {
             Ok(()) => {
                 self.metrics.deliveries_total.increment(1);
+                true
             }
-            Err(mpsc::error::TrySendError::Full(_)) => sub.too_slow.notify_one(),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                sub.too_slow.notify_one();
+                false
+            }
             // The connection is closing and will unsubscribe itself.
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
     }
 
     /// Fans a queue message out to the subscribers of its topic.
     pub fn dispatch(&self, m: &QueueMessage) {
-        let key = TopicKey {
-            private: m.private,
-            topic: m.topic.clone(),
-        };
+        self.dispatch_batch(std::slice::from_ref(m));
+    }
+
+    /// Fans out a run of queue messages (a drain batch's broadcasts, in queue order) so that
+    /// each connection is handed all its frames of the run one after another: its task
+    /// wakes once for them and writes them in one flush. Handed out a message at a time,
+    /// every subscriber's task woke and wrote once per message, nearly always one frame per
+    /// write. A connection's frames keep the queue's order, across all its topics.
+    pub fn dispatch_batch(&self, msgs: &[QueueMessage]) {
         let topics = self.topics.read().unwrap();
-        let Some(subs) = topics.get(&key) else { return };
-        let v1: OnceLock<Option<Message>> = OnceLock::new();
-        let v2: OnceLock<Option<Message>> = OnceLock::new();
-        for sub in &subs.list {
-            if m.origin == Some(sub.origin) && !sub.self_broadcast {
-                continue;
-            }
-            let frame = match sub.vsn {
-                Vsn::V1 => v1.get_or_init(|| m.frame(Vsn::V1)),
-                Vsn::V2 => v2.get_or_init(|| m.frame(Vsn::V2)),
+        // Connections in the order they first get a frame, each with its frames in order.
+        let mut at: HashMap<ConnId, usize> = HashMap::new();
+        let mut pending: Vec<(&Subscriber, Vec<Message>)> = Vec::new();
+        for m in msgs {
+            let key = TopicKey {
+                private: m.private,
+                topic: m.topic.clone(),
             };
-            let Some(f) = frame else { continue };
-            match &sub.gate {
-                None => self.deliver(sub, f.clone()),
-                Some(gate) => {
-                    if let Some(f) = gate.pass(m.epoch, m.seq, f) {
-                        self.deliver(sub, f);
-                    }
+            let Some(subs) = topics.get(&key) else {
+                continue;
+            };
+            let v1: OnceLock<Option<Message>> = OnceLock::new();
+            let v2: OnceLock<Option<Message>> = OnceLock::new();
+            for sub in &subs.list {
+                if m.origin == Some(sub.origin) && !sub.self_broadcast {
+                    continue;
+                }
+                let frame = match sub.vsn {
+                    Vsn::V1 => v1.get_or_init(|| m.frame(Vsn::V1)),
+                    Vsn::V2 => v2.get_or_init(|| m.frame(Vsn::V2)),
+                };
+                let Some(f) = frame else { continue };
+                let f = match &sub.gate {
+                    None => f.clone(),
+                    Some(gate) => match gate.pass(m.epoch, m.seq, f) {
+                        Some(f) => f,
+                        None => continue,
+                    },
+                };
+                let i = *at.entry(sub.conn).or_insert_with(|| {
+                    pending.push((sub, Vec::new()));
+                    pending.len() - 1
+                });
+                pending[i].1.push(f);
+            }
+        }
+        for (sub, frames) in pending {
+            for f in frames {
+                if !self.deliver(sub, f) {
+                    break;
                 }
             }
         }
@@ -346,6 +379,34 @@ mod tests {
         hub.unsubscribe(&key("t"), 2);
         hub.unsubscribe(&key("t"), 2);
         assert!(hub.topics.read().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_batch_reaches_each_connection_in_queue_order_across_its_topics() {
+        let hub = Hub::new(Arc::new(Metrics::default()));
+        // Connection 1 is on topics a and b (one queue); connection 2 only on b.
+        let (a1, mut rx1) = sub(1);
+        let mut b1 = a1.clone();
+        b1.join_ref = Some("b".into());
+        let (b2, mut rx2) = sub(2);
+        hub.subscribe(key("a"), a1);
+        hub.subscribe(key("b"), b1);
+        hub.subscribe(key("b"), b2);
+        let mut batch = vec![message("a", None), message("b", None), message("a", None)];
+        for (n, m) in batch.iter_mut().enumerate() {
+            m.seq = n as i64 + 1;
+        }
+        hub.dispatch_batch(&batch);
+        let seqs = |rx: &mut mpsc::Receiver<Message>| {
+            std::iter::from_fn(|| rx.try_recv().ok())
+                .map(|m| {
+                    let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                    v["payload"]["meta"]["seq"].as_i64().unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seqs(&mut rx1), vec![1, 2, 3]);
+        assert_eq!(seqs(&mut rx2), vec![2]);
     }
 
     #[test]
