@@ -50,7 +50,7 @@ def inclusive(data):
     return shares
 
 
-def perf(seconds, label, during, keep=False, callgraph=False):
+def perf(seconds, label, during, keep=False, callgraph=False, comms="postgres"):
     """Samples the whole machine for `seconds` while `during()` runs; prints the top.
     Returns the samples per symbol when `keep`. With `callgraph`, also prints each
     function's inclusive share in the backends (itself and what it calls), unwound from
@@ -63,7 +63,7 @@ def perf(seconds, label, during, keep=False, callgraph=False):
     during()
     rec.wait(timeout=seconds + 120)
     def report(*args):
-        out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--stdio", *args],
+        out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--stdio", "-g", "none", *args],
                              capture_output=True, text=True).stdout
         return "\n".join(l for l in out.splitlines() if l.strip() and not l.startswith("#"))
     print(f"\n### {label}\n\nBy process and library:\n```")
@@ -74,8 +74,8 @@ def perf(seconds, label, during, keep=False, callgraph=False):
     print(report("--sort", "comm,dso,sym", "--percent-limit", "0.1", "--dsos", "pg_realtime.so,realtime-sidecar"))
     print("```")
     if callgraph:
-        print("Inclusive share in the backends (a function and its callees), over 1%:\n```")
-        print(report("--children", "--comm", "postgres", "--sort", "sym", "-g", "none", "--percent-limit", "1"))
+        print(f"Inclusive share in {comms} (a function and its callees), over 1%:\n```")
+        print(report("--children", "--comm", comms, "--sort", "dso,sym", "--percent-limit", "1"))
         print("```")
     counts = samples(data) if keep else None
     if keep and callgraph:
@@ -169,7 +169,8 @@ def joins(a):
             def run():
                 res["r"] = harness.loadgen(url, pg.dsn, SECRET, "--clients", a.clients, "--rate", 0, "--seconds", 0,
                                            "--private", "--topics", 1000, "--topic-prefix", "room:")
-            perf(a.seconds, f"{a.clients} private joins", run)
+            perf(a.seconds, f"{a.clients} private joins", run, callgraph=a.callgraph,
+                 comms="tokio-rt-worker,realtime-sidecar,postgres")
             print({k: res["r"][k] for k in ("joined", "join_errors", "joins_per_second", "connect_seconds")})
 
 
@@ -222,7 +223,7 @@ def main():
     ap.add_argument("--subscribers", type=int, default=1000)
     ap.add_argument("--rate", type=int, default=500)
     ap.add_argument("--callgraph", action="store_true",
-                    help="trigger, authorize: also record call graphs and print inclusive shares in the backends")
+                    help="trigger, authorize, joins: also record call graphs and print inclusive shares")
     ap.add_argument("--queue-size", help="trigger: realtime.queue_size (default: the extension's)")
     ap.add_argument("--pg-port", type=int, default=24420)
     ap.add_argument("--http-port", type=int, default=24421)
