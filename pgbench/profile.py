@@ -50,7 +50,7 @@ def inclusive(data):
     return shares
 
 
-def perf(seconds, label, during, keep=False, callgraph=False, comms="postgres"):
+def perf(seconds, label, during, keep=False, callgraph=False, comms="postgres", callers=None):
     """Samples the whole machine for `seconds` while `during()` runs; prints the top.
     Returns the samples per symbol when `keep`. With `callgraph`, also prints each
     function's inclusive share in the backends (itself and what it calls), unwound from
@@ -76,6 +76,29 @@ def perf(seconds, label, during, keep=False, callgraph=False, comms="postgres"):
     if callgraph:
         print(f"Inclusive share in {comms} (a function and its callees), over 1%:\n```")
         print(report("--children", "--comm", comms, "--sort", "dso,sym", "--percent-limit", "1"))
+        print("```")
+    if callgraph and callers:
+        # Who calls `callers`: for each sample whose stack holds it, the three frames above
+        # it, counted (the samples' share of all in this run).
+        script = subprocess.run(["perf", "script", "-i", data, "--comm", comms, "-F", "comm,ip,sym"],
+                                capture_output=True, text=True).stdout
+        chains, total, stack = {}, 0, []
+        for line in script.splitlines() + [""]:
+            if line.strip():
+                # "<address> <symbol>[ (inlined)]", after the sample's "<comm>" line.
+                parts = line.strip().split(None, 1)
+                stack.append(parts[-1].replace(" (inlined)", ""))
+                continue
+            if stack:
+                total += 1
+                hit = next((i for i, f in enumerate(stack) if callers in f), None)
+                if hit is not None:
+                    key = " <- ".join(stack[hit:hit + 4])
+                    chains[key] = chains.get(key, 0) + 1
+            stack = []
+        print(f"Callers of {callers} (share of this process set's samples):\n```")
+        for key, n in sorted(chains.items(), key=lambda kv: -kv[1])[:10]:
+            print(f"{100 * n / max(total, 1):6.2f}%  {key}")
         print("```")
     counts = samples(data) if keep else None
     if keep and callgraph:
@@ -112,7 +135,7 @@ def trigger(a):
                     txns["n"] = int(re.search(r"actually processed: (\d+)", out).group(1))
                 cpu0 = {name: harness.proc_stats(pid)[0] for name, pid in consumers.items()}
                 counts = perf(a.seconds, f"{table}, {a.clients} pgbench clients", run, keep=True,
-                              callgraph=a.callgraph)
+                              callgraph=a.callgraph, callers=a.callers if table != "t_plain" else None)
                 if a.callgraph:
                     counts, incl = counts
                     per_txn_incl[table] = {k: v / txns["n"] for k, v in incl.items()}
@@ -224,6 +247,7 @@ def main():
     ap.add_argument("--rate", type=int, default=500)
     ap.add_argument("--callgraph", action="store_true",
                     help="trigger, authorize, joins: also record call graphs and print inclusive shares")
+    ap.add_argument("--callers", help="trigger, with --callgraph: print the call chains into this symbol")
     ap.add_argument("--queue-size", help="trigger: realtime.queue_size (default: the extension's)")
     ap.add_argument("--pg-port", type=int, default=24420)
     ap.add_argument("--http-port", type=int, default=24421)
