@@ -70,7 +70,7 @@ python3 pgbench/presence.py --members 200 --observers 10 --fill-seconds 1 --chur
 python3 pgbench/scenarios.py --scale smoke --seconds 2 > "$log/scenarios.md"
 python3 pgbench/peers.py --seconds 2 --subscribers 20 --rates 100 --k6-vus 5 --k6-rate 20 > "$log/peers.md"
 python3 pgbench/connections.py --clients 300 --centrifugo-clients 100 --seconds 3 > "$log/connections.md"
-python3 pgbench/profile.py trigger --seconds 1 --clients 2 --drainer sidecar > "$log/profile.md"
+python3 pgbench/profile.py trigger --seconds 1 --clients 2 --drainer sidecar --callgraph --callers LWLockRelease > "$log/profile.md"
 python3 pgbench/profile.py fanout --seconds 1 --subscribers 20 --rate 100 >> "$log/profile.md"
 python3 pgbench/profile.py joins --seconds 1 --clients 50 >> "$log/profile.md"
 python3 pgbench/profile.py authorize --seconds 1 --batch 100 >> "$log/profile.md"
