@@ -38,7 +38,9 @@ def main():
     a = ap.parse_args()
     harness.build()
     rows = []
-    with harness.Cluster(a.pg_port, "max_connections = 100", "realtime.max_consumers = 16") as pg:
+    # Up to 21 sidecars (250,000 connections), each with its drain, relay, authorizer,
+    # history, presence and checker connections.
+    with harness.Cluster(a.pg_port, "max_connections = 400", "realtime.max_consumers = 32") as pg:
         pg.psql("-f", f"{HERE}/scenarios_setup.sql")
         data = f"{pg.dir}/pg/data"
         for n in [int(x) for x in a.clients.split(",")]:
