@@ -259,12 +259,20 @@ unsafe fn categorize(typid: pg_sys::Oid) -> (Kind, Option<Box<pg_sys::FmgrInfo>>
             }
             _ => Kind::Text,
         };
+        (kind, Some(output_function(base)))
+    }
+}
+
+/// The output function of type `typid`, looked up once for the backend's life (its memory
+/// in TopMemoryContext).
+pub unsafe fn output_function(typid: pg_sys::Oid) -> Box<pg_sys::FmgrInfo> {
+    unsafe {
         let mut func = pg_sys::InvalidOid;
         let mut varlena = false;
-        pg_sys::getTypeOutputInfo(base, &mut func, &mut varlena);
+        pg_sys::getTypeOutputInfo(typid, &mut func, &mut varlena);
         let mut info = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
         pg_sys::fmgr_info_cxt(func, &mut *info, pg_sys::TopMemoryContext);
-        (kind, Some(info))
+        info
     }
 }
 

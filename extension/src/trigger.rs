@@ -270,16 +270,11 @@ unsafe fn column_part(column: &str, desc: pg_sys::TupleDesc, template: &str) -> 
             );
         }
         let typid = (*desc).attrs.as_slice((*desc).natts as usize)[attno as usize - 1].atttypid;
-        let mut func = pg_sys::InvalidOid;
-        let mut varlena = false;
-        pg_sys::getTypeOutputInfo(typid, &mut func, &mut varlena);
-        let mut out = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
-        pg_sys::fmgr_info_cxt(func, &mut *out, pg_sys::TopMemoryContext);
         Part::Column {
             name: column.to_string(),
             attnum: attno as i32,
             typid,
-            out,
+            out: row_json::output_function(typid),
         }
     }
 }
