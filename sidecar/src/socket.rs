@@ -74,7 +74,7 @@ pub async fn serve<S>(
             biased;
             _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
             _ = too_slow.notified() => break Some(too_slow_close(&shared)),
-            Some(done) = auth_rx.recv() => conn.on_auth(done),
+            Some(done) = auth_rx.recv() => conn.on_auth(*done),
             _ = recheck.tick() => conn.recheck_all(),
             _ = &mut expiry, if conn.has_channels() => {
                 conn.expire_tokens();
