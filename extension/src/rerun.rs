@@ -27,7 +27,16 @@ pub(crate) struct Rerun {
     qd: *mut pg_sys::QueryDesc,
     params: pg_sys::ParamListInfo,
     cplan: *mut pg_sys::CachedPlan,
+    /// The statement's subplans that a rerun must tell to compute afresh, found once at
+    /// start (the executor's tree does not change between runs).
+    subplans: Subplans,
     ran: bool,
+}
+
+#[derive(Default)]
+struct Subplans {
+    initplans: Vec<*mut pg_sys::SubPlanState>,
+    hashed: Vec<*mut pg_sys::SubPlanState>,
 }
 
 impl Rerun {
@@ -63,6 +72,7 @@ impl Rerun {
                 qd,
                 params,
                 cplan,
+                subplans: subplans((*qd).estate, (*qd).planstate),
                 ran: false,
             }
         }
@@ -74,7 +84,7 @@ impl Rerun {
             (*(*self.params).params.as_mut_ptr()).value = arg;
             let estate = (*self.qd).estate;
             if self.ran {
-                rescan(estate, (*self.qd).planstate);
+                rescan(estate, (*self.qd).planstate, &self.subplans);
             }
             self.ran = true;
             (*estate).es_processed = 0;
@@ -99,37 +109,35 @@ impl Rerun {
     }
 }
 
+/// The elements of a Postgres list.
+unsafe fn cells(l: *mut pg_sys::List) -> impl Iterator<Item = pg_sys::ListCell> {
+    let n = if l.is_null() {
+        0
+    } else {
+        unsafe { (*l).length as usize }
+    };
+    (0..n).map(move |i| unsafe { *(*l).elements.add(i) })
+}
+
 unsafe fn list<T>(l: *mut pg_sys::List) -> impl Iterator<Item = *mut T> {
-    let n = if l.is_null() {
-        0
-    } else {
-        unsafe { (*l).length as usize }
-    };
-    (0..n).map(move |i| unsafe { (*(*l).elements.add(i)).ptr_value as *mut T })
+    unsafe { cells(l) }.map(|c| unsafe { c.ptr_value } as *mut T)
 }
 
-unsafe fn ints(l: *mut pg_sys::List) -> impl Iterator<Item = i32> {
-    let n = if l.is_null() {
-        0
-    } else {
-        unsafe { (*l).length as usize }
-    };
-    (0..n).map(move |i| unsafe { (*(*l).elements.add(i)).int_value })
-}
-
-/// Rescans the statement so that its next run computes every subplan afresh: each kind
-/// is told in the way the executor notices it (`nodeSubplan.c`, `nodeCtescan.c`).
-unsafe fn rescan(estate: *mut pg_sys::EState, top: *mut pg_sys::PlanState) {
+/// The initplans and hashed subplans of the statement: on the nodes of the main tree and
+/// of the subplans' trees.
+unsafe fn subplans(estate: *mut pg_sys::EState, top: *mut pg_sys::PlanState) -> Subplans {
     unsafe {
-        let (mut initplans, mut hashed) = (Vec::new(), Vec::new());
+        let mut found = Subplans::default();
         let mut stack = vec![top];
         stack.extend(list::<pg_sys::PlanState>((*estate).es_subplanstates));
         while let Some(ps) = stack.pop() {
             if ps.is_null() {
                 continue;
             }
-            initplans.extend(list::<pg_sys::SubPlanState>((*ps).initPlan));
-            hashed.extend(
+            found
+                .initplans
+                .extend(list::<pg_sys::SubPlanState>((*ps).initPlan));
+            found.hashed.extend(
                 list::<pg_sys::SubPlanState>((*ps).subPlan)
                     .filter(|&s| (*(*s).subplan).useHashTable),
             );
@@ -137,29 +145,37 @@ unsafe fn rescan(estate: *mut pg_sys::EState, top: *mut pg_sys::PlanState) {
             stack.push((*ps).righttree);
             push_children(ps, &mut stack);
         }
+        found
+    }
+}
+
+/// Rescans the statement so that its next run computes every subplan afresh: each kind
+/// is told in the way the executor notices it (`nodeSubplan.c`, `nodeCtescan.c`).
+unsafe fn rescan(estate: *mut pg_sys::EState, top: *mut pg_sys::PlanState, found: &Subplans) {
+    unsafe {
         let is_cte = |s: *mut pg_sys::SubPlanState| {
             (*(*s).subplan).subLinkType == pg_sys::SubLinkType::CTE_SUBLINK
         };
         // A CTE scan empties the CTE's stored rows at its rescan if the CTE's plan is
         // marked changed; it is read again then, at the next fetch.
-        for &s in initplans.iter().filter(|&&s| is_cte(s)) {
+        for &s in found.initplans.iter().filter(|&&s| is_cte(s)) {
             mark_changed((*s).planstate);
         }
         pg_sys::ExecReScan(top);
-        for &s in initplans.iter().filter(|&&s| !is_cte(s)) {
+        for &s in found.initplans.iter().filter(|&&s| !is_cte(s)) {
             // An initplan runs when its output is next read with `execPlan` set, from
             // where its tree stands: rewound here. (Not marked changed: its parent's rescan
             // would then take it for a correlated initplan, which it refuses.)
             pg_sys::ExecReScan((*s).planstate);
-            for id in ints((*(*s).subplan).setParam) {
-                (*(*estate).es_param_exec_vals.add(id as usize)).execPlan = s.cast();
+            for c in cells((*(*s).subplan).setParam) {
+                (*(*estate).es_param_exec_vals.add(c.int_value as usize)).execPlan = s.cast();
             }
         }
         // A hashed subplan builds its table at its next use when it has none. (Marking it
         // changed is what a rescan looks at before 15.x minors that added a flag for it;
         // having no table is what every version looks at.) The build resets the memory the
         // old table was in.
-        for s in hashed {
+        for &s in &found.hashed {
             (*s).hashtable = std::ptr::null_mut();
             (*s).hashnulls = std::ptr::null_mut();
         }

@@ -121,6 +121,33 @@ impl QueueMessage {
     }
 }
 
+/// A message's frames, encoded at most once per serializer for all its subscribers.
+#[derive(Default)]
+struct Frames {
+    v1: OnceLock<Option<Message>>,
+    v2: OnceLock<Option<Message>>,
+}
+
+impl Frames {
+    /// The frame `sub` gets for `m`, if any: not its own broadcast unless it asked for
+    /// those, not what its serializer cannot carry, and through its gate while its history
+    /// is being sent.
+    fn for_subscriber(&self, sub: &Subscriber, m: &QueueMessage) -> Option<Message> {
+        if m.origin == Some(sub.origin) && !sub.self_broadcast {
+            return None;
+        }
+        let frame = match sub.vsn {
+            Vsn::V1 => self.v1.get_or_init(|| m.frame(Vsn::V1)),
+            Vsn::V2 => self.v2.get_or_init(|| m.frame(Vsn::V2)),
+        };
+        let frame = frame.as_ref()?;
+        match &sub.gate {
+            None => Some(frame.clone()),
+            Some(gate) => gate.pass(m.epoch, m.seq, frame),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Payload {
     Json(String),
@@ -229,40 +256,48 @@ impl Hub {
     /// write. A connection's frames keep the queue's order, across all its topics.
     pub fn dispatch_batch(&self, msgs: &[QueueMessage]) {
         let topics = self.topics.read().unwrap();
-        // Connections in the order they first get a frame, each with its frames in order.
+        let frames: Vec<Frames> = msgs.iter().map(|_| Frames::default()).collect();
+        let key = |m: &QueueMessage| TopicKey {
+            private: m.private,
+            topic: m.topic.clone(),
+        };
+        // One topic (a busy room's batch, or a single message): each subscriber once, its
+        // frames in order; no grouping needed.
+        let one_topic = msgs
+            .windows(2)
+            .all(|w| w[0].private == w[1].private && w[0].topic == w[1].topic);
+        if one_topic {
+            let Some(subs) = msgs.first().and_then(|m| topics.get(&key(m))) else {
+                return;
+            };
+            for sub in &subs.list {
+                for (m, f) in msgs.iter().zip(&frames) {
+                    if let Some(frame) = f.for_subscriber(sub, m) {
+                        if !self.deliver(sub, frame) {
+                            break;
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        // Several topics: connections in the order they first get a frame, each with its
+        // frames in order.
         let mut at: HashMap<ConnId, usize> = HashMap::new();
         let mut pending: Vec<(&Subscriber, Vec<Message>)> = Vec::new();
-        for m in msgs {
-            let key = TopicKey {
-                private: m.private,
-                topic: m.topic.clone(),
-            };
-            let Some(subs) = topics.get(&key) else {
+        for (m, f) in msgs.iter().zip(&frames) {
+            let Some(subs) = topics.get(&key(m)) else {
                 continue;
             };
-            let v1: OnceLock<Option<Message>> = OnceLock::new();
-            let v2: OnceLock<Option<Message>> = OnceLock::new();
             for sub in &subs.list {
-                if m.origin == Some(sub.origin) && !sub.self_broadcast {
+                let Some(frame) = f.for_subscriber(sub, m) else {
                     continue;
-                }
-                let frame = match sub.vsn {
-                    Vsn::V1 => v1.get_or_init(|| m.frame(Vsn::V1)),
-                    Vsn::V2 => v2.get_or_init(|| m.frame(Vsn::V2)),
-                };
-                let Some(f) = frame else { continue };
-                let f = match &sub.gate {
-                    None => f.clone(),
-                    Some(gate) => match gate.pass(m.epoch, m.seq, f) {
-                        Some(f) => f,
-                        None => continue,
-                    },
                 };
                 let i = *at.entry(sub.conn).or_insert_with(|| {
                     pending.push((sub, Vec::new()));
                     pending.len() - 1
                 });
-                pending[i].1.push(f);
+                pending[i].1.push(frame);
             }
         }
         for (sub, frames) in pending {
@@ -407,6 +442,35 @@ mod tests {
         };
         assert_eq!(seqs(&mut rx1), vec![1, 2, 3]);
         assert_eq!(seqs(&mut rx2), vec![2]);
+    }
+
+    #[test]
+    fn a_one_topic_batch_reaches_each_subscriber_in_order_and_a_full_queue_stops_only_its_own() {
+        use futures_util::FutureExt;
+        let hub = Hub::new(Arc::new(Metrics::default()));
+        let (tx, mut slow_rx) = mpsc::channel(2);
+        let (mut slow, _) = sub(1);
+        slow.tx = tx;
+        let too_slow = slow.too_slow.clone();
+        let (fast, mut fast_rx) = sub(2);
+        hub.subscribe(key("t"), slow);
+        hub.subscribe(key("t"), fast);
+        let mut batch: Vec<_> = (0..3).map(|_| message("t", None)).collect();
+        for (n, m) in batch.iter_mut().enumerate() {
+            m.seq = n as i64 + 1;
+        }
+        hub.dispatch_batch(&batch);
+        let seqs = |rx: &mut mpsc::Receiver<Message>| {
+            std::iter::from_fn(|| rx.try_recv().ok())
+                .map(|m| {
+                    let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                    v["payload"]["meta"]["seq"].as_i64().unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seqs(&mut fast_rx), vec![1, 2, 3]);
+        assert_eq!(seqs(&mut slow_rx), vec![1, 2]);
+        assert!(too_slow.notified().now_or_never().is_some());
     }
 
     #[test]
