@@ -241,8 +241,10 @@ def merge(results):
                 "sent", "expected", "received", "lost", "gaps", "reordered", "push_refused", "deliveries_per_second",
                 "connects_per_second", "joins_per_second"):
         m[key] = sum(r[key] for r in results)
-    for key in ("connect_seconds", "join_seconds", "send_seconds", "p50_ms", "p95_ms", "p99_ms", "max_ms"):
+    for key in ("connect_seconds", "join_seconds", "send_seconds", "p50_ms", "p95_ms", "p99_ms", "max_ms",
+                "send_ended_unix"):
         m[key] = max(r[key] for r in results)
+    m["send_started_unix"] = min(r["send_started_unix"] for r in results)
     m["processes"] = len(results)
     return m
 
@@ -279,25 +281,37 @@ def open_files(pid):
 
 class Sidecars:
     """`with Sidecars(n, port, dsn, secret, **env) as s:` n release sidecars sharing one port
-    (SO_REUSEPORT), each with its own queue consumer; each is listening on entry."""
+    (SO_REUSEPORT: the kernel spreads connections at random), each with its own queue
+    consumer; each is listening on entry. With `routed`, sidecar i listens on port + i
+    alone, so a client can pick the sidecar of its topic (`urls()`, the load generator's
+    routing)."""
 
-    def __init__(self, n, port, dsn, secret, **env):
-        self.n, self.port = n, fixed_port(port)
-        self.env = dict(os.environ, PORT=str(port), API_JWT_SECRET=secret, DATABASE_URL=dsn, LOG_LEVEL="warn", **env)
+    def __init__(self, n, port, dsn, secret, routed=False, **env):
+        self.n, self.port, self.routed = n, fixed_port(port), routed
+        if routed:
+            fixed_port(port + n - 1)
+        self.env = dict(os.environ, API_JWT_SECRET=secret, DATABASE_URL=dsn, LOG_LEVEL="warn", **env)
         self.processes = []
+
+    def port_of(self, i):
+        return self.port + i if self.routed else self.port
+
+    def urls(self):
+        return ",".join(f"ws://127.0.0.1:{self.port_of(i)}" for i in range(self.n if self.routed else 1))
 
     def __enter__(self):
         for i in range(self.n):
             p = subprocess.Popen([SIDECAR_BIN],
-                                 env=dict(self.env, CONSUMER_NAME=f"sidecar{i}"))
+                                 env=dict(self.env, PORT=str(self.port_of(i)), CONSUMER_NAME=f"sidecar{i}"))
             self.processes.append(p)
             deadline = time.time() + 15
-            while listeners(self.port) < i + 1:
+            while listeners(self.port_of(i)) < (1 if self.routed else i + 1):
                 if p.poll() is not None or time.time() > deadline:
                     self.__exit__()
                     raise RuntimeError(f"sidecar {i} did not listen on {self.port} within 15 s")
                 time.sleep(0.05)
-        wait_healthy(f"http://127.0.0.1:{self.port}/healthz", self.processes[0], "the sidecars", 15)
+        for i in range(self.n if self.routed else 1):
+            wait_healthy(f"http://127.0.0.1:{self.port_of(i)}/healthz", self.processes[i], "the sidecars", 15)
         return self
 
     def __exit__(self, *exc):
@@ -319,13 +333,26 @@ class Usage:
         import threading
         self.pids, self.pg = list(pids), pg_data_dir
         self.peak, self.pg_peak = 0, 0
+        self.samples = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self):
         while not self.done.wait(0.5):
             self.peak = max(self.peak, sum(rss_kb(p) for p in self.pids))
-            self.pg_peak = max(self.pg_peak, postgres_usage(self.pg)[1])
+            pg_cpu, pg_private = postgres_usage(self.pg)
+            self.pg_peak = max(self.pg_peak, pg_private)
+            self.samples.append((time.time(), sum(proc_stats(p)[0] for p in self.pids), pg_cpu))
+
+    def window(self, t0, t1):
+        """CPU (percent of one core, and seconds) of the servers and of Postgres between the
+        unix times t0 and t1, from the samples taken inside that window (every 0.5 s)."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return None
+        (a, sa, pa), (b, sb, pb) = inside[0], inside[-1]
+        return {"window_seconds": b - a, "server_cpu_s": sb - sa, "pg_cpu_s": pb - pa,
+                "server_cpu_pct": 100 * (sb - sa) / (b - a), "pg_cpu_pct": 100 * (pb - pa) / (b - a)}
 
     def __enter__(self):
         self.start = time.time()

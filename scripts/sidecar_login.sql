@@ -22,7 +22,9 @@ GRANT SELECT, INSERT ON realtime.messages TO anon, authenticated, service_role;
 -- What the sidecar calls, and whom it may act as.
 GRANT USAGE ON SCHEMA realtime TO realtime_sidecar;
 GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, bigint, integer, integer, integer, oid[]),
-    realtime.confirm(text, bigint), realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean),
+    realtime.confirm(text, bigint), realtime.listen(text, text[], text[], boolean, boolean),
+    realtime.unlisten(text, text[], text[], boolean), realtime.listen_all(text),
+    realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean),
     realtime.authorize(text[], text[], text[], text[], text[], text[]),
     realtime.visible(regclass, text[], text[], text[], integer[]),
     realtime.selectable(regclass, text[]), realtime.subscribable(jsonb),

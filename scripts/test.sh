@@ -37,7 +37,8 @@ sys.exit('harness.fixed_port accepted 54999, inside the ephemeral range')"
 echo "== cluster for the end-to-end tests"
 cluster="$log/cluster"
 port=${TEST_PG_PORT:-24350}
-scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 64" "max_connections = 200" "realtime.queue_size = 32MB"
+scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 64" "max_connections = 200" "realtime.queue_size = 32MB" \
+    "realtime.max_topics_per_consumer = 64"
 trap 'scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true' EXIT
 runuser -u postgres -- psql -h "$cluster" -p "$port" -U postgres -X -q -v ON_ERROR_STOP=1 \
     -c "CREATE EXTENSION pg_realtime" -f scripts/sidecar_login.sql
@@ -68,6 +69,7 @@ python3 pgbench/joins.py --clients 50 > "$log/joins.md"
 python3 pgbench/resume.py --clients 200 --topics 10 --rate 200 --seconds 4 --storm-after 2 > "$log/resume.md"
 python3 pgbench/presence.py --members 200 --observers 10 --fill-seconds 1 --churn 100:50:100 --churn-seconds 1 > "$log/presence.md"
 python3 pgbench/scenarios.py --scale smoke --seconds 2 > "$log/scenarios.md"
+python3 pgbench/routed.py --seconds 2 --topics 100 --clients 200 --processes 1,2 --goal-clients 0 > "$log/routed.md"
 python3 pgbench/peers.py --seconds 2 --subscribers 20 --rates 100 --k6-vus 5 --k6-rate 20 > "$log/peers.md"
 python3 pgbench/connections.py --clients 300 --centrifugo-clients 100 --seconds 3 > "$log/connections.md"
 python3 pgbench/profile.py trigger --seconds 1 --clients 2 --drainer sidecar --callgraph --callers LWLockRelease > "$log/profile.md"
@@ -75,7 +77,7 @@ python3 pgbench/profile.py fanout --seconds 1 --subscribers 20 --rate 100 >> "$l
 python3 pgbench/profile.py joins --seconds 1 --clients 50 >> "$log/profile.md"
 python3 pgbench/profile.py authorize --seconds 1 --batch 100 >> "$log/profile.md"
 python3 pgbench/profile.py drain --messages 20000 >> "$log/profile.md"
-cat "$log"/{trigger_cost,capture_cost,fanout,authorize,visible,changes,joins,resume,presence,scenarios,peers,connections,profile}.md
+cat "$log"/{trigger_cost,capture_cost,fanout,authorize,visible,changes,joins,resume,presence,scenarios,routed,peers,connections,profile}.md
 
 echo "== expected outputs hold no wall-clock text (the suite once passed only on Saturdays)"
 if grep -n -E '\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\b' regress/expected/*.out; then

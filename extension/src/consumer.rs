@@ -1,7 +1,8 @@
 //! Named consumer slots and the drain API: the contract with the sidecar.
 //!
 //! A slot remembers a consumer's confirmed position (the last sequence it has fully handled)
-//! across reconnects, for as long as the server runs. Each slot sees every message. A drain
+//! across reconnects, for as long as the server runs. Each slot sees every message, unless
+//! its consumer listens to some topics only (`interest.rs`). A drain
 //! reads after a position, waiting for messages up to a timeout, and reports evicted
 //! messages as a gap row instead of skipping them silently.
 
@@ -55,7 +56,7 @@ fn create_consumer(name: &str) -> i64 {
     if let Some(s) = find(q, name) {
         return s.confirmed.load(Relaxed) as i64;
     }
-    let Some(slot) = q.slots().iter().find(|s| !s.in_use()) else {
+    let Some(i) = q.slots().iter().position(|s| !s.in_use()) else {
         drop(g);
         errors::fail(
             PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
@@ -65,7 +66,10 @@ fn create_consumer(name: &str) -> i64 {
     };
     let core = g.core();
     let position = core.last_seq();
-    slot.occupy(name, position, core.published);
+    let published = core.published;
+    q.slots()[i].occupy(name, position, published);
+    // A new consumer receives everything until it says what it listens to.
+    q.interest(i).reset(&mut g, false);
     position as i64
 }
 
@@ -73,10 +77,15 @@ fn create_consumer(name: &str) -> i64 {
 #[pg_extern(volatile, parallel_unsafe)]
 fn drop_consumer(name: &str) -> bool {
     let q = queue();
-    let _g = q.exclusive();
-    let Some(slot) = find(q, name) else {
+    let mut _g = q.exclusive();
+    let Some(i) = q
+        .slots()
+        .iter()
+        .position(|s| s.in_use() && s.name() == name)
+    else {
         return false;
     };
+    let slot = &q.slots()[i];
     let pid = slot.pid.load(Relaxed);
     if pid != 0 && pid != unsafe { pg_sys::MyProcPid } && backend_alive(pid) {
         drop(_g);
@@ -87,6 +96,7 @@ fn drop_consumer(name: &str) -> bool {
         );
     }
     slot.release();
+    q.interest(i).reset(&mut _g, false);
     true
 }
 
@@ -187,6 +197,11 @@ pub type DrainRow = (
 /// With `decode`, only the changes of those tables are decoded; the others come with a NULL
 /// payload: a consumer whose clients listen to few of the published tables does not pay
 /// for turning every other change into JSON.
+/// A consumer that listens (`realtime.listen`, `interest.rs`) gets only the messages of its
+/// topics and the changes of its tables; a last row of kind 'filtered' carries the sequence
+/// read through when messages after the last row returned were skipped. Skipped messages do
+/// not end the wait: the call returns when something for this consumer (or the timeout)
+/// comes.
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."drain"(consumer text, after_seq bigint DEFAULT NULL, max_messages integer DEFAULT 10000, timeout_ms integer DEFAULT 1000, linger_ms integer DEFAULT 0, decode oid[] DEFAULT NULL)
 RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, origin bigint, lost_first bigint, lost_last bigint)
@@ -231,12 +246,123 @@ fn drain(
     }
     let q = queue();
     let slot = claim(q, consumer);
-    let after = after_seq.map_or_else(|| slot.confirmed.load(Relaxed), |s| s as u64);
+    let interest = q.interest_of(slot);
+    let mut after = after_seq.map_or_else(|| slot.confirmed.load(Relaxed), |s| s as u64);
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
+    let mut lingered = linger_ms == 0;
+    let mut buf = Vec::new();
+    let mut rows: Vec<DrainRow> = Vec::new();
+    let mut changes = crate::change::Decoder::default();
+    let mut returned = 0u64;
+    let mut skipped = false;
+    loop {
+        let (gap, batch) = wait(
+            q,
+            slot,
+            after,
+            max_messages as u32,
+            deadline,
+            linger_ms,
+            &mut lingered,
+            &mut buf,
+        );
+        let read_through = batch.last_seq.unwrap_or(match gap {
+            Some((_, last)) => last,
+            None => after,
+        });
+        slot.hint_seq.store(read_through, Relaxed);
+        slot.hint_off.store(batch.next_off, Relaxed);
+        if let Some((first, last)) = gap {
+            let counted = slot.lost_through.fetch_max(last, Relaxed);
+            if counted < last {
+                slot.gaps.fetch_add(1, Relaxed);
+                slot.lost.fetch_add(last - counted.max(first - 1), Relaxed);
+            }
+            rows.push(gap_row(first, last));
+        }
+        let mut at = 0;
+        for _ in 0..batch.count {
+            let m = MessageView::parse(&buf[at..]);
+            at += m.header.len as usize;
+            // Checked after the record was read (under the lock, after it was published),
+            // so a topic listened to before its message committed is never skipped.
+            if !interest.wants_record(&m) {
+                skipped = true;
+                continue;
+            }
+            returned += 1;
+            if m.is_change() {
+                // Decoded here, once per consumer, so that the writer only copied its row;
+                // and only if the consumer asked for its table (a filtering consumer did,
+                // by listening to it).
+                let wanted = interest.filtering()
+                    || match (&decode, crate::capture::relid_of(m.payload)) {
+                        (None, _) | (_, None) => true,
+                        (Some(list), Some(relid)) => list.contains(&Some(pg_sys::Oid::from(relid))),
+                    };
+                let data = wanted
+                    .then(|| changes.decode(m.payload, m.topic, m.event, m.header.committed_at));
+                rows.push((
+                    m.header.seq as i64,
+                    "change",
+                    Some(m.topic.to_owned()),
+                    Some(m.event.to_owned()),
+                    data,
+                    None,
+                    None,
+                    TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
+                    None,
+                    None,
+                    None,
+                    None,
+                ));
+                continue;
+            }
+            let mut row = message_row(&m);
+            if m.is_presence() {
+                row.1 = "presence";
+            }
+            rows.push(row);
+        }
+        slot.last_read.store(read_through, Relaxed);
+        let advanced = read_through > after;
+        after = read_through;
+        if !rows.is_empty() || !advanced || Instant::now() >= deadline {
+            break;
+        }
+        // Everything read was for other consumers: wait for more, within the same timeout,
+        // rather than wake the consumer for nothing.
+    }
+    if skipped && rows.last().is_none_or(|r| (r.0 as u64) < after) {
+        // Messages after the last row were skipped: say how far this call read, so the
+        // consumer's next position is past them.
+        rows.push(marker_row(after, "filtered"));
+    }
+    if let Some(s) = after_seq {
+        slot.confirmed.fetch_max(s as u64, Relaxed);
+    }
+    slot.delivered.fetch_add(returned, Relaxed);
+    TableIterator::new(rows)
+}
 
+/// Waits until something after `after` is readable (or `deadline`), lingering once per
+/// call when `linger_ms` asks for it, and copies a batch of it into `buf`: the gap before
+/// it, if any, and the batch read.
+#[allow(clippy::too_many_arguments)]
+fn wait(
+    q: &'static QueueShared,
+    slot: &ConsumerSlot,
+    after: u64,
+    max_messages: u32,
+    deadline: Instant,
+    linger_ms: i32,
+    lingered: &mut bool,
+    buf: &mut Vec<u8>,
+) -> (Option<(u64, u64)>, crate::queue::Batch) {
     let ring = q.ring();
-    let hint = Some((slot.hint_seq.load(Relaxed), slot.hint_off.load(Relaxed)));
     let read = |buf: &mut Vec<u8>| {
         buf.clear();
+        let hint = Some((slot.hint_seq.load(Relaxed), slot.hint_off.load(Relaxed)));
         let g = q.shared();
         let (gap, start) = match g.core().locate(&ring, after, hint) {
             Locate::At(off) => (None, off),
@@ -248,21 +374,17 @@ fn drain(
         };
         let batch = g
             .core()
-            .read_batch(&ring, start, max_messages as u32, MAX_BATCH_BYTES, buf);
+            .read_batch(&ring, start, max_messages, MAX_BATCH_BYTES, buf);
         (gap, batch)
     };
-
-    let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
-    let mut buf = Vec::new();
     let mut sleeping = false;
-    let mut lingered = linger_ms == 0;
-    let (gap, batch) = loop {
-        let (gap, batch) = read(&mut buf);
+    let found = loop {
+        let (gap, batch) = read(buf);
         let found = gap.is_some() || batch.count > 0;
-        if found && !lingered && batch.count < max_messages as u32 {
+        if found && !*lingered && batch.count < max_messages {
             // Under load, one wake-up per commit costs the consumer (and the 2 cores writers
             // share with it) more than the messages do: wait a little and take more at once.
-            lingered = true;
+            *lingered = true;
             if sleeping {
                 unsafe { pg_sys::ConditionVariableCancelSleep() };
                 sleeping = false;
@@ -292,64 +414,7 @@ fn drain(
     if sleeping {
         unsafe { pg_sys::ConditionVariableCancelSleep() };
     }
-    let read_through = batch.last_seq.unwrap_or(match gap {
-        Some((_, last)) => last,
-        None => after,
-    });
-    slot.hint_seq.store(read_through, Relaxed);
-    slot.hint_off.store(batch.next_off, Relaxed);
-    if let Some(s) = after_seq {
-        slot.confirmed.fetch_max(s as u64, Relaxed);
-    }
-
-    let mut rows: Vec<DrainRow> = Vec::with_capacity(batch.count as usize + 1);
-    if let Some((first, last)) = gap {
-        let counted = slot.lost_through.fetch_max(last, Relaxed);
-        if counted < last {
-            slot.gaps.fetch_add(1, Relaxed);
-            slot.lost.fetch_add(last - counted.max(first - 1), Relaxed);
-        }
-        rows.push(gap_row(first, last));
-    }
-    let mut at = 0;
-    let mut changes = crate::change::Decoder::default();
-    for _ in 0..batch.count {
-        let m = MessageView::parse(&buf[at..]);
-        at += m.header.len as usize;
-        if m.is_change() {
-            // Decoded here, once per consumer, so that the writer only copied its row; and
-            // only if the consumer asked for its table.
-            let wanted = match (&decode, crate::capture::relid_of(m.payload)) {
-                (None, _) | (_, None) => true,
-                (Some(list), Some(relid)) => list.contains(&Some(pg_sys::Oid::from(relid))),
-            };
-            let data =
-                wanted.then(|| changes.decode(m.payload, m.topic, m.event, m.header.committed_at));
-            rows.push((
-                m.header.seq as i64,
-                "change",
-                Some(m.topic.to_owned()),
-                Some(m.event.to_owned()),
-                data,
-                None,
-                None,
-                TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
-                None,
-                None,
-                None,
-                None,
-            ));
-            continue;
-        }
-        let mut row = message_row(&m);
-        if m.is_presence() {
-            row.1 = "presence";
-        }
-        rows.push(row);
-    }
-    slot.last_read.store(read_through, Relaxed);
-    slot.delivered.fetch_add(batch.count as u64, Relaxed);
-    TableIterator::new(rows)
+    found
 }
 
 /// A row of kind 'message': a broadcast (the database's, or a client's relayed one).

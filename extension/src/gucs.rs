@@ -7,6 +7,9 @@ static QUEUE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(256 * 1024);
 /// Largest message (topic + event + payload) in kB.
 static MAX_MESSAGE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static MAX_CONSUMERS: GucSetting<i32> = GucSetting::<i32>::new(8);
+/// Topics and tables one consumer may listen to (`interest.rs`); each costs 32 bytes of
+/// shared memory per consumer slot, whether used or not.
+static MAX_TOPICS_PER_CONSUMER: GucSetting<i32> = GucSetting::<i32>::new(16384);
 
 pub fn init() {
     GucRegistry::define_int_guc(
@@ -39,6 +42,16 @@ pub fn init() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"realtime.max_topics_per_consumer",
+        c"Number of topics and tables one consumer may listen to with realtime.listen.",
+        c"A consumer that would listen to more is refused; it can receive everything instead (realtime.listen_all).",
+        &MAX_TOPICS_PER_CONSUMER,
+        16,
+        1 << 24,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
 }
 
 pub fn queue_size_bytes() -> u64 {
@@ -51,4 +64,8 @@ pub fn max_message_size_bytes() -> usize {
 
 pub fn max_consumers() -> u32 {
     MAX_CONSUMERS.get() as u32
+}
+
+pub fn max_topics_per_consumer() -> u32 {
+    MAX_TOPICS_PER_CONSUMER.get() as u32
 }

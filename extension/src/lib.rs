@@ -12,6 +12,7 @@ mod errors;
 mod gucs;
 mod history;
 mod identity;
+mod interest;
 mod message;
 mod payload;
 mod presence;

@@ -80,6 +80,8 @@
 //! from `tail`), copies up to a batch of records out, releases the lock and decodes the copy.
 //! Waiting for data uses a condition variable that publishers broadcast, with a timeout,
 //! honouring query cancel and `statement_timeout`, as `ConditionVariableTimedSleep` does.
+//! A consumer that listens to some topics (`interest.rs`) has the rest skipped after the
+//! copy, outside the lock, and keeps waiting while all it read was skipped.
 //! `history.rs` reads without a slot: the retained messages of a few topics after a
 //! position (a client's replay or resume), walking the ring in bounded steps (`walk`) so
 //! that writers are never held up for long.

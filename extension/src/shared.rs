@@ -154,8 +154,18 @@ fn slots_size(nslots: u32) -> usize {
     (std::mem::size_of::<ConsumerSlot>() * nslots as usize).next_multiple_of(64)
 }
 
+/// The consumers' interest tables (`interest.rs`), one per slot, after the slots.
+fn interests_size(nslots: u32) -> usize {
+    crate::interest::table_size() * nslots as usize
+}
+
+/// Where the ring starts: after the header, the slots and their interest tables.
+fn ring_offset(nslots: u32) -> usize {
+    header_size() + slots_size(nslots) + interests_size(nslots)
+}
+
 fn segment_size() -> usize {
-    header_size() + slots_size(gucs::max_consumers()) + gucs::queue_size_bytes() as usize
+    ring_offset(gucs::max_consumers()) + gucs::queue_size_bytes() as usize
 }
 
 /// Installs the shared memory hooks; called from `_PG_init` in the postmaster.
@@ -193,11 +203,8 @@ unsafe extern "C-unwind" fn startup_hook() {
         let p = pg_sys::ShmemInitStruct(SEGMENT.as_ptr(), size, &mut found) as *mut QueueShared;
         if !found {
             // Initialise in place: the segment is far too large to build on the stack.
-            std::ptr::write_bytes(
-                p as *mut u8,
-                0,
-                header_size() + slots_size(gucs::max_consumers()),
-            );
+            // All-zero slots are free and all-zero interest tables unfiltered.
+            std::ptr::write_bytes(p as *mut u8, 0, ring_offset(gucs::max_consumers()));
             (*p).lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
             pg_sys::ConditionVariableInit(UnsafeCell::raw_get(&raw const (*p).cv));
             (*p).epoch = pg_sys::GetCurrentTimestamp();
@@ -212,7 +219,7 @@ unsafe extern "C-unwind" fn startup_hook() {
             // --callgraph`). Each backend still maps a page on its own first touch, which
             // costs far less than zeroing it.
             std::ptr::write_bytes(
-                (p as *mut u8).add(header_size() + slots_size(gucs::max_consumers())),
+                (p as *mut u8).add(ring_offset(gucs::max_consumers())),
                 0,
                 gucs::queue_size_bytes() as usize,
             );
@@ -282,12 +289,7 @@ impl QueueShared {
     }
 
     pub fn ring(&self) -> Ring {
-        unsafe {
-            Ring::new(
-                self.base().add(header_size() + slots_size(self.nslots)),
-                self.capacity,
-            )
-        }
+        unsafe { Ring::new(self.base().add(ring_offset(self.nslots)), self.capacity) }
     }
 
     pub fn slots(&self) -> &[ConsumerSlot] {
@@ -297,6 +299,27 @@ impl QueueShared {
                 self.nslots as usize,
             )
         }
+    }
+
+    /// The interest table of slot `i` (`interest.rs` has its lock rules).
+    pub fn interest(&self, i: usize) -> crate::interest::Interest<'_> {
+        assert!(i < self.nslots as usize);
+        let table = crate::interest::table_size();
+        // SAFETY: the tables were zeroed at start-up and live as long as the segment.
+        unsafe {
+            crate::interest::Interest::at(
+                self.base()
+                    .add(header_size() + slots_size(self.nslots) + i * table),
+            )
+        }
+    }
+
+    /// The interest table of `slot`, one of `slots()`.
+    pub fn interest_of(&self, slot: &ConsumerSlot) -> crate::interest::Interest<'_> {
+        let first = self.slots().as_ptr();
+        // SAFETY: `slot` is an element of `slots()` (its callers found it there).
+        let i = unsafe { (slot as *const ConsumerSlot).offset_from(first) };
+        self.interest(i as usize)
     }
 
     pub fn cv(&self) -> *mut pg_sys::ConditionVariable {

@@ -79,6 +79,7 @@ fn consumers() -> TableIterator<
         name!(lost_messages, i64),
         name!(delivered, i64),
         name!(active_pid, Option<i32>),
+        name!(listening, Option<i32>),
     ),
 > {
     let q = queue();
@@ -89,6 +90,7 @@ fn consumers() -> TableIterator<
         .iter()
         .filter(|s| s.in_use())
         .map(|s| {
+            let interest = q.interest_of(s);
             let confirmed = s.confirmed.load(Relaxed);
             let pid = s.pid.load(Relaxed);
             (
@@ -100,6 +102,8 @@ fn consumers() -> TableIterator<
                 s.lost.load(Relaxed) as i64,
                 s.delivered.load(Relaxed) as i64,
                 (pid != 0).then_some(pid),
+                // How many topics and tables it listens to; NULL: it receives everything.
+                interest.filtering().then_some(interest.live() as i32),
             )
         })
         .collect();

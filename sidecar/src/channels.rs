@@ -14,6 +14,7 @@ use crate::frame::{self, Inbound, Vsn};
 use crate::gate::Gate;
 use crate::history::{self, ask::Ask};
 use crate::hub::{ConnId, Link, TopicKey};
+use crate::interest::{self, Held};
 use crate::join_config::{self, JoinConfig};
 use crate::jwt::{self, Claims, JwtError};
 use crate::metrics::Metrics;
@@ -44,6 +45,8 @@ pub struct Channel {
     pub presence: ChannelPresence,
     /// The channel has Postgres Changes bindings (registered in `Shared::changes`).
     pub postgres_changes: bool,
+    /// Its topic and tables, listened to in the database while the channel lives.
+    _interest: Held,
     /// The gate its live broadcasts wait behind while its history is sent (`history`).
     history_gate: Option<Arc<Gate>>,
     /// The private channel's re-checks; see `Checks`.
@@ -101,6 +104,8 @@ pub struct PendingJoin {
     sub_topic: String,
     /// The Postgres Changes bindings as checked (none: Ok and empty).
     checked: Checked,
+    /// Its topic and tables, listened to in the database before the join is answered.
+    held: Held,
 }
 
 pub struct Channels {
@@ -353,13 +358,19 @@ impl Channels {
             self.join_error(&m, Refusal::ChannelRateLimitReached);
             return Ok(());
         }
-        if config.private || !config.postgres_changes.is_empty() {
-            // Answered when the batched verdicts and the bindings' check arrive (`on_auth`),
-            // in this same task.
+        // The drain returns the topic's messages (and its tables' changes) once they are
+        // listened to: a join is answered after that, so it misses nothing committed later.
+        let keys = interest::keys_of(&sub_topic, &config.postgres_changes);
+        let (held, upload) = self.shared.interest.hold(keys);
+        if config.private || !config.postgres_changes.is_empty() || upload.is_some() {
+            // Answered when the batched verdicts, the bindings' check and the upload of its
+            // keys are done (`on_auth`), in this same task.
             self.pending_joins.insert(m.topic.clone());
             let who = identity(&claims, &self.headers);
             let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
             let checker = self.shared.check.clone();
+            let interest = self.shared.interest.clone();
+            let deadline = self.shared.cfg.db_call_deadline();
             tokio::spawn(async move {
                 let mut config = config;
                 let bindings = std::mem::take(&mut config.postgres_changes);
@@ -377,26 +388,44 @@ impl Channels {
                         check::check(&checker, &who.role, bindings).await
                     }
                 };
-                let (access, checked) = tokio::join!(asking, checking);
+                let listening = async {
+                    match upload {
+                        Some(round) => interest.ready(round, deadline).await,
+                        None => Ok(()),
+                    }
+                };
+                let (access, checked, listened) = tokio::join!(asking, checking, listening);
+                let checked = match (checked, listened) {
+                    (Checked::Ok(_), Err(f)) => Checked::Failed(f),
+                    (checked, _) => checked,
+                };
                 let join = PendingJoin {
                     m,
                     config,
                     claims,
                     sub_topic,
                     checked,
+                    held,
                 };
                 let _ = done.send(Box::new(AuthDone::Join(Box::new(join), access)));
             });
             return Ok(());
         }
-        self.complete_join(m, config, claims, sub_topic, (true, None), Vec::new());
+        self.complete_join(
+            m,
+            config,
+            claims,
+            sub_topic,
+            (true, None),
+            (Vec::new(), held),
+        );
         Ok(())
     }
 
     /// Admits a join with its broadcast read verdict, its presence read verdict (a private
-    /// join that enabled presence) and its checked Postgres Changes bindings:
-    /// registered before the reply, so a client that saw the reply gets every change
-    /// committed after it.
+    /// join that enabled presence), its checked Postgres Changes bindings and its keys,
+    /// already listened to in the database: registered before the reply, so a client that
+    /// saw the reply gets every message and change committed after it.
     fn complete_join(
         &mut self,
         m: Inbound,
@@ -404,7 +433,7 @@ impl Channels {
         claims: Claims,
         sub_topic: String,
         (read, presence_read): (bool, Option<bool>),
-        bindings: Vec<Binding>,
+        (bindings, held): (Vec<Binding>, Held),
     ) {
         let mut ask = config.history.clone().and_then(Result::ok);
         if let (Some(Ask::Resume { epoch, seq }), Some(old)) =
@@ -532,6 +561,7 @@ impl Channels {
             broadcast,
             presence,
             postgres_changes: has_changes,
+            _interest: held,
             history_gate: gate,
             claims,
             checks: Checks {
@@ -592,6 +622,7 @@ impl Channels {
                     claims,
                     sub_topic,
                     checked,
+                    held,
                 } = *join;
                 self.pending_joins.remove(&m.topic);
                 if let Some(f) = access.failure() {
@@ -603,9 +634,14 @@ impl Channels {
                         access.presence_read.as_ref().map(Verdict::allowed),
                     );
                     match checked {
-                        Checked::Ok(bindings) => {
-                            self.complete_join(m, config, claims, sub_topic, verdicts, bindings)
-                        }
+                        Checked::Ok(bindings) => self.complete_join(
+                            m,
+                            config,
+                            claims,
+                            sub_topic,
+                            verdicts,
+                            (bindings, held),
+                        ),
                         Checked::Refused(why) => self.join_error(&m, Refusal::PostgresChanges(why)),
                         Checked::Failed(f) => self.join_error(&m, Refusal::Database(f)),
                     }

@@ -41,6 +41,10 @@ pub struct Config {
     /// After the first message of a batch, wait this long for more (fewer, larger batches).
     #[arg(long, env = "DRAIN_LINGER_MS", default_value_t = 1)]
     pub drain_linger_ms: u32,
+    /// Drain only the topics (and tables) this sidecar's channels joined (`realtime.listen`);
+    /// false: drain every message.
+    #[arg(long, env = "FILTER_TOPICS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub filter_topics: bool,
     /// Most messages one drain call returns.
     #[arg(long, env = "DRAIN_BATCH", default_value_t = 10_000)]
     pub drain_batch: u32,

@@ -225,6 +225,15 @@ async fn session(
     )
     .await?
     .get("position");
+    if !cfg.filter_topics {
+        // A slot that an earlier process filtered keeps its filter until told otherwise.
+        within(
+            setup,
+            "listen_all",
+            client.execute("SELECT realtime.listen_all($1)", &[&cfg.consumer]),
+        )
+        .await?;
+    }
     // The epoch as unix microseconds: the `meta.epoch` of every message delivered.
     let now_epoch: i64 = within(
         setup,
@@ -400,6 +409,12 @@ async fn session(
                     "error",
                     &format!("Messages {first} to {last} were lost: this server fell behind the database's queue."),
                 );
+                pos = seq;
+                continue;
+            }
+            if kind == "filtered" {
+                // Messages for other sidecars' topics were read through up to here
+                // (`interest`): nothing to hand out, but the position moves past them.
                 pos = seq;
                 continue;
             }

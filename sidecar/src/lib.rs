@@ -15,7 +15,11 @@
 //!    in a loop. The call confirms `pos` (the last sequence handed to the hub) and returns
 //!    what was committed after it, waiting up to a second when there is nothing. After a
 //!    reconnect the consumer slot resumes from the confirmed position, so nothing within
-//!    the queue's capacity is lost (the last batch may be delivered twice). A gap the queue
+//!    the queue's capacity is lost (the last batch may be delivered twice). The drain
+//!    returns only the topics (and captured tables) this process's channels joined: the
+//!    `interest` worker keeps them in the database (`realtime.listen`), and a join is
+//!    answered only once its topic is there, so what commits after the reply is drained.
+//!    A gap the queue
 //!    reports (messages evicted before they were read), an outage and a restart (a new
 //!    epoch) each reach every subscriber as a `system` message.
 //! 2. Each row becomes a `hub::QueueMessage`; `Hub::dispatch` looks its topic up under one
@@ -82,11 +86,11 @@
 //!
 //! # Tasks and their shared state
 //!
-//! One task each for the listener (`server`), the drainer, the authorizer, the relay,
-//! the bindings' check, the history, the presence worker, lease and flusher, and one per
-//! connection. They share `state::Shared` (settings, the hub, the Postgres Changes
-//! subscribers, presence's views and wishes, the token verifier, the metrics, the request
-//! queues) and nothing else; a connection's channels
+//! One task each for the listener (`server`), the drainer, the interest worker, the
+//! authorizer, the relay, the bindings' check, the history, the presence worker, lease and
+//! flusher, and one per connection. They share `state::Shared` (settings, the hub, the
+//! Postgres Changes subscribers, presence's views and wishes, the topics held, the token
+//! verifier, the metrics, the request queues) and nothing else; a connection's channels
 //! are touched only by its own task. On SIGTERM the listener stops, every socket is sent
 //! a close frame with its reason (`reason::Disconnect`) and the drainer confirms its
 //! position, so a restarted sidecar resumes where this one stopped (`shutdown`).
@@ -101,7 +105,7 @@
 //! replay and resume (what a join asks, the batched read) · `presence/` presence (a
 //! channel's pushes, wishes, the worker, the views) · `gate` a rejoining channel's
 //! live frames held until its history is sent · `hub` topics and fan-out ·
-//! `drainer` the queue side · `authorizer` batched `realtime.authorize` · `relay` batched
+//! `drainer` the queue side · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `relay` batched
 //! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what those two share (reconnects, batches) · `reason`
 //! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` · `config` · `state` · `shutdown`.
 
@@ -118,6 +122,7 @@ mod fuzz;
 pub mod gate;
 pub mod history;
 pub mod hub;
+pub mod interest;
 pub mod join_config;
 pub mod jwt;
 pub mod metrics;
@@ -159,7 +164,9 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         cfg.max_presence_events_per_second,
     ));
     let instance = state::instance_id();
+    let interest = interest::Interest::new(cfg.filter_topics);
     let shared = Arc::new(state::Shared {
+        interest: interest.clone(),
         cfg: cfg.clone(),
         hub: hub.clone(),
         verifier: jwt::Verifier::new(&cfg.jwt_secret),
@@ -232,6 +239,12 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         metrics.clone(),
         shutdown.clone(),
     ));
+    let interest_worker = tokio::spawn(interest::worker(
+        cfg.clone(),
+        interest,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
     let accept = tokio::spawn(server::serve(listener, shared));
     let upkeep = tokio::spawn({
         let metrics = metrics.clone();
@@ -254,6 +267,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let _ = tokio::time::timeout(grace, authorizer).await;
     let _ = tokio::time::timeout(grace, checker).await;
     let _ = tokio::time::timeout(grace, history).await;
+    let _ = tokio::time::timeout(grace, interest_worker).await;
     let _ = tokio::time::timeout(grace, presence_worker).await;
     // Ends this sidecar's presence session: its members leave everyone's view now.
     let _ = end_presence.send(true);

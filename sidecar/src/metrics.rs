@@ -69,6 +69,8 @@ pub struct Metrics {
     pub presence_reaped_total: Counter,
     pub presence_sessions_lost_total: Counter,
     pub presence_topics: Gauge,
+    /// Topics and tables this sidecar's slot listens to in the database (NaN: everything).
+    pub listened_keys: Gauge,
     pub presence_members: Gauge,
     /// Age (seconds) of the oldest message the queue retains: how far back a resume reaches.
     pub retained_seconds: Gauge,
@@ -287,6 +289,7 @@ impl Default for Metrics {
                 "presence sessions this sidecar lost (connection or lease) and replaced, tracking its members again",
             ),
             presence_topics: r.gauge("realtime_presence_topics", "topics whose presence this sidecar holds a view of"),
+            listened_keys: r.gauge("realtime_listened_keys", "topics and tables this sidecar's drains are filtered to (NaN: every message)"),
             presence_members: r.gauge("realtime_presence_members", "members in this sidecar's presence views"),
             retained_seconds: r.gauge(
                 "realtime_queue_retained_seconds",
@@ -416,8 +419,9 @@ mod tests {
         "realtime_presence_reaped_total",
         "realtime_presence_sessions_lost_total",
     ];
-    const GAUGES: [&str; 10] = [
+    const GAUGES: [&str; 11] = [
         "realtime_presence_topics",
+        "realtime_listened_keys",
         "realtime_presence_members",
         "realtime_connections",
         "realtime_channels",

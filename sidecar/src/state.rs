@@ -30,6 +30,8 @@ pub struct Shared {
     pub changes: Arc<Subscribers>,
     /// Presence: the views of watched topics and the channels' wishes (`presence`).
     pub presence: Arc<crate::presence::Presence>,
+    /// The topics and tables this sidecar's channels hold, kept in the database (`interest`).
+    pub interest: Arc<crate::interest::Interest>,
     /// Random per process: the high half of this sidecar's relay origins.
     pub instance: u32,
 }
@@ -86,6 +88,10 @@ pub mod testing {
     /// A sidecar's shared state with settings `args` (flags, as on the command line).
     pub fn shared(args: &[&str]) -> (Arc<Shared>, Backends) {
         let mut all = vec!["realtime-sidecar", "--jwt-secret", SECRET];
+        // No interest worker runs here: joins are answered without waiting for uploads.
+        if !args.iter().any(|a| a.starts_with("--filter-topics")) {
+            all.extend_from_slice(&["--filter-topics", "false"]);
+        }
         all.extend_from_slice(args);
         let cfg = Arc::new(Config::try_parse_from(all).expect("test settings"));
         let metrics = Arc::new(Metrics::default());
@@ -104,6 +110,7 @@ pub mod testing {
             history,
             presence,
             changes: Arc::default(),
+            interest: crate::interest::Interest::new(cfg.filter_topics),
             hub: Arc::new(Hub::new(metrics.clone())),
             verifier: Verifier::new(SECRET),
             cfg,

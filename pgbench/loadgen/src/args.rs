@@ -4,9 +4,11 @@ use clap::{Parser, ValueEnum};
 /// The scenarios of pgbench/RESULTS.md are presets of these flags in pgbench/scenarios.py.
 #[derive(Parser, Debug)]
 pub struct Args {
-    /// Server base URL, e.g. ws://127.0.0.1:4000
-    #[arg(long)]
-    pub url: String,
+    /// Server base URL, e.g. ws://127.0.0.1:4000; several, comma-separated, route each
+    /// client by topic: to the server its first topic's name hashes to (`plan::route`), as
+    /// a topic-aware proxy or a client choosing by topic hash would.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub url: Vec<String>,
     #[arg(long, value_enum, default_value = "supabase")]
     pub protocol: Protocol,
     /// Serializer of the Supabase protocol: 1.0.0 (JSON objects) or 2.0.0 (arrays, binary).

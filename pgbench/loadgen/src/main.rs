@@ -37,16 +37,19 @@ async fn wait_until(what: &str, since: Instant, limit: Duration, done: impl Fn()
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let hostport = args
+    let servers: Vec<_> = args
         .url
-        .split("://")
-        .nth(1)
-        .expect("url like ws://host:port");
-    let server = hostport
-        .to_socket_addrs()
-        .expect("server address")
-        .next()
-        .unwrap();
+        .iter()
+        .map(|url| {
+            let hostport = url.split("://").nth(1).expect("url like ws://host:port");
+            let addr = hostport
+                .to_socket_addrs()
+                .expect("server address")
+                .next()
+                .unwrap();
+            (url.clone(), addr)
+        })
+        .collect();
     let claims = match args.protocol {
         Protocol::Supabase => json!({"role": "anon", "exp": now_us() / 1_000_000 + 3600}),
         Protocol::Centrifugo => json!({"sub": "loadgen", "exp": now_us() / 1_000_000 + 3600}),
@@ -69,7 +72,7 @@ async fn main() {
             v2: args.vsn == "2.0.0",
         },
         totals: totals.clone(),
-        server,
+        servers,
         token,
         connect_slots: tokio::sync::Semaphore::new(args.connect_concurrency.max(1)),
         go,
@@ -123,6 +126,9 @@ async fn main() {
             let _ = storm_tx.send(true);
         });
     }
+    // Wall-clock bounds of the sending window, so a runner can take the servers' CPU over
+    // it alone (without connecting and joining).
+    let send_started = now_us();
     let send_secs = match args.publisher {
         Publisher::Send | Publisher::Table | Publisher::Outbox | Publisher::Changes => {
             publisher::run(args, &totals).await
@@ -139,6 +145,7 @@ async fn main() {
             args.seconds as f64
         }
     };
+    let send_ended = now_us();
     let held = totals.connected.load(Relaxed) - totals.closed_early.load(Relaxed);
 
     // Let what is in flight arrive: until all of it did, or nothing more came for 2 s, or 15 s.
@@ -185,7 +192,8 @@ async fn main() {
             "connect_seconds": connect_secs, "connects_per_second": totals.connected.load(Relaxed) as f64 / connect_secs,
             "joined": totals.joined.load(Relaxed), "join_errors": totals.join_errors.load(Relaxed),
             "join_seconds": join_secs, "joins_per_second": totals.joined.load(Relaxed) as f64 / join_secs,
-            "sent": sent, "send_seconds": send_secs, "expected": expected, "received": received,
+            "sent": sent, "send_seconds": send_secs,
+            "send_started_unix": send_started as f64 / 1e6, "send_ended_unix": send_ended as f64 / 1e6, "expected": expected, "received": received,
             "lost": expected.saturating_sub(received), "gaps": totals.gaps.load(Relaxed),
             "reordered": totals.reordered.load(Relaxed), "push_refused": totals.push_refused.load(Relaxed),
             "deliveries_per_second": if send_secs > 0.0 { received as f64 / send_secs } else { 0.0 },

@@ -19,6 +19,18 @@ pub fn topics_of(args: &Args, client: usize) -> Vec<usize> {
     }
 }
 
+/// Which of `servers` serves `topic`: FNV-1a of its name, modulo the count. Every client of
+/// a topic lands on the same server, so each server's consumer listens only to its share of
+/// the topics (the sidecar's `interest`).
+pub fn route(topic: &str, servers: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in topic.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % servers.max(1) as u64) as usize
+}
+
 /// Where in a period client `client` acts, in [0, 1): spread evenly whatever the count.
 pub fn phase(client: usize) -> f64 {
     let mut state = client as u64;

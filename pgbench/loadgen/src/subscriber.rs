@@ -23,7 +23,8 @@ pub struct Ctx {
     pub args: Args,
     pub wire: Wire,
     pub totals: Arc<Totals>,
-    pub server: SocketAddr,
+    /// The servers' URLs and addresses; a client connects to its topic's (`plan::route`).
+    pub servers: Vec<(String, SocketAddr)>,
     /// The anon apikey (Supabase) or the connection token (Centrifugo).
     pub token: String,
     pub connect_slots: Semaphore,
@@ -63,16 +64,20 @@ fn no_port_at_bind(socket: &TcpSocket) {
 }
 
 /// Connects under the connection-concurrency limit, within 30 s.
-async fn connect_limited(ctx: &Ctx) -> Option<WebSocketStream<TcpStream>> {
+async fn connect_limited(ctx: &Ctx, server: usize) -> Option<WebSocketStream<TcpStream>> {
     let _permit = ctx.connect_slots.acquire().await.unwrap();
-    match tokio::time::timeout(Duration::from_secs(30), connect(ctx)).await {
+    match tokio::time::timeout(Duration::from_secs(30), connect(ctx, server)).await {
         Ok(Ok(ws)) => Some(ws),
         _ => None,
     }
 }
 
-async fn connect(ctx: &Ctx) -> Result<WebSocketStream<TcpStream>, Box<dyn std::error::Error>> {
-    let socket = if ctx.server.is_ipv4() {
+async fn connect(
+    ctx: &Ctx,
+    server: usize,
+) -> Result<WebSocketStream<TcpStream>, Box<dyn std::error::Error>> {
+    let (base, addr) = &ctx.servers[server];
+    let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
         TcpSocket::new_v6()?
@@ -81,13 +86,9 @@ async fn connect(ctx: &Ctx) -> Result<WebSocketStream<TcpStream>, Box<dyn std::e
         no_port_at_bind(&socket);
         socket.bind(SocketAddr::new(ip, 0))?;
     }
-    let stream = socket.connect(ctx.server).await?;
+    let stream = socket.connect(*addr).await?;
     stream.set_nodelay(true)?;
-    let url = format!(
-        "{}{}",
-        ctx.args.url,
-        ctx.wire.path(&ctx.token, &ctx.args.vsn)
-    );
+    let url = format!("{}{}", base, ctx.wire.path(&ctx.token, &ctx.args.vsn));
     // Small buffers: a load generator holding 17,000 connections must not be the limit.
     let config = WebSocketConfig::default()
         .read_buffer_size(8192)
@@ -113,7 +114,10 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
         .iter()
         .map(|k| format!("{}{k}", args.topic_prefix))
         .collect();
-    let Some(mut ws) = connect_limited(&ctx).await else {
+    let server = names
+        .first()
+        .map_or(0, |t| plan::route(t, ctx.servers.len()));
+    let Some(mut ws) = connect_limited(&ctx, server).await else {
         totals.failed.fetch_add(1, Relaxed);
         return;
     };
@@ -262,7 +266,7 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
                     .or(samples.front())
                     .cloned();
                 drop(ws);
-                let Some(new) = connect_limited(&ctx).await else {
+                let Some(new) = connect_limited(&ctx, server).await else {
                     totals.closed_early.fetch_add(1, Relaxed);
                     return;
                 };
