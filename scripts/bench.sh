@@ -30,5 +30,6 @@ run resume
 run presence
 run peers --json "$out/peers.json"
 run scenarios --json "$out/scenarios.json"
+run routed --json "$out/routed.json"
 run connections --json "$out/connections.json"
 echo "tables in $out"
