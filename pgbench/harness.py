@@ -258,6 +258,16 @@ def processes_for(clients):
     return max(1, math.ceil(clients / PER_PROCESS))
 
 
+def topic_share(topics, prefix):
+    """per_process_flags for spread_loadgen: each load generator process owns an equal share
+    of `topics` (named <prefix><p>-<k>): it publishes them, once a second each, and its
+    clients pick among them, so every process can count what its clients should receive."""
+    def share(p, n):
+        mine = split(topics, n, p)
+        return ["--topics", mine, "--rate", mine, "--topic-prefix", f"{prefix}{p}-", "--seed", p + 1]
+    return share
+
+
 def spread_loadgen(url, dsn, secret, clients, flags, per_process_flags=lambda p, n: [], timeout=900):
     """`clients` connections as processes_for(clients) load generator processes run at once,
     process p connecting from 127.0.0.(p + 2) (each source address has its own ~28,000

@@ -42,18 +42,12 @@ def run_one(a, pg, way, sidecars, clients):
     routed = way == "routed"
     env = {} if routed else {"FILTER_TOPICS": "false"}
 
-    # Each load generator process owns an equal share of the topics: it publishes them
-    # (once a second each) and its clients pick among them, so it can count what they
-    # should receive.
-    def share(p, n):
-        mine = harness.split(a.topics, n, p)
-        return ["--topics", mine, "--rate", mine, "--topic-prefix", f"kaf{p}-", "--seed", p + 1]
-
     with harness.Sidecars(sidecars, a.http_port, pg.dsn, SECRET, routed=routed, **env) as s:
         with harness.Usage(s.pids(), f"{pg.dir}/pg/data") as u:
             r = harness.spread_loadgen(s.urls(), pg.dsn, SECRET, clients,
                                        ["--seconds", a.seconds, "--publisher", "send", "--assign", "random",
-                                        "--pad", 480, "--label", f"{way} x{sidecars}"], share)
+                                        "--pad", 480, "--label", f"{way} x{sidecars}"],
+                                       harness.topic_share(a.topics, "kaf"))
     w = u.window(r["send_started_unix"], r["send_ended_unix"])
     r.update(u.result, way=way, sidecars=sidecars)
     if w:

@@ -90,16 +90,9 @@ def kafkorama(run, scale):
     for clients in ladder:
         procs = sidecars = harness.processes_for(clients)
 
-        # Each load generator process owns an equal share of the topics: it publishes them
-        # (rate = its topics, once a second each) and its clients pick among them, so every
-        # process can count what its clients should receive.
-        def share(p, n):
-            mine = harness.split(topics, n, p)
-            return ["--topics", mine, "--rate", mine, "--topic-prefix", f"kaf{p}-",
-                    "--seed", p + 1]
         r = run.go(f"{clients:,} clients ({procs} load generator, {sidecars} sidecar process{'es' if sidecars > 1 else ''})", clients,
                    ["--publisher", "send", "--assign", "random", "--pad", 480, "--progress"],
-                   sidecars=sidecars, per_process_flags=share)
+                   sidecars=sidecars, per_process_flags=harness.topic_share(topics, "kaf"))
         print(fmt_row(r["label"], r), flush=True)
         if not meets(r):
             break

@@ -322,9 +322,10 @@ fn exclusive<'q>(q: &'q QueueShared, consumer: &str) -> (ExclusiveGuard<'q>, Int
 }
 
 /// Listens to topics (broadcasts, presence) and captured tables (Postgres Changes, by name
-/// without schema, as a change's topic names its table; `all_tables` for every one); with `reset`, forgets what the consumer listened to before,
-/// in the same step. From then on the consumer's drains return only what it listens to.
-/// Returns how many keys it listens to.
+/// without schema, as a change's topic names its table; `all_tables` for every one); with
+/// `reset`, forgets what the consumer listened to before, in the same step. From then on
+/// the consumer's drains return only what it listens to. Returns how many keys it listens
+/// to.
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."listen"(consumer text, topics text[] DEFAULT '{}', tables text[] DEFAULT '{}', all_tables boolean DEFAULT false, reset boolean DEFAULT false)
 RETURNS integer VOLATILE PARALLEL UNSAFE STRICT LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';

@@ -305,23 +305,14 @@ async fn session(
         }
         let (round, count) = if whole {
             let (round, keys) = interest.take_all();
-            let (topics, tables, all) = split(keys.iter().cloned());
-            let reset = true;
-            match client
-                .query_one(&listen, &[consumer, &topics, &tables, &all, &reset])
-                .await
-            {
-                Ok(row) => {
-                    stored = keys;
-                    whole = false;
-                    (round, row.get::<_, i32>("keys"))
-                }
-                Err(e) if too_many(&e) => {
-                    receive_everything(client, consumer, interest, &e).await?;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
+            let Some(count) =
+                upload(client, &listen, consumer, interest, keys.clone(), true).await?
+            else {
+                continue;
+            };
+            stored = keys;
+            whole = false;
+            (round, count)
         } else {
             let (round, add, drop) = interest.take_changes(&stored);
             let mut count = None;
@@ -336,22 +327,13 @@ async fn session(
                 }
             }
             if !add.is_empty() {
-                let (topics, tables, all) = split(add.iter().cloned());
-                let reset = false;
-                match client
-                    .query_one(&listen, &[consumer, &topics, &tables, &all, &reset])
-                    .await
-                {
-                    Ok(row) => {
-                        count = Some(row.get::<_, i32>("keys"));
-                        stored.extend(add);
-                    }
-                    Err(e) if too_many(&e) => {
-                        receive_everything(client, consumer, interest, &e).await?;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                }
+                let Some(n) =
+                    upload(client, &listen, consumer, interest, add.clone(), false).await?
+                else {
+                    continue;
+                };
+                count = Some(n);
+                stored.extend(add);
             }
             (round, count.unwrap_or(stored.len() as i32))
         };
@@ -361,6 +343,31 @@ async fn session(
             _ = interest.changed.notified() => {}
             _ = shutdown.changed() => return Ok(()),
         }
+    }
+}
+
+/// Listens to `keys` (first forgetting the slot's set, with `reset`); returns how many keys
+/// the slot listens to, or None when the database refused that many and the slot now
+/// receives everything.
+async fn upload(
+    client: &Client,
+    listen: &tokio_postgres::Statement,
+    consumer: &str,
+    interest: &Interest,
+    keys: impl IntoIterator<Item = Key>,
+    reset: bool,
+) -> Result<Option<i32>, tokio_postgres::Error> {
+    let (topics, tables, all) = split(keys);
+    match client
+        .query_one(listen, &[&consumer, &topics, &tables, &all, &reset])
+        .await
+    {
+        Ok(row) => Ok(Some(row.get("keys"))),
+        Err(e) if too_many(&e) => {
+            receive_everything(client, consumer, interest, &e).await?;
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 
