@@ -5,6 +5,8 @@ the top symbols by process and library. Benchmarks measure; this explains.
   trigger  pgbench inserting through one trigger-cost variant (and plain INSERT, for the
            difference), with the queue's consumer draining as in trigger_cost.py
   fanout   1,000 subscribers of one topic at a given message rate through the sidecar
+  kafkorama  --subscribers clients on --topics topics, each sent once a second (routed.py's
+           shape, one sidecar)
   joins    private joins through the sidecar (RLS authorization)
   authorize  one client calling realtime.authorize with batches of 10,000 random requests
   drain    no perf: the time realtime.drain takes per message, in SQL (100,000 messages of
@@ -182,6 +184,24 @@ def fanout(a):
             print(lg.communicate(timeout=a.seconds + 120)[0])
 
 
+def kafkorama(a):
+    """The routed shape on one sidecar (routed.py): many topics, one message a second each,
+    a few clients per topic, so every delivery is a socket's only frame of its batch."""
+    with harness.Cluster(a.pg_port) as pg:
+        pg.psql("-c", "CREATE EXTENSION pg_realtime")
+        with harness.Sidecar(a.http_port, pg.dsn, "profile", SECRET) as sidecar:
+            url = f"ws://127.0.0.1:{a.http_port}"
+            lg = subprocess.Popen(harness.loadgen_cmd(url, pg.dsn, SECRET, "--clients", a.subscribers, "--topics",
+                                                      a.topics, "--rate", a.topics, "--assign", "random", "--pad", 480,
+                                                      "--seconds", a.seconds + 5), stdout=subprocess.PIPE, text=True)
+            deadline = time.time() + 120
+            while sidecar.metric("realtime_channels") < a.subscribers and time.time() < deadline:
+                time.sleep(0.05)
+            perf(a.seconds, f"kafkorama shape, {a.subscribers} clients on {a.topics} topics, 1 msg/s each",
+                 lambda: None, callgraph=a.callgraph, comms="tokio-rt-worker,realtime-sidecar")
+            print(lg.communicate(timeout=a.seconds + 300)[0])
+
+
 def joins(a):
     with harness.Cluster(a.pg_port) as pg:
         pg.psql("-f", f"{HERE}/joins_setup.sql")
@@ -235,7 +255,8 @@ def drain(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["trigger", "fanout", "joins", "authorize", "drain"])
+    ap.add_argument("what", choices=["trigger", "fanout", "kafkorama", "joins", "authorize", "drain"])
+    ap.add_argument("--topics", type=int, default=10_000, help="kafkorama: topics, each sent once a second")
     ap.add_argument("--batch", type=int, default=10_000, help="authorize: requests per call")
     ap.add_argument("--messages", type=int, default=100_000, help="drain: messages queued")
     ap.add_argument("--seconds", type=int, default=10)
@@ -246,15 +267,16 @@ def main():
     ap.add_argument("--subscribers", type=int, default=1000)
     ap.add_argument("--rate", type=int, default=500)
     ap.add_argument("--callgraph", action="store_true",
-                    help="trigger, authorize, joins: also record call graphs and print inclusive shares")
+                    help="trigger, authorize, joins, kafkorama: also record call graphs and print inclusive shares")
     ap.add_argument("--callers", help="trigger, with --callgraph: print the call chains into this symbol")
     ap.add_argument("--queue-size", help="trigger: realtime.queue_size (default: the extension's)")
     ap.add_argument("--pg-port", type=int, default=24420)
     ap.add_argument("--http-port", type=int, default=24421)
     a = ap.parse_args()
-    if a.what in ("fanout", "joins") or a.drainer == "sidecar":
+    if a.what in ("fanout", "kafkorama", "joins") or a.drainer == "sidecar":
         harness.build()
-    {"trigger": trigger, "fanout": fanout, "joins": joins, "authorize": authorize, "drain": drain}[a.what](a)
+    {"trigger": trigger, "fanout": fanout, "kafkorama": kafkorama, "joins": joins, "authorize": authorize,
+     "drain": drain}[a.what](a)
 
 
 if __name__ == "__main__":

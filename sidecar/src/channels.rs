@@ -18,6 +18,7 @@ use crate::interest::{self, Held};
 use crate::join_config::{self, JoinConfig};
 use crate::jwt::{self, Claims, JwtError};
 use crate::metrics::Metrics;
+use crate::outbound;
 use crate::postgres_changes::check::{self, Checked};
 use crate::postgres_changes::{self, subscribers, Binding};
 use crate::presence::channel::{self as presence_channel, ChannelPresence, Outcome, PresencePush};
@@ -138,7 +139,7 @@ impl Channels {
         vsn: Vsn,
         socket_claims: Claims,
         headers: String,
-        tx: mpsc::Sender<Message>,
+        tx: outbound::Sender,
     ) -> (Self, mpsc::UnboundedReceiver<Box<AuthDone>>) {
         let (auth_done, auth_rx) = mpsc::unbounded_channel();
         let id = NEXT_ID.fetch_add(1, Relaxed);
@@ -983,7 +984,7 @@ mod tests {
     struct Conn {
         c: Channels,
         verdicts: mpsc::UnboundedReceiver<Box<AuthDone>>,
-        hub_rx: mpsc::Receiver<Message>,
+        hub_rx: outbound::Receiver,
         be: Backends,
     }
 
@@ -1004,7 +1005,7 @@ mod tests {
     /// A connection of a sidecar started with `flags`.
     fn conn_with(flags: &[&str]) -> Conn {
         let (shared, be) = testing::shared(flags);
-        let (tx, hub_rx) = mpsc::channel(16);
+        let (tx, hub_rx) = crate::outbound::channel(16);
         let (c, verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
         Conn {
             c,
@@ -1614,7 +1615,7 @@ mod tests {
     #[tokio::test]
     async fn too_many_joins_a_second_close_the_socket() {
         let (shared, _be) = testing::shared(&["--max-joins-per-second", "2"]);
-        let (tx, _hub_rx) = mpsc::channel(16);
+        let (tx, _hub_rx) = crate::outbound::channel(16);
         let (mut c, _verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
         let mut send = |topic: &str| {
             let f = command::from_text(Vsn::V2, &join(topic, false).to_string()).unwrap();

@@ -16,8 +16,9 @@
 //! began, so the read covers it; the client catches up in passes and is never cut off for
 //! it.
 
+use crate::outbound;
 use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;
 
 enum State {
@@ -110,7 +111,7 @@ impl Gate {
         epoch: i64,
         (through, skip): (i64, Vec<i64>),
         first: Option<Message>,
-        tx: &mpsc::Sender<Message>,
+        tx: &outbound::Sender,
         too_slow: &Notify,
     ) -> Opened {
         let mut state = self.state.lock().unwrap();
@@ -164,7 +165,7 @@ mod tests {
         Message::text(n.to_string())
     }
 
-    fn drain(rx: &mut mpsc::Receiver<Message>) -> Vec<String> {
+    fn drain(rx: &mut outbound::Receiver) -> Vec<String> {
         std::iter::from_fn(|| rx.try_recv().ok())
             .map(|m| m.into_text().unwrap().to_string())
             .collect()
@@ -172,7 +173,7 @@ mod tests {
 
     #[test]
     fn held_frames_after_the_history_pass_once_and_in_order() {
-        let (tx, mut rx) = mpsc::channel(16);
+        let (tx, mut rx) = crate::outbound::channel(16);
         let slow = Notify::new();
         let gate = Gate::new(100);
         // Live frames 5..=8 arrive while the history (through 6) is being read.
@@ -196,7 +197,7 @@ mod tests {
 
     #[test]
     fn holding_too_much_drops_it_and_asks_for_the_history_again() {
-        let (tx, mut rx) = mpsc::channel(16);
+        let (tx, mut rx) = crate::outbound::channel(16);
         let slow = Notify::new();
         let gate = Gate::new(2);
         // A drainer far behind dispatches 1..=5 while the first read (through 0) is sent.
@@ -228,7 +229,7 @@ mod tests {
     /// `since` filtered out, was dropped as if sent, and never reached the client.
     #[test]
     fn a_replay_skips_only_what_it_replayed() {
-        let (tx, mut rx) = mpsc::channel(16);
+        let (tx, mut rx) = crate::outbound::channel(16);
         let slow = Notify::new();
         let gate = Gate::new(100);
         gate.pass(1, 30, &frame(30));

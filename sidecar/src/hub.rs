@@ -5,10 +5,11 @@
 use crate::frame::{self, Meta, Vsn};
 use crate::gate::Gate;
 use crate::metrics::Metrics;
+use crate::outbound::{self, TrySendError};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;
 
 pub type ConnId = u64;
@@ -31,7 +32,7 @@ pub struct Subscriber {
     pub origin: i64,
     /// Whether the connection wants its own broadcasts back (`config.broadcast.self`).
     pub self_broadcast: bool,
-    pub tx: mpsc::Sender<Message>,
+    pub tx: outbound::Sender,
     /// Notified when the connection fell behind and must close.
     pub too_slow: Arc<Notify>,
     /// Set while the channel's history is being sent (`gate`).
@@ -45,7 +46,7 @@ pub struct Link {
     /// The connection as `realtime.relay` origins name it.
     pub origin: i64,
     /// The bounded outbound queue the socket writes from.
-    pub tx: mpsc::Sender<Message>,
+    pub tx: outbound::Sender,
     /// Notified when the queue overflowed: the connection must close.
     pub too_slow: Arc<Notify>,
 }
@@ -235,12 +236,12 @@ impl Hub {
                 self.metrics.deliveries_total.increment(1);
                 true
             }
-            Err(mpsc::error::TrySendError::Full(_)) => {
+            Err(TrySendError::Full(_)) => {
                 sub.too_slow.notify_one();
                 false
             }
             // The connection is closing and will unsubscribe itself.
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(TrySendError::Closed(_)) => false,
         }
     }
 
@@ -340,8 +341,8 @@ mod tests {
         }
     }
 
-    fn sub(conn: ConnId) -> (Subscriber, mpsc::Receiver<Message>) {
-        let (tx, rx) = mpsc::channel(16);
+    fn sub(conn: ConnId) -> (Subscriber, outbound::Receiver) {
+        let (tx, rx) = crate::outbound::channel(16);
         let s = Subscriber {
             conn,
             vsn: Vsn::V1,
@@ -432,7 +433,7 @@ mod tests {
             m.seq = n as i64 + 1;
         }
         hub.dispatch_batch(&batch);
-        let seqs = |rx: &mut mpsc::Receiver<Message>| {
+        let seqs = |rx: &mut outbound::Receiver| {
             std::iter::from_fn(|| rx.try_recv().ok())
                 .map(|m| {
                     let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
@@ -448,7 +449,7 @@ mod tests {
     fn a_one_topic_batch_reaches_each_subscriber_in_order_and_a_full_queue_stops_only_its_own() {
         use futures_util::FutureExt;
         let hub = Hub::new(Arc::new(Metrics::default()));
-        let (tx, mut slow_rx) = mpsc::channel(2);
+        let (tx, mut slow_rx) = crate::outbound::channel(2);
         let (mut slow, _) = sub(1);
         slow.tx = tx;
         let too_slow = slow.too_slow.clone();
@@ -460,7 +461,7 @@ mod tests {
             m.seq = n as i64 + 1;
         }
         hub.dispatch_batch(&batch);
-        let seqs = |rx: &mut mpsc::Receiver<Message>| {
+        let seqs = |rx: &mut outbound::Receiver| {
             std::iter::from_fn(|| rx.try_recv().ok())
                 .map(|m| {
                     let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
@@ -477,7 +478,7 @@ mod tests {
     fn a_full_queue_cuts_its_connection_off_without_holding_up_the_others() {
         use futures_util::FutureExt;
         let hub = Hub::new(Arc::new(Metrics::default()));
-        let (tx, mut slow_rx) = mpsc::channel(1);
+        let (tx, mut slow_rx) = crate::outbound::channel(1);
         let (mut slow, _) = sub(1);
         slow.tx = tx;
         let too_slow = slow.too_slow.clone();

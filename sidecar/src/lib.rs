@@ -104,7 +104,7 @@
 //! Changes extension (bindings, the join-time check, who listens, delivery) · `history/`
 //! replay and resume (what a join asks, the batched read) · `presence/` presence (a
 //! channel's pushes, wishes, the worker, the views) · `gate` a rejoining channel's
-//! live frames held until its history is sent · `hub` topics and fan-out ·
+//! live frames held until its history is sent · `hub` topics and fan-out · `outbound` a connection's outbound queue ·
 //! `drainer` the queue side · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `relay` batched
 //! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what those two share (reconnects, batches) · `reason`
 //! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` · `config` · `state` · `shutdown`.
@@ -126,6 +126,7 @@ pub mod interest;
 pub mod join_config;
 pub mod jwt;
 pub mod metrics;
+pub mod outbound;
 pub mod persist;
 pub mod postgres_changes;
 pub mod presence;

@@ -8,6 +8,7 @@ use crate::db_worker;
 use crate::frame::{self, Vsn};
 use crate::hub::Payload;
 use crate::metrics::Metrics;
+use crate::outbound;
 use serde_json::json;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -55,7 +56,7 @@ pub enum AckTo {
     /// it, only a failure is reported, as a `system` message on the channel (realtime-js
     /// ignores replies to pushes it sent without ack, but apps see system messages).
     Socket {
-        tx: mpsc::Sender<Message>,
+        tx: outbound::Sender,
         vsn: Vsn,
         join_ref: Option<String>,
         reference: Option<String>,
@@ -312,8 +313,8 @@ mod tests {
         }
     }
 
-    fn socket(event: &str, ack: bool) -> (Broadcast, mpsc::Receiver<Message>) {
-        let (tx, rx) = mpsc::channel(4);
+    fn socket(event: &str, ack: bool) -> (Broadcast, outbound::Receiver) {
+        let (tx, rx) = crate::outbound::channel(4);
         let reply = AckTo::Socket {
             tx,
             vsn: Vsn::V1,
@@ -338,7 +339,7 @@ mod tests {
         }
     }
 
-    fn text(rx: &mut mpsc::Receiver<Message>) -> Option<String> {
+    fn text(rx: &mut outbound::Receiver) -> Option<String> {
         rx.try_recv()
             .ok()
             .map(|m| m.into_text().unwrap().to_string())

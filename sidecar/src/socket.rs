@@ -12,6 +12,7 @@ use crate::channels::Channels;
 use crate::command::{self, Frame};
 use crate::frame::{self, Vsn};
 use crate::jwt::{self, Claims};
+use crate::outbound;
 use crate::reason::Disconnect;
 use crate::state::Shared;
 use futures_util::{SinkExt, StreamExt};
@@ -19,7 +20,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
@@ -38,7 +38,7 @@ pub async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (tx, mut rx) = mpsc::channel(shared.cfg.max_outbound_frames);
+    let (tx, mut rx) = outbound::channel(shared.cfg.max_outbound_frames);
     let (mut conn, mut auth_rx) = Channels::new(shared.clone(), vsn, socket_claims, headers, tx);
     let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
     let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);

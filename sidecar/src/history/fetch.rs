@@ -14,6 +14,7 @@ use crate::frame::{self, Vsn};
 use crate::gate::{Gate, Opened};
 use crate::hub::{Payload, QueueMessage, TopicKey};
 use crate::metrics::Metrics;
+use crate::outbound;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -63,7 +64,7 @@ pub struct Request {
     pub key: TopicKey,
     pub join_ref: Option<String>,
     pub vsn: Vsn,
-    pub tx: mpsc::Sender<Message>,
+    pub tx: outbound::Sender,
     pub too_slow: Arc<Notify>,
     pub gate: Arc<Gate>,
     /// Set on a further pass (the gate overflowed while the last one was sent: `gate`).

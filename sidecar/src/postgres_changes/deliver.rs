@@ -86,7 +86,7 @@ pub struct Outgoing {
 impl Outgoing {
     /// Queues the frame; a full queue cuts the connection off, as the hub does.
     pub fn send(self, metrics: &Metrics) {
-        use tokio::sync::mpsc::error::TrySendError;
+        use crate::outbound::TrySendError;
         match self.to.tx.try_send(Message::text(self.frame)) {
             Ok(()) => {
                 metrics.deliveries_total.increment(1);
@@ -568,7 +568,7 @@ mod tests {
     use crate::postgres_changes::parse_bindings;
     use serde_json::json;
     use std::sync::Mutex;
-    use tokio::sync::{mpsc, Notify};
+    use tokio::sync::Notify;
 
     type VisibleCall = (Vec<String>, Vec<String>, Vec<i32>);
 
@@ -651,8 +651,8 @@ mod tests {
         role: &str,
         claims: &str,
         bindings: Value,
-    ) -> (Subscriber, mpsc::Receiver<Message>) {
-        let (tx, rx) = mpsc::channel(64);
+    ) -> (Subscriber, crate::outbound::Receiver) {
+        let (tx, rx) = crate::outbound::channel(64);
         let s = Subscriber {
             conn,
             vsn: Vsn::V1,

@@ -11,10 +11,10 @@
 use super::binding::{Binding, Op};
 use crate::frame::Vsn;
 use crate::hub::ConnId;
+use crate::outbound;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
-use tokio::sync::{mpsc, Notify};
-use tokio_tungstenite::tungstenite::Message;
+use tokio::sync::Notify;
 
 /// One joined channel with `postgres_changes` bindings.
 pub struct Subscriber {
@@ -27,7 +27,7 @@ pub struct Subscriber {
     /// The JWT's role and claims (JSON): the identity RLS checks the changes for.
     pub role: String,
     pub claims: String,
-    pub tx: mpsc::Sender<Message>,
+    pub tx: outbound::Sender,
     pub too_slow: Arc<Notify>,
 }
 
@@ -315,7 +315,7 @@ mod tests {
     use serde_json::json;
 
     fn sub(conn: ConnId, topic: &str, bindings: serde_json::Value) -> Subscriber {
-        let (tx, _) = mpsc::channel(1);
+        let (tx, _) = crate::outbound::channel(1);
         Subscriber {
             conn,
             vsn: Vsn::V2,

@@ -8,11 +8,12 @@
 
 use crate::frame::{self, Vsn};
 use crate::hub::{ConnId, TopicKey};
+use crate::outbound;
 use crate::reason::Refusal;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;
 
 /// One channel's presence: the connection and the channel's topic.
@@ -36,7 +37,7 @@ pub enum Desired {
 /// Where the answer to a `track` or `untrack` push goes: a `phx_reply` once the change is
 /// committed (or found to change nothing), or an error reply saying why it was not.
 pub struct Reply {
-    pub tx: mpsc::Sender<Message>,
+    pub tx: outbound::Sender,
     pub vsn: Vsn,
     pub join_ref: Option<String>,
     pub reference: Option<String>,
@@ -142,7 +143,7 @@ mod tests {
         }
     }
 
-    fn reply(tx: &mpsc::Sender<Message>, r: &str) -> Option<Reply> {
+    fn reply(tx: &outbound::Sender, r: &str) -> Option<Reply> {
         Some(Reply {
             tx: tx.clone(),
             vsn: Vsn::V2,
@@ -155,7 +156,7 @@ mod tests {
     #[test]
     fn the_last_wish_wins_and_every_push_hears_its_outcome() {
         let m = Members::default();
-        let (tx, mut rx) = mpsc::channel(8);
+        let (tx, mut rx) = crate::outbound::channel(8);
         for (i, meta) in ["{\"x\":1}", "{\"x\":2}", "{\"x\":3}"].iter().enumerate() {
             let desired = Desired::Tracked {
                 key: "ann".into(),

@@ -32,11 +32,12 @@
 use crate::frame::{self, Vsn};
 use crate::hub::{ConnId, TopicKey};
 use crate::metrics::Metrics;
+use crate::outbound;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;
 
 /// A topic with this many watchers or more is a large room: its diffs go out every
@@ -56,7 +57,7 @@ pub struct Watcher {
     pub conn: ConnId,
     pub vsn: Vsn,
     pub join_ref: Option<String>,
-    pub tx: mpsc::Sender<Message>,
+    pub tx: outbound::Sender,
     pub too_slow: Arc<Notify>,
 }
 
@@ -261,8 +262,8 @@ impl Views {
     fn deliver(&self, w: &Watcher, frame: Message) {
         match w.tx.try_send(frame) {
             Ok(()) => self.metrics.presence_frames_total.increment(1),
-            Err(mpsc::error::TrySendError::Full(_)) => w.too_slow.notify_one(),
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(outbound::TrySendError::Full(_)) => w.too_slow.notify_one(),
+            Err(outbound::TrySendError::Closed(_)) => {}
         }
     }
 
@@ -519,8 +520,8 @@ mod tests {
         }
     }
 
-    fn watcher(conn: ConnId) -> (Watcher, mpsc::Receiver<Message>) {
-        let (tx, rx) = mpsc::channel(64);
+    fn watcher(conn: ConnId) -> (Watcher, outbound::Receiver) {
+        let (tx, rx) = crate::outbound::channel(64);
         let w = Watcher {
             conn,
             vsn: Vsn::V2,
@@ -532,7 +533,7 @@ mod tests {
     }
 
     /// The (event, payload) of every frame queued to a watcher.
-    fn frames(rx: &mut mpsc::Receiver<Message>) -> Vec<(String, Value)> {
+    fn frames(rx: &mut outbound::Receiver) -> Vec<(String, Value)> {
         std::iter::from_fn(|| rx.try_recv().ok())
             .map(|m| {
                 let v: Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
@@ -747,7 +748,7 @@ mod tests {
             ..w5
         };
         v.watch(&key(), w5);
-        let texts = |rx: &mut mpsc::Receiver<Message>| -> Vec<Message> {
+        let texts = |rx: &mut outbound::Receiver| -> Vec<Message> {
             std::iter::from_fn(|| rx.try_recv().ok()).collect()
         };
         let (a, b, c) = (texts(&mut rxs[0]), texts(&mut rxs[1]), texts(&mut rxs[2]));

@@ -1,0 +1,260 @@
+//! A connection's outbound queue: the frames the hub, Postgres Changes, presence, history
+//! and the relay put on the socket's way out, bounded, read by the connection's own task
+//! (`socket`).
+//!
+//! Why not tokio's mpsc channel: it allocates its first block (32 slots of 56-byte
+//! messages, 1.8 KiB) when it is made, for every connection, idle or not; at 250,000
+//! connections that block was the largest share of a connection's memory left
+//! (`pgbench/RESULTS.md`, "Connections held"). This queue allocates at its first frame, and
+//! gives its buffer back once a burst of more than `KEEP` frames has been read.
+//!
+//! One lock per push and per pop, never held across an await: the pushers (the hub's
+//! dispatch, a history send) and the one reader take it for a few instructions.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+use tokio_tungstenite::tungstenite::Message;
+
+/// A buffer this large or smaller is kept when the queue empties; a larger one is freed.
+const KEEP: usize = 32;
+
+/// Why a frame could not be queued; the frame comes back.
+#[derive(Debug)]
+pub enum TrySendError<T> {
+    /// The queue holds its capacity: the connection is too slow.
+    Full(T),
+    /// The connection's task is gone.
+    Closed(T),
+}
+
+/// Why `try_recv` returned no frame.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TryRecvError {
+    Empty,
+    /// Every sender is gone and everything was read.
+    Disconnected,
+}
+
+struct State {
+    frames: VecDeque<Message>,
+    /// Senders alive; the reader sees the end when it reaches 0 and the queue is empty.
+    senders: usize,
+    /// The reader is gone.
+    closed: bool,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    /// Wakes the reader after a push or when the last sender leaves.
+    readable: Notify,
+    capacity: usize,
+}
+
+/// The pushing side; cloned into every place that writes to the connection.
+pub struct Sender {
+    inner: Arc<Inner>,
+}
+
+/// The connection task's side.
+pub struct Receiver {
+    inner: Arc<Inner>,
+}
+
+/// A queue of at most `capacity` frames.
+pub fn channel(capacity: usize) -> (Sender, Receiver) {
+    let inner = Arc::new(Inner {
+        state: Mutex::new(State {
+            frames: VecDeque::new(),
+            senders: 1,
+            closed: false,
+        }),
+        readable: Notify::new(),
+        capacity,
+    });
+    (
+        Sender {
+            inner: inner.clone(),
+        },
+        Receiver { inner },
+    )
+}
+
+impl Sender {
+    /// Queues `frame` unless the queue is full or its reader gone; never waits.
+    pub fn try_send(&self, frame: Message) -> Result<(), TrySendError<Message>> {
+        {
+            let mut s = self.inner.state.lock().unwrap();
+            if s.closed {
+                return Err(TrySendError::Closed(frame));
+            }
+            if s.frames.len() >= self.inner.capacity {
+                return Err(TrySendError::Full(frame));
+            }
+            s.frames.push_back(frame);
+        }
+        self.inner.readable.notify_one();
+        Ok(())
+    }
+
+    /// Frames that could be queued now.
+    pub fn capacity(&self) -> usize {
+        let s = self.inner.state.lock().unwrap();
+        self.inner.capacity.saturating_sub(s.frames.len())
+    }
+
+    pub fn max_capacity(&self) -> usize {
+        self.inner.capacity
+    }
+
+    /// The reader (the connection's task) is gone.
+    pub fn is_closed(&self) -> bool {
+        self.inner.state.lock().unwrap().closed
+    }
+}
+
+impl Clone for Sender {
+    fn clone(&self) -> Self {
+        self.inner.state.lock().unwrap().senders += 1;
+        Sender {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        let last = {
+            let mut s = self.inner.state.lock().unwrap();
+            s.senders -= 1;
+            s.senders == 0
+        };
+        if last {
+            self.inner.readable.notify_one();
+        }
+    }
+}
+
+impl Receiver {
+    /// The oldest frame; waits for one. None once every sender is gone and all was read.
+    /// Cancel-safe: a frame is taken only when this returns it.
+    pub async fn recv(&mut self) -> Option<Message> {
+        loop {
+            // Registered before the queue is looked at, so a push in between wakes it.
+            let notified = self.inner.readable.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.take() {
+                Ok(frame) => return Some(frame),
+                Err(true) => return None,
+                Err(false) => notified.await,
+            }
+        }
+    }
+
+    /// The oldest frame if one is queued.
+    pub fn try_recv(&mut self) -> Result<Message, TryRecvError> {
+        self.take().map_err(|ended| {
+            if ended {
+                TryRecvError::Disconnected
+            } else {
+                TryRecvError::Empty
+            }
+        })
+    }
+
+    /// A frame, or Err(whether every sender is gone).
+    fn take(&self) -> Result<Message, bool> {
+        let mut s = self.inner.state.lock().unwrap();
+        match s.frames.pop_front() {
+            Some(frame) => {
+                if s.frames.is_empty() && s.frames.capacity() > KEEP {
+                    s.frames = VecDeque::new();
+                }
+                Ok(frame)
+            }
+            None => Err(s.senders == 0),
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let mut s = self.inner.state.lock().unwrap();
+        s.closed = true;
+        s.frames = VecDeque::new();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(s: &str) -> Message {
+        Message::text(s)
+    }
+
+    #[tokio::test]
+    async fn frames_come_out_in_order_up_to_the_capacity_and_the_end_is_seen() {
+        let (tx, mut rx) = channel(2);
+        assert_eq!(tx.max_capacity(), 2);
+        tx.try_send(text("a")).unwrap();
+        let tx2 = tx.clone();
+        tx2.try_send(text("b")).unwrap();
+        assert_eq!(tx.capacity(), 0);
+        assert!(matches!(tx.try_send(text("c")), Err(TrySendError::Full(_))));
+        assert_eq!(rx.recv().await, Some(text("a")));
+        assert_eq!(rx.try_recv(), Ok(text("b")));
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        drop((tx, tx2));
+        assert_eq!(rx.recv().await, None, "every sender gone");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_reader_wakes_at_a_push_and_a_gone_reader_refuses_frames() {
+        let (tx, mut rx) = channel(4);
+        let reader = tokio::spawn(async move {
+            let first = rx.recv().await;
+            (first, rx)
+        });
+        tokio::task::yield_now().await;
+        tx.try_send(text("late")).unwrap();
+        let (first, rx) = reader.await.unwrap();
+        assert_eq!(first, Some(text("late")));
+        drop(rx);
+        assert!(tx.is_closed());
+        assert!(matches!(
+            tx.try_send(text("x")),
+            Err(TrySendError::Closed(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_recv_cancelled_by_another_branch_loses_nothing() {
+        let (tx, mut rx) = channel(4);
+        for _ in 0..3 {
+            tokio::select! {
+                biased;
+                _ = std::future::ready(()) => {}
+                _ = rx.recv() => unreachable!("nothing queued yet"),
+            }
+        }
+        tx.try_send(text("kept")).unwrap();
+        assert_eq!(rx.recv().await, Some(text("kept")));
+    }
+
+    #[test]
+    fn nothing_is_allocated_before_the_first_frame_and_a_burst_gives_its_buffer_back() {
+        let (tx, mut rx) = channel(100);
+        assert_eq!(tx.inner.state.lock().unwrap().frames.capacity(), 0);
+        for i in 0..KEEP * 2 {
+            tx.try_send(text(&i.to_string())).unwrap();
+        }
+        while rx.try_recv().is_ok() {}
+        assert_eq!(tx.inner.state.lock().unwrap().frames.capacity(), 0);
+        tx.try_send(text("small")).unwrap();
+        rx.try_recv().unwrap();
+        let kept = tx.inner.state.lock().unwrap().frames.capacity();
+        assert!(kept > 0 && kept <= KEEP, "a small buffer is kept: {kept}");
+    }
+}
