@@ -22,3 +22,13 @@ LANGUAGE sql VOLATILE AS $$
            array_agg('{}'::text), array_agg('room:' || CASE WHEN random() < 0.5 THEN (u + 100 * (u % 10)) % 1000 ELSE (u * 7 + 3) % 1000 END),
            array_agg('broadcast'::text), array_agg('read'::text)
     FROM (SELECT 1 + floor(random() * 10000)::int AS u FROM generate_series(1, n)) s $$;
+
+-- Batches made before a timed run (authorize_batched.sql), so that making the random
+-- requests is not counted as authorizing them: k batches of n, numbered i = 1..k.
+CREATE OR REPLACE FUNCTION bench_make_batches(n int, k int DEFAULT 20) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    DROP TABLE IF EXISTS bench_batches;
+    -- n + 0 * i: a call per batch, not one shared by all.
+    CREATE TABLE bench_batches AS SELECT i, b.* FROM generate_series(1, k) i, LATERAL bench_batch(n + 0 * i) b;
+END
+$$;

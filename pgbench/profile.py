@@ -219,11 +219,11 @@ def joins(a):
 
 def authorize(a):
     with harness.Cluster(a.pg_port) as pg:
-        pg.psql("-f", f"{HERE}/authorize_setup.sql")
+        pg.psql("-f", f"{HERE}/authorize_setup.sql", "-c", f"SELECT bench_make_batches({a.batch})")
 
         def run():
             out = harness.as_pg(["pgbench", *pg.conn, "-n", "-c", "1", "-T", str(a.seconds), "-D", f"n={a.batch}",
-                                 "-f", f"{HERE}/authorize_batched.sql", "postgres"])
+                                 "-D", "generate=0", "-f", f"{HERE}/authorize_batched.sql", "postgres"])
             tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
             print(f"{tps * a.batch:,.0f} verdicts/s")
         perf(a.seconds, f"realtime.authorize, batches of {a.batch:,}", run, callgraph=a.callgraph)
