@@ -72,7 +72,11 @@ def main():
         # Not in SETUP: a slot cannot be made in a transaction that has written.
         pg.psql("-c", "SELECT pg_create_logical_replication_slot('bench_logical', 'pgoutput')")
         if not a.no_consumer:
-            stack.enter_context(harness.Sidecar(a.port + 2, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS=str(a.linger_ms)))
+            # No client subscribes here, and a filtering sidecar would skip every change at
+            # the drain: keep the consumer's whole work, as a sidecar whose clients listen
+            # would do.
+            stack.enter_context(harness.Sidecar(a.port + 2, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS=str(a.linger_ms),
+                                                FILTER_TOPICS="false"))
         stack.enter_context(logical_stream(pg, total))
         results = {}
         for r in range(a.rounds):

@@ -121,7 +121,9 @@ def trigger(a):
         try:
             consumers = {}
             if a.drainer == "sidecar":
-                sidecar = stack.enter_context(harness.Sidecar(a.http_port, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS="2"))
+                # Unfiltered, as in trigger_cost.py: no client subscribes here.
+                sidecar = stack.enter_context(harness.Sidecar(a.http_port, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS="2",
+                                                              FILTER_TOPICS="false"))
                 consumers["sidecar process"] = sidecar.process.pid
             query = "SELECT pid FROM pg_stat_activity WHERE query LIKE '%realtime.drain%' AND pid <> pg_backend_pid()"
             consumers["drain backend"] = int(pg.psql("-c", query).split()[0])
