@@ -433,16 +433,18 @@ mod tests {
             m.seq = n as i64 + 1;
         }
         hub.dispatch_batch(&batch);
-        let seqs = |rx: &mut outbound::Receiver| {
-            std::iter::from_fn(|| rx.try_recv().ok())
-                .map(|m| {
-                    let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
-                    v["payload"]["meta"]["seq"].as_i64().unwrap()
-                })
-                .collect::<Vec<_>>()
-        };
         assert_eq!(seqs(&mut rx1), vec![1, 2, 3]);
         assert_eq!(seqs(&mut rx2), vec![2]);
+    }
+
+    /// The `meta.seq` of every frame queued to `rx`, in order.
+    fn seqs(rx: &mut outbound::Receiver) -> Vec<i64> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|m| {
+                let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                v["payload"]["meta"]["seq"].as_i64().unwrap()
+            })
+            .collect()
     }
 
     #[test]
@@ -461,14 +463,6 @@ mod tests {
             m.seq = n as i64 + 1;
         }
         hub.dispatch_batch(&batch);
-        let seqs = |rx: &mut outbound::Receiver| {
-            std::iter::from_fn(|| rx.try_recv().ok())
-                .map(|m| {
-                    let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
-                    v["payload"]["meta"]["seq"].as_i64().unwrap()
-                })
-                .collect::<Vec<_>>()
-        };
         assert_eq!(seqs(&mut fast_rx), vec![1, 2, 3]);
         assert_eq!(seqs(&mut slow_rx), vec![1, 2]);
         assert!(too_slow.notified().now_or_never().is_some());
