@@ -90,6 +90,7 @@ def main():
     ap.add_argument("--drainer", choices=["sidecar", "sql"], default="sidecar",
                     help="what drains our queue: the release sidecar (no subscribers), or a SQL loop "
                          "calling realtime.drain")
+    ap.add_argument("--linger-ms", type=int, default=2, help="the draining sidecar's DRAIN_LINGER_MS")
     a = ap.parse_args()
     clients = [int(c) for c in a.clients.split(",")]
     if a.drainer == "sidecar" and not a.no_consumers:
@@ -110,8 +111,8 @@ def main():
                     # No client subscribes here, and a filtering sidecar would skip every
                     # message at the drain: keep the consumer's whole work (every message
                     # drained and parsed), as a sidecar whose clients listen would do.
-                    stack.enter_context(harness.Sidecar(a.port + 2, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS="2",
-                                                        FILTER_TOPICS="false"))
+                    stack.enter_context(harness.Sidecar(a.port + 2, pg.dsn, "bench", SECRET,
+                                                        DRAIN_LINGER_MS=str(a.linger_ms), FILTER_TOPICS="false"))
             results, slot_lag = {}, 0
             for r in range(a.rounds):
                 for c in clients:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every benchmark of pgbench/RESULTS.md at full size, one after the other (never two at
 # once: they share 2 cores), from a fresh Debian 12 machine as root. Each table goes to
-# target/bench/<time>/<runner>.md (with the runner's JSON lines beside it) and to stdout.
-# About 50 minutes. `scripts/bench.sh peers connections` runs only the runners named.
+# target/bench/<time>/<label>.md (with the runner's JSON lines beside it) and to stdout.
+# One run gives every row of RESULTS.md's goal table. About 90 minutes.
+# `scripts/bench.sh peers connections` runs only the runners named (a label such as
+# fanout:pinned names one run of a runner; the runner's name selects all of its runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -13,23 +15,33 @@ out="target/bench/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
 only=" $* "
 run() {
-    local name=$1
+    local label=$1 name=${1%%:*}
     shift
-    [ "$only" = "  " ] || [[ "$only" == *" $name "* ]] || return 0
-    echo "== $name: python3 pgbench/$name.py $*"
-    python3 "pgbench/$name.py" "$@" 2> "$out/$name.log" | tee "$out/$name.md"
+    [ "$only" = "  " ] || [[ "$only" == *" $name "* ]] || [[ "$only" == *" $label "* ]] || return 0
+    local file=${label//:/-}
+    echo "== $label: python3 pgbench/$name.py $*"
+    python3 "pgbench/$name.py" "$@" 2> "$out/$file.log" | tee "$out/$file.md"
 }
 run trigger_cost --seconds 10 --rounds 3
+# The same without any consumer: how much of the writer's loss is the trigger's own.
+run trigger_cost:no-consumers --seconds 10 --rounds 3 --clients 1,8 --no-consumers
 run capture_cost --seconds 10 --rounds 3
 run fanout
+# Issue 14 asks for the fan-out with the sidecar and the load generator on cores of their own.
+run fanout:pinned --pin --rates 500,1000
 run authorize
 run visible --seconds 10
 run changes
 run joins
 run resume
 run presence
-run peers --json "$out/peers.json"
+# Up to rungs both servers miss, so the ratio of the highest rungs met is in the table.
+run peers --rates 100,300,500,1000,1500,2000,3000 --json "$out/peers.json"
 run scenarios --json "$out/scenarios.json"
 run routed --json "$out/routed.json"
-run connections --json "$out/connections.json"
+# The most clients this box keeps at p50 <= 5 ms on 8 routed processes, and one step larger.
+run routed:60k --ways routed --processes 8 --clients 30000 --goal-clients 60000 --goal-processes 8 \
+    --json "$out/routed-60k.json"
+# 100,000 (the design's goal), 250,000 (issue 14's) and one step larger.
+run connections --clients 100000,250000,300000 --json "$out/connections.json"
 echo "tables in $out"
