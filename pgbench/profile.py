@@ -11,11 +11,15 @@ the top symbols by process and library. Benchmarks measure; this explains.
   authorize  one client calling realtime.authorize with batches of 10,000 random requests
   drain    no perf: the time realtime.drain takes per message, in SQL (100,000 messages of
            broadcast_changes' size queued, drained 10,000 at a time)
+  consumers  no perf: what the queue's consumers (the drain backend, the sidecar) cost per
+           message and per drain call, and how often they are switched out, while pgbench
+           clients insert through a trigger-cost variant; one run per --lingers value
 Run as root after scripts/install-extension.sh (and scripts/install-peers.sh for trigger)."""
 
 import argparse
 import contextlib
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -170,6 +174,57 @@ def trigger(a):
                 p.kill()
 
 
+def switches(pid):
+    """Voluntary and involuntary context switches of all of a process's threads."""
+    counts = [0, 0]
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/status") as f:
+            for line in f:
+                for i, key in enumerate(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    if line.startswith(key):
+                        counts[i] += int(line.split()[1])
+    return counts
+
+
+def consumers(a):
+    with harness.Cluster(a.pg_port, "max_connections = 50", "shared_buffers = 256MB", "max_wal_size = 4GB") as pg:
+        pg.psql("-f", f"{HERE}/trigger_cost_setup.sql")
+        print(f"\n### Consumers' cost: {a.clients} pgbench clients inserting into {a.variant}, {a.seconds} s per "
+              "linger; the sidecar drains unfiltered, as in trigger_cost.py\n")
+        print("| DRAIN_LINGER_MS | TPS | drain calls/s | messages per call | drain backend µs per message | "
+              "… per call | its switches per call (voluntary / not) | sidecar µs per message | … per call | "
+              "its switches per call |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for linger in [int(x) for x in a.lingers.split(",")]:
+            with harness.Sidecar(a.http_port, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS=str(linger),
+                                 FILTER_TOPICS="false") as sidecar:
+                query = "SELECT pid FROM pg_stat_activity WHERE query LIKE '%realtime.drain%' AND pid <> pg_backend_pid()"
+                deadline = time.monotonic() + 15
+                while not (found := pg.psql("-c", query).split()):
+                    assert time.monotonic() < deadline, "the sidecar's drain never started"
+                    time.sleep(0.1)
+                procs = {"backend": int(found[0]), "sidecar": sidecar.process.pid}
+
+                def snapshot():
+                    return ({k: harness.proc_stats(p)[0] for k, p in procs.items()},
+                            {k: switches(p) for k, p in procs.items()},
+                            sidecar.metric("realtime_drain_batches_total"),
+                            sidecar.metric("realtime_drain_messages_total"))
+                cpu0, sw0, calls0, msgs0 = snapshot()
+                out = harness.as_pg(["pgbench", *pg.conn, "-n", "-c", str(a.clients), "-j", str(min(a.clients, 2)),
+                                     "-T", str(a.seconds), "-D", f"table={a.variant}", "-f", f"{HERE}/insert_row.sql",
+                                     "postgres"])
+                cpu1, sw1, calls1, msgs1 = snapshot()
+                tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
+                calls, msgs = max(calls1 - calls0, 1), max(msgs1 - msgs0, 1)
+                cells = []
+                for k in ("backend", "sidecar"):
+                    used = cpu1[k] - cpu0[k]
+                    cells += [f"{1e6 * used / msgs:.2f}", f"{1e6 * used / calls:.0f}",
+                              f"{(sw1[k][0] - sw0[k][0]) / calls:.1f} / {(sw1[k][1] - sw0[k][1]) / calls:.1f}"]
+                print(f"| {linger} | {tps:,.0f} | {calls / a.seconds:,.0f} | {msgs / calls:.1f} | " + " | ".join(cells) + " |")
+
+
 def fanout(a):
     with harness.Cluster(a.pg_port) as pg:
         pg.psql("-c", "CREATE EXTENSION pg_realtime")
@@ -257,15 +312,17 @@ def drain(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["trigger", "fanout", "kafkorama", "joins", "authorize", "drain"])
+    ap.add_argument("what", choices=["trigger", "fanout", "kafkorama", "joins", "authorize", "drain",
+                                         "consumers"])
     ap.add_argument("--topics", type=int, default=10_000, help="kafkorama: topics, each sent once a second")
     ap.add_argument("--batch", type=int, default=10_000, help="authorize: requests per call")
     ap.add_argument("--messages", type=int, default=100_000, help="drain: messages queued")
     ap.add_argument("--seconds", type=int, default=10)
-    ap.add_argument("--variant", default="t_native", help="trigger: the trigger-cost table to profile")
+    ap.add_argument("--variant", default="t_native", help="trigger, consumers: the trigger-cost table to insert into")
+    ap.add_argument("--lingers", default="1,2,5", help="consumers: the sidecar's DRAIN_LINGER_MS values to run")
     ap.add_argument("--drainer", choices=["sql", "sidecar"], default="sql",
                     help="trigger: what drains the queue (the sidecar's CPU is reported per transaction)")
-    ap.add_argument("--clients", type=int, default=8, help="trigger: pgbench clients; joins: joining clients")
+    ap.add_argument("--clients", type=int, default=8, help="trigger, consumers: pgbench clients; joins: joining clients")
     ap.add_argument("--subscribers", type=int, default=1000)
     ap.add_argument("--rate", type=int, default=500)
     ap.add_argument("--callgraph", action="store_true",
@@ -275,10 +332,10 @@ def main():
     ap.add_argument("--pg-port", type=int, default=24420)
     ap.add_argument("--http-port", type=int, default=24421)
     a = ap.parse_args()
-    if a.what in ("fanout", "kafkorama", "joins") or a.drainer == "sidecar":
+    if a.what in ("fanout", "kafkorama", "joins", "consumers") or a.drainer == "sidecar":
         harness.build()
     {"trigger": trigger, "fanout": fanout, "kafkorama": kafkorama, "joins": joins, "authorize": authorize,
-     "drain": drain}[a.what](a)
+     "drain": drain, "consumers": consumers}[a.what](a)
 
 
 if __name__ == "__main__":

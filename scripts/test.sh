@@ -78,6 +78,7 @@ python3 pgbench/profile.py kafkorama --seconds 1 --subscribers 20 --topics 10 >>
 python3 pgbench/profile.py joins --seconds 1 --clients 50 >> "$log/profile.md"
 python3 pgbench/profile.py authorize --seconds 1 --batch 100 >> "$log/profile.md"
 python3 pgbench/profile.py drain --messages 20000 >> "$log/profile.md"
+python3 pgbench/profile.py consumers --seconds 1 --clients 2 --lingers 0,2 >> "$log/profile.md"
 cat "$log"/{trigger_cost,capture_cost,fanout,authorize,visible,changes,joins,resume,presence,scenarios,routed,peers,connections,profile}.md
 
 echo "== expected outputs hold no wall-clock text (the suite once passed only on Saturdays)"
