@@ -6,6 +6,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -126,7 +127,8 @@ class Sidecar:
                         LOG_LEVEL="warn", **env)
 
     def __enter__(self):
-        self.process = subprocess.Popen([SIDECAR_BIN], env=self.env)
+        # The sidecar logs to stdout; the runners' stdout is their table.
+        self.process = subprocess.Popen([SIDECAR_BIN], env=self.env, stdout=sys.stderr)
         wait_healthy(f"http://127.0.0.1:{self.port}/healthz", self.process, "the sidecar", 15)
         return self
 
@@ -311,7 +313,7 @@ class Sidecars:
 
     def __enter__(self):
         for i in range(self.n):
-            p = subprocess.Popen([SIDECAR_BIN],
+            p = subprocess.Popen([SIDECAR_BIN], stdout=sys.stderr,
                                  env=dict(self.env, PORT=str(self.port_of(i)), CONSUMER_NAME=f"sidecar{i}"))
             self.processes.append(p)
             deadline = time.time() + 15

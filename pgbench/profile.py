@@ -260,18 +260,42 @@ def kafkorama(a):
 
 
 def joins(a):
+    """Public joins, then private ones, each in its own perf window; then what a private
+    join adds, per 1,000 joins (the windows also hold the connects, which both pay alike)."""
     with harness.Cluster(a.pg_port) as pg:
         pg.psql("-f", f"{HERE}/joins_setup.sql")
         with harness.Sidecar(a.http_port, pg.dsn, "profile", SECRET, MAX_JOINS_PER_SECOND="100000"):
             url = f"ws://127.0.0.1:{a.http_port}"
-            res = {}
+            per_join = {}
+            for kind in ("public", "private"):
+                res = {}
 
-            def run():
-                res["r"] = harness.loadgen(url, pg.dsn, SECRET, "--clients", a.clients, "--rate", 0, "--seconds", 0,
-                                           "--private", "--topics", 1000, "--topic-prefix", "room:")
-            perf(a.seconds, f"{a.clients} private joins", run, callgraph=a.callgraph,
-                 comms="tokio-rt-worker,realtime-sidecar,postgres")
-            print({k: res["r"][k] for k in ("joined", "join_errors", "joins_per_second", "connect_seconds")})
+                def run():
+                    # The private rooms are the ones joins_setup.sql gave its users memberships of.
+                    flags, prefix = (["--private"], "room:") if kind == "private" else ([], "lobby:")
+                    res["r"] = harness.loadgen(url, pg.dsn, SECRET, "--clients", a.clients, "--rate", 0, "--seconds",
+                                               0, *flags, "--topics", 1000, "--topic-prefix", prefix)
+                counts = perf(a.seconds, f"{a.clients} {kind} joins", run, keep=True, callgraph=a.callgraph,
+                              comms="tokio-rt-worker,realtime-sidecar,postgres")
+                if a.callgraph:
+                    counts = counts[0]
+                r = res["r"]
+                print({k: r[k] for k in ("joined", "join_errors", "joins_per_second", "connect_seconds")})
+                per_join[kind] = {k: v / max(r["joined"], 1) for k, v in counts.items()}
+            base, var = per_join["public"], per_join["private"]
+            grew = sorted(((var.get(k, 0) - base.get(k, 0), k) for k in set(base) | set(var)), reverse=True)
+            busy = [sum(v for k, v in d.items() if not k.startswith("swapper")) for d in (var, base)]
+            print("\n### Samples per 1,000 joins (1 sample = 1 ms of CPU), private minus public\n")
+            print(f"Total busy: {1000 * busy[0]:.1f} vs {1000 * busy[1]:.1f}; idle (swapper) excluded below.\n\n```")
+            for d, k in [g for g in grew if not g[1].startswith("swapper")][:30]:
+                print(f"{1000 * d:+8.2f}  {k}")
+            print("```")
+            by_comm = {}
+            for d, k in grew:
+                by_comm[k.split()[0]] = by_comm.get(k.split()[0], 0) + d
+            print("By process: " + ", ".join(f"{c} {1000 * d:+.2f}" for c, d in sorted(by_comm.items(),
+                                                                                       key=lambda kv: kv[1])
+                                           if abs(d) * 1000 >= 0.05))
 
 
 def authorize(a):
