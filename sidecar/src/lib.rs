@@ -106,7 +106,7 @@
 //! channel's pushes, wishes, the worker, the views) · `gate` a rejoining channel's
 //! live frames held until its history is sent · `hub` topics and fan-out · `outbound` a connection's outbound queue ·
 //! `drainer` the queue side · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `relay` batched
-//! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what those two share (reconnects, batches) · `reason`
+//! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what those two share (reconnects, batches) · `db_thread` the thread the round trips joins wait on run on · `reason`
 //! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` · `config` · `state` · `shutdown`.
 
 pub mod authorizer;
@@ -114,6 +114,7 @@ pub mod broadcast;
 pub mod channels;
 pub mod command;
 pub mod config;
+pub mod db_thread;
 pub mod db_worker;
 pub mod drainer;
 pub mod frame;
@@ -182,6 +183,9 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         instance,
     });
     tracing::info!(%addr, consumer = %cfg.consumer, "listening");
+    // The workers whose round trips joins and presence wait on, off the connections' run
+    // queue (`db_thread`).
+    let db_thread = db_thread::DbThread::start()?;
     let drainer = tokio::spawn(drainer::run(
         cfg.clone(),
         hub,
@@ -204,7 +208,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     // The lease outlives the worker: it ends the session once the worker has written the
     // untracks of the closing sockets (ending it meanwhile would race those writes).
     let (end_presence, presence_ends) = tokio::sync::watch::channel(false);
-    let presence_lease = tokio::spawn(presence::lease::run(
+    let presence_lease = db_thread.spawn(presence::lease::run(
         cfg.clone(),
         session,
         metrics.clone(),
@@ -221,7 +225,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         metrics.clone(),
         shutdown.clone(),
     ));
-    let authorizer = tokio::spawn(authorizer::run(
+    let authorizer = db_thread.spawn(authorizer::run(
         cfg.clone(),
         authorize_rx,
         metrics.clone(),
@@ -240,7 +244,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         metrics.clone(),
         shutdown.clone(),
     ));
-    let interest_worker = tokio::spawn(interest::worker(
+    let interest_worker = db_thread.spawn(interest::worker(
         cfg.clone(),
         interest,
         metrics.clone(),
@@ -276,5 +280,6 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     presence_flusher.abort();
     shutdown::wait_for_connections(&metrics, grace).await;
     upkeep.abort();
+    drop(db_thread);
     Ok(())
 }

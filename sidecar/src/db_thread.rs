@@ -1,0 +1,101 @@
+//! A thread of its own for the database round trips that connections wait on: the batched
+//! verdicts of private joins (`authorizer`), the interest upload a join is answered after
+//! (`interest`), and the presence lease.
+//!
+//! Why: on the shared runtime these workers, and the tokio-postgres connections they
+//! spawn, are tasks among the connections' tasks. In a join storm thousands of connection
+//! tasks are ready at once, and a worker woken by a reply from the database runs only after
+//! the ready tasks ahead of it: in a storm of 15,000 private joins the database sat idle
+//! for 172 ms between two `realtime.authorize` calls while requests were waiting
+//! (`pgbench/RESULTS.md`, "Channel joins per second"), and under 250,000 connections
+//! sidecars missed their 3 s presence lease. Here they run on a current-thread runtime of
+//! their own, so a round trip's next step waits for the kernel, not for the run queue.
+//! What they do per round trip is small (build one call's arrays, hand back verdicts), so
+//! one thread is enough; the drain and the other workers that also write frames to many
+//! connections stay on the shared runtime, where that work is spread over its threads.
+
+use std::future::Future;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The thread and its runtime; both end when this is dropped.
+pub struct DbThread {
+    handle: tokio::runtime::Handle,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl DbThread {
+    pub fn start() -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("db-round-trips".into())
+            .spawn(move || {
+                // Runs the spawned workers until `stop` is sent or dropped; dropping the
+                // runtime then cancels whatever is left.
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+            })?;
+        Ok(DbThread {
+            handle,
+            stop: Some(stop),
+        })
+    }
+
+    /// Runs `work` on this thread; the handle can be awaited from any runtime.
+    pub fn spawn<F>(&self, work: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handle.spawn(work)
+    }
+}
+
+impl Drop for DbThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn work_spawned_here_runs_on_its_own_thread_and_answers_the_caller() {
+        let db = DbThread::start().unwrap();
+        let name = db
+            .spawn(async { std::thread::current().name().map(str::to_owned) })
+            .await
+            .unwrap();
+        assert_eq!(name.as_deref(), Some("db-round-trips"));
+        // Spawned from inside, as a worker spawns its tokio-postgres connection: lands here too.
+        let inner = db
+            .spawn(async {
+                tokio::spawn(async { std::thread::current().name().map(str::to_owned) })
+                    .await
+                    .unwrap()
+            })
+            .await
+            .unwrap();
+        assert_eq!(inner.as_deref(), Some("db-round-trips"));
+    }
+
+    #[tokio::test]
+    async fn dropping_it_cancels_what_still_runs() {
+        let db = DbThread::start().unwrap();
+        let forever = db.spawn(std::future::pending::<()>());
+        drop(db);
+        let joined = tokio::time::timeout(std::time::Duration::from_secs(5), forever)
+            .await
+            .expect("the runtime's end cancels its tasks");
+        assert!(joined.unwrap_err().is_cancelled());
+    }
+}
