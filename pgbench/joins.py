@@ -2,15 +2,33 @@
 """Channel joins per second through the sidecar, public and private (authorized by RLS in
 batched realtime.authorize calls), in one run: N WebSocket clients connect; once all are
 connected they send their joins at once; joins/s = joined / time from the go to the last
-reply (connecting is timed apart). Prints a markdown table.
+reply (connecting is timed apart). Prints a markdown table, with the time the database spent
+in the authorize calls and the longest it sat idle between two of them (from the server log).
 Run as root after scripts/install-extension.sh."""
 
 import argparse
 import datetime
+import re
 
 import harness
 from harness import HERE
 SECRET = "joins-benchmark-secret-with-enough-length"
+CALL = re.compile(r"^(\S+ \S+) \S+ LOG:  duration: ([\d.]+) ms  execute [^:]*: SELECT ordinality, allowed, error "
+                  r"FROM realtime\.authorize")
+
+
+def calls_in(log):
+    """The realtime.authorize calls logged in `log` (log_min_duration_statement = 0):
+    database time in them, and the longest time between one's end and the next's start."""
+    spans = []
+    for line in log.splitlines():
+        m = CALL.match(line)
+        if m:
+            end = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp() * 1000
+            spans.append((end - float(m.group(2)), end))
+    busy = sum(e - s for s, e in spans)
+    gap = max((b[0] - a[1] for a, b in zip(spans, spans[1:])), default=0.0)
+    return busy, max(gap, 0.0)
 
 
 def main():
@@ -21,7 +39,8 @@ def main():
     a = ap.parse_args()
     harness.build()
     rows = []
-    with harness.Cluster(a.pg_port) as pg:
+    # Every statement's duration is logged, so the authorize calls' timeline can be read.
+    with harness.Cluster(a.pg_port, "log_min_duration_statement = 0", "log_line_prefix = '%m '") as pg:
         pg.psql("-f", f"{HERE}/joins_setup.sql")
         with harness.Sidecar(a.http_port, pg.dsn, "joins", SECRET, MAX_JOINS_PER_SECOND="100000") as sidecar:
             # The first round warms the sidecar up (its first thousands of tasks and buffers)
@@ -29,6 +48,7 @@ def main():
             public = ["--topic-prefix", "joins"]
             for label, extra in [("warm-up", public), ("public", public),
                                  ("private (RLS)", ["--private", "--topics", 1000, "--topic-prefix", "room:"])]:
+                log_from = len(open(f"{pg.dir}/pg/server.log").read())
                 b0 = sidecar.metric("realtime_auth_batches_total")
                 r0 = sidecar.metric("realtime_auth_requests_total")
                 r = harness.loadgen(f"ws://127.0.0.1:{a.http_port}", pg.dsn, SECRET, "--clients", a.clients,
@@ -36,15 +56,18 @@ def main():
                                     timeout=300)
                 r["auth_calls"] = sidecar.metric("realtime_auth_batches_total") - b0
                 r["auth_verdicts"] = sidecar.metric("realtime_auth_requests_total") - r0
+                r["auth_busy_ms"], r["auth_gap_ms"] = calls_in(open(f"{pg.dir}/pg/server.log").read()[log_from:])
                 if label != "warm-up":
                     rows.append(r)
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; {a.clients:,} clients connecting and "
           f"joining at once; 100,000 memberships; sidecar, Postgres and the load generator on the same 2 cores.\n")
-    print("| channels | joined | refused | failed conns | connecting (s) | joining (s) | joins/s | authorize calls | verdicts |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| channels | joined | refused | failed conns | connecting (s) | joining (s) | joins/s | authorize calls | verdicts "
+          "| database time in the calls (ms) | longest gap between calls (ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['label']} | {r['joined']:,} | {r['join_errors']:,} | {r['failed_connections']} | {r['connect_seconds']:.2f} | "
-              f"{r['join_seconds']:.2f} | {r['joins_per_second']:,.0f} | {r['auth_calls']:,.0f} | {r['auth_verdicts']:,.0f} |")
+              f"{r['join_seconds']:.2f} | {r['joins_per_second']:,.0f} | {r['auth_calls']:,.0f} | {r['auth_verdicts']:,.0f} | "
+              f"{r['auth_busy_ms']:,.0f} | {r['auth_gap_ms']:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@
 //! Why: on the shared runtime these workers, and the tokio-postgres connections they
 //! spawn, are tasks among the connections' tasks. In a join storm thousands of connection
 //! tasks are ready at once, and a worker woken by a reply from the database runs only after
-//! the ready tasks ahead of it: in a storm of 15,000 private joins the database sat idle
-//! for 172 ms between two `realtime.authorize` calls while requests were waiting
-//! (`pgbench/RESULTS.md`, "Channel joins per second"), and under 250,000 connections
-//! sidecars missed their 3 s presence lease. Here they run on a current-thread runtime of
-//! their own, so a round trip's next step waits for the kernel, not for the run queue.
+//! the ready tasks ahead of it: in a storm of 15,000 private joins the database sat idle up
+//! to 188 ms between two `realtime.authorize` calls (`pgbench/joins.py` reads the calls'
+//! timeline from the server log; 16 to 23 ms here), and under 250,000 connections sidecars
+//! missed their 3 s presence lease (`pgbench/RESULTS.md`, "Connections held"; none here).
+//! Here they run on a current-thread runtime of their own, so a round trip's next step
+//! waits for the kernel, not for the run queue.
 //! What they do per round trip is small (build one call's arrays, hand back verdicts), so
 //! one thread is enough; the drain and the other workers that also write frames to many
 //! connections stay on the shared runtime, where that work is spread over its threads.

@@ -88,7 +88,10 @@
 //!
 //! One task each for the listener (`server`), the drainer, the interest worker, the
 //! authorizer, the relay, the bindings' check, the history, the presence worker, lease and
-//! flusher, and one per connection. They share `state::Shared` (settings, the hub, the
+//! flusher, and one per connection. The authorizer, the interest worker and the lease,
+//! whose round trips joins and presence wait on, run on a thread of their own
+//! (`db_thread`), so a storm of ready connection tasks never holds them up; the others share
+//! the runtime's threads. They share `state::Shared` (settings, the hub, the
 //! Postgres Changes subscribers, presence's views and wishes, the topics held, the token
 //! verifier, the metrics, the request queues) and nothing else; a connection's channels
 //! are touched only by its own task. On SIGTERM the listener stops, every socket is sent
