@@ -8,6 +8,7 @@ Run as root after scripts/install-extension.sh."""
 
 import argparse
 import datetime
+import os
 import re
 
 import harness
@@ -31,6 +32,13 @@ def calls_in(log):
     return busy, max(gap, 0.0)
 
 
+def read_from(path, offset):
+    """What was written to `path` after its first `offset` bytes (this round's log lines)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--clients", type=int, default=15000)
@@ -42,13 +50,14 @@ def main():
     # Every statement's duration is logged, so the authorize calls' timeline can be read.
     with harness.Cluster(a.pg_port, "log_min_duration_statement = 0", "log_line_prefix = '%m '") as pg:
         pg.psql("-f", f"{HERE}/joins_setup.sql")
+        server_log = f"{pg.dir}/pg/server.log"
         with harness.Sidecar(a.http_port, pg.dsn, "joins", SECRET, MAX_JOINS_PER_SECOND="100000") as sidecar:
             # The first round warms the sidecar up (its first thousands of tasks and buffers)
             # and is not reported.
             public = ["--topic-prefix", "joins"]
             for label, extra in [("warm-up", public), ("public", public),
                                  ("private (RLS)", ["--private", "--topics", 1000, "--topic-prefix", "room:"])]:
-                log_from = len(open(f"{pg.dir}/pg/server.log").read())
+                log_from = os.path.getsize(server_log)
                 b0 = sidecar.metric("realtime_auth_batches_total")
                 r0 = sidecar.metric("realtime_auth_requests_total")
                 r = harness.loadgen(f"ws://127.0.0.1:{a.http_port}", pg.dsn, SECRET, "--clients", a.clients,
@@ -56,7 +65,7 @@ def main():
                                     timeout=300)
                 r["auth_calls"] = sidecar.metric("realtime_auth_batches_total") - b0
                 r["auth_verdicts"] = sidecar.metric("realtime_auth_requests_total") - r0
-                r["auth_busy_ms"], r["auth_gap_ms"] = calls_in(open(f"{pg.dir}/pg/server.log").read()[log_from:])
+                r["auth_busy_ms"], r["auth_gap_ms"] = calls_in(read_from(server_log, log_from))
                 if label != "warm-up":
                     rows.append(r)
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; {a.clients:,} clients connecting and "

@@ -113,6 +113,45 @@ def perf(seconds, label, during, keep=False, callgraph=False, comms="postgres", 
     return counts
 
 
+def growth(base, var):
+    """Each key's growth from `base` to `var` (samples per unit of work), largest first."""
+    return sorted(((var.get(k, 0) - base.get(k, 0), k) for k in set(base) | set(var)), reverse=True)
+
+
+def print_growth(base, var, title):
+    """The symbols whose samples per unit of work grew most from `base` to `var`, idle
+    excluded, and the growth by process."""
+    grew = growth(base, var)
+    busy = [sum(v for k, v in d.items() if not k.startswith("swapper")) for d in (var, base)]
+    print(f"\n### {title}\n")
+    print(f"Total: {1000 * sum(var.values()):.1f} vs {1000 * sum(base.values()):.1f}; busy (idle, swapper, "
+          f"excluded): {1000 * busy[0]:.1f} vs {1000 * busy[1]:.1f}; idle excluded below.\n\n```")
+    for d, k in [g for g in grew if not g[1].startswith("swapper")][:30]:
+        print(f"{1000 * d:+8.2f}  {k}")
+    print("```")
+    by_comm = {}
+    for d, k in grew:
+        by_comm[k.split()[0]] = by_comm.get(k.split()[0], 0) + d
+    print("By process: " + ", ".join(f"{c} {1000 * d:+.2f}" for c, d in sorted(by_comm.items(), key=lambda kv: kv[1])
+                                     if abs(d) * 1000 >= 0.05))
+
+
+def drain_backend(pg, seconds=15):
+    """The pid of the backend running the sidecar's realtime.drain (bounded wait for its first call)."""
+    query = "SELECT pid FROM pg_stat_activity WHERE query LIKE '%realtime.drain%' AND pid <> pg_backend_pid()"
+    deadline = time.monotonic() + seconds
+    while not (found := pg.psql("-c", query).split()):
+        assert time.monotonic() < deadline, "the sidecar's drain never started"
+        time.sleep(0.1)
+    return int(found[0])
+
+
+def insert_rows(pg, clients, seconds, table):
+    """pgbench inserting one row per transaction into a trigger-cost table; its output."""
+    return harness.as_pg(["pgbench", *pg.conn, "-n", "-c", str(clients), "-j", str(min(clients, 2)), "-T",
+                          str(seconds), "-D", f"table={table}", "-f", f"{HERE}/insert_row.sql", "postgres"])
+
+
 def trigger(a):
     import trigger_cost
     extra = [f"realtime.queue_size = {a.queue_size}"] if a.queue_size else []
@@ -129,16 +168,13 @@ def trigger(a):
                 sidecar = stack.enter_context(harness.Sidecar(a.http_port, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS="2",
                                                               FILTER_TOPICS="false"))
                 consumers["sidecar process"] = sidecar.process.pid
-            query = "SELECT pid FROM pg_stat_activity WHERE query LIKE '%realtime.drain%' AND pid <> pg_backend_pid()"
-            consumers["drain backend"] = int(pg.psql("-c", query).split()[0])
+            consumers["drain backend"] = drain_backend(pg)
             per_txn, per_txn_incl = {}, {}
             for table in ("t_plain", a.variant):
                 txns = {}
 
                 def run():
-                    out = harness.as_pg(["pgbench", *pg.conn, "-n", "-c", str(a.clients), "-j", str(min(a.clients, 2)),
-                                         "-T", str(a.seconds), "-D", f"table={table}", "-f", f"{HERE}/insert_row.sql",
-                                         "postgres"])
+                    out = insert_rows(pg, a.clients, a.seconds, table)
                     print(next(l for l in out.splitlines() if l.startswith("tps")))
                     txns["n"] = int(re.search(r"actually processed: (\d+)", out).group(1))
                 cpu0 = {name: harness.proc_stats(pid)[0] for name, pid in consumers.items()}
@@ -152,18 +188,12 @@ def trigger(a):
                     f"{name} {1e6 * (harness.proc_stats(pid)[0] - cpu0[name]) / txns['n']:.1f} µs"
                     for name, pid in consumers.items()))
             # What the trigger adds: CPU samples per 1,000 transactions, variant minus plain.
-            base, var = per_txn["t_plain"], per_txn[a.variant]
-            grew = sorted(((var.get(k, 0) - base.get(k, 0), k) for k in set(base) | set(var)), reverse=True)
-            print(f"\n### Samples per 1,000 transactions (1 sample = 1 ms of CPU), {a.variant} minus t_plain\n")
-            print(f"Total: {1000 * sum(var.values()):.1f} vs {1000 * sum(base.values()):.1f}; "
-                  f"idle (swapper) excluded below.\n\n```")
-            for d, k in [g for g in grew if not g[1].startswith("swapper")][:30]:
-                print(f"{1000 * d:+8.2f}  {k}")
-            print("```")
+            print_growth(per_txn["t_plain"], per_txn[a.variant],
+                         f"Samples per 1,000 transactions (1 sample = 1 ms of CPU), {a.variant} minus t_plain")
             if a.callgraph:
                 # The same difference with callees included: which calls the growth is under.
                 base, var = per_txn_incl["t_plain"], per_txn_incl[a.variant]
-                grew = sorted(((var.get(k, 0) - base.get(k, 0), k) for k in set(base) | set(var)), reverse=True)
+                grew = growth(base, var)
                 print(f"\nIncluding callees, backends only, per 1,000 transactions:\n\n```")
                 for d, k in [g for g in grew if g[1].startswith("postgres ")][:60]:
                     print(f"{1000 * d:+8.2f}  {1000 * var.get(k, 0):8.2f}  {k}")
@@ -198,12 +228,7 @@ def consumers(a):
         for linger in [int(x) for x in a.lingers.split(",")]:
             with harness.Sidecar(a.http_port, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS=str(linger),
                                  FILTER_TOPICS="false") as sidecar:
-                query = "SELECT pid FROM pg_stat_activity WHERE query LIKE '%realtime.drain%' AND pid <> pg_backend_pid()"
-                deadline = time.monotonic() + 15
-                while not (found := pg.psql("-c", query).split()):
-                    assert time.monotonic() < deadline, "the sidecar's drain never started"
-                    time.sleep(0.1)
-                procs = {"backend": int(found[0]), "sidecar": sidecar.process.pid}
+                procs = {"backend": drain_backend(pg), "sidecar": sidecar.process.pid}
 
                 def snapshot():
                     return ({k: harness.proc_stats(p)[0] for k, p in procs.items()},
@@ -211,9 +236,7 @@ def consumers(a):
                             sidecar.metric("realtime_drain_batches_total"),
                             sidecar.metric("realtime_drain_messages_total"))
                 cpu0, sw0, calls0, msgs0 = snapshot()
-                out = harness.as_pg(["pgbench", *pg.conn, "-n", "-c", str(a.clients), "-j", str(min(a.clients, 2)),
-                                     "-T", str(a.seconds), "-D", f"table={a.variant}", "-f", f"{HERE}/insert_row.sql",
-                                     "postgres"])
+                out = insert_rows(pg, a.clients, a.seconds, a.variant)
                 cpu1, sw1, calls1, msgs1 = snapshot()
                 tps = float(re.search(r"tps = ([\d.]+)", out).group(1))
                 calls, msgs = max(calls1 - calls0, 1), max(msgs1 - msgs0, 1)
@@ -282,20 +305,8 @@ def joins(a):
                 r = res["r"]
                 print({k: r[k] for k in ("joined", "join_errors", "joins_per_second", "connect_seconds")})
                 per_join[kind] = {k: v / max(r["joined"], 1) for k, v in counts.items()}
-            base, var = per_join["public"], per_join["private"]
-            grew = sorted(((var.get(k, 0) - base.get(k, 0), k) for k in set(base) | set(var)), reverse=True)
-            busy = [sum(v for k, v in d.items() if not k.startswith("swapper")) for d in (var, base)]
-            print("\n### Samples per 1,000 joins (1 sample = 1 ms of CPU), private minus public\n")
-            print(f"Total busy: {1000 * busy[0]:.1f} vs {1000 * busy[1]:.1f}; idle (swapper) excluded below.\n\n```")
-            for d, k in [g for g in grew if not g[1].startswith("swapper")][:30]:
-                print(f"{1000 * d:+8.2f}  {k}")
-            print("```")
-            by_comm = {}
-            for d, k in grew:
-                by_comm[k.split()[0]] = by_comm.get(k.split()[0], 0) + d
-            print("By process: " + ", ".join(f"{c} {1000 * d:+.2f}" for c, d in sorted(by_comm.items(),
-                                                                                       key=lambda kv: kv[1])
-                                           if abs(d) * 1000 >= 0.05))
+            print_growth(per_join["public"], per_join["private"],
+                         "Samples per 1,000 joins (1 sample = 1 ms of CPU), private minus public")
 
 
 def authorize(a):
