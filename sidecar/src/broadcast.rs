@@ -7,8 +7,9 @@
 use crate::command::ClientBroadcast;
 use crate::frame::Inbound;
 use crate::gate::Gate;
-use crate::hub::{Hub, Link, TopicKey};
+use crate::hub::{Hub, Subscriber, TopicKey};
 use crate::join_config::JoinConfig;
+use crate::reach::{Link, Reach};
 use crate::reason::Refusal;
 use crate::relay::{self, AckTo, Failure};
 use crate::state::Shared;
@@ -46,34 +47,32 @@ impl State {
         &self,
         hub: &Hub,
         link: &Link,
+        reach: &Reach,
         key: &TopicKey,
-        join_ref: Option<String>,
         gate: Option<Arc<Gate>>,
     ) {
         if self.read {
-            let sub = link.subscriber(join_ref, self.self_broadcast, gate);
+            let sub = Subscriber {
+                reach: reach.clone(),
+                origin: link.origin,
+                self_broadcast: self.self_broadcast,
+                gate,
+            };
             hub.subscribe(key.clone(), sub);
         }
     }
 
     /// Stops delivery to the channel.
-    pub fn stop(&self, hub: &Hub, link: &Link, key: &TopicKey) {
+    pub fn stop(&self, hub: &Hub, reach: &Reach, key: &TopicKey) {
         if self.read {
-            hub.unsubscribe(key, link.id);
+            hub.unsubscribe(key, reach.conn);
         }
     }
 
     /// Applies a re-checked read verdict: delivery starts or stops when it changed. The
     /// write verdict is asked again at the next push (so a revoked write takes effect
     /// within the same time to live).
-    pub fn apply(
-        &mut self,
-        read: bool,
-        hub: &Hub,
-        link: &Link,
-        key: &TopicKey,
-        join_ref: &Option<String>,
-    ) {
+    pub fn apply(&mut self, read: bool, hub: &Hub, link: &Link, reach: &Reach, key: &TopicKey) {
         if key.private {
             self.write = None;
         }
@@ -82,9 +81,9 @@ impl State {
         }
         if read {
             self.read = true;
-            self.start(hub, link, key, join_ref.clone(), None);
+            self.start(hub, link, reach, key, None);
         } else {
-            self.stop(hub, link, key);
+            self.stop(hub, reach, key);
             self.read = false;
         }
     }
@@ -94,6 +93,7 @@ impl State {
 pub fn push(
     shared: &Shared,
     link: &Link,
+    reach: &Reach,
     key: &TopicKey,
     state: &State,
     m: &Inbound,
@@ -114,11 +114,7 @@ pub fn push(
         });
     }
     let reply = AckTo::Socket {
-        tx: link.tx.clone(),
-        vsn: link.vsn,
-        join_ref: m.join_ref.clone(),
-        reference: m.reference.clone(),
-        topic: m.topic.clone(),
+        to: reach.answering(m),
         ack: state.ack,
         persist: persist.is_some(),
     };

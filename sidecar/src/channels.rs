@@ -13,7 +13,7 @@ use crate::command::{ClientBroadcast, Command, Frame};
 use crate::frame::{self, Inbound, Vsn};
 use crate::gate::Gate;
 use crate::history::{self, ask::Ask};
-use crate::hub::{ConnId, Link, TopicKey};
+use crate::hub::{ConnId, TopicKey};
 use crate::interest::{self, Held};
 use crate::join_config::{self, JoinConfig};
 use crate::jwt::{self, Claims, JwtError};
@@ -23,6 +23,7 @@ use crate::postgres_changes::check::{self, Checked};
 use crate::postgres_changes::{self, subscribers, Binding};
 use crate::presence::channel::{self as presence_channel, ChannelPresence, Outcome, PresencePush};
 use crate::rate::Rate;
+use crate::reach::{Link, Reach};
 use crate::reason::{ChannelClosed, Disconnect, Refusal};
 use crate::state::Shared;
 use serde_json::json;
@@ -30,7 +31,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -38,7 +39,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// A joined channel.
 pub struct Channel {
     pub key: TopicKey,
-    pub join_ref: Option<String>,
+    /// The way to the channel's socket, under its topic and join_ref.
+    pub reach: Reach,
     /// The identity its verdicts are for (the socket's token, or the join's or a refresh's).
     pub claims: Claims,
     pub broadcast: broadcast::State,
@@ -143,13 +145,7 @@ impl Channels {
     ) -> (Self, mpsc::UnboundedReceiver<Box<AuthDone>>) {
         let (auth_done, auth_rx) = mpsc::unbounded_channel();
         let id = NEXT_ID.fetch_add(1, Relaxed);
-        let link = Link {
-            id,
-            vsn,
-            origin: shared.origin(id),
-            tx,
-            too_slow: Arc::new(Notify::new()),
-        };
+        let link = Link::new(id, vsn, shared.origin(id), tx);
         let channels = Channels {
             link,
             shared,
@@ -168,10 +164,6 @@ impl Channels {
 
     pub fn id(&self) -> ConnId {
         self.link.id
-    }
-
-    pub fn too_slow(&self) -> Arc<Notify> {
-        self.link.too_slow.clone()
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -200,25 +192,9 @@ impl Channels {
         self.out.push(Message::text(text));
     }
 
-    fn push_system(&mut self, topic: &str, join_ref: Option<&str>, status: &str, message: &str) {
-        self.push_text(frame::system(
-            self.link.vsn,
-            join_ref,
-            topic,
-            status,
-            message,
-        ));
-    }
-
-    fn push_close(&mut self, topic: &str, join_ref: Option<&str>) {
-        self.push_text(frame::encode(
-            self.link.vsn,
-            join_ref,
-            None,
-            topic,
-            "phx_close",
-            &json!({}),
-        ));
+    /// A `system` message on a channel, written before anything the outbound queue holds.
+    fn push_system(&mut self, reach: &Reach, status: &str, message: &str) {
+        self.push_text(reach.system_text(status, message));
     }
 
     /// Closes channels whose token expired, as Supabase does: a system error, then phx_close.
@@ -244,11 +220,11 @@ impl Channels {
         if let Some(gate) = &ch.history_gate {
             gate.close();
         }
-        ch.broadcast.stop(&self.shared.hub, &self.link, &ch.key);
+        ch.broadcast.stop(&self.shared.hub, &ch.reach, &ch.key);
         if ch.postgres_changes {
             self.shared.changes.remove(self.link.id, topic);
         }
-        ch.presence.stop(&self.shared.presence, &self.link, &ch.key);
+        ch.presence.stop(&self.shared.presence, &ch.reach, &ch.key);
         self.shared.metrics.channels.decrement(1.0);
     }
 
@@ -471,28 +447,18 @@ impl Channels {
         let gate = ask
             .as_ref()
             .map(|_| Gate::new(self.shared.cfg.max_outbound_frames));
-        broadcast.start(
-            &self.shared.hub,
-            &self.link,
-            &key,
-            m.join_ref.clone(),
-            gate.clone(),
-        );
+        let reach = self.link.reach(&m.topic, m.join_ref.as_deref());
+        broadcast.start(&self.shared.hub, &self.link, &reach, &key, gate.clone());
         self.shared.metrics.channels.increment(1.0);
         self.shared.metrics.joins_total.increment(1);
         let replied = postgres_changes::reply(&bindings);
         let has_changes = !bindings.is_empty();
         if has_changes {
             self.shared.changes.add(subscribers::Subscriber {
-                conn: self.link.id,
-                vsn: self.link.vsn,
-                topic: m.topic.clone(),
-                join_ref: m.join_ref.clone(),
+                reach: reach.clone(),
                 bindings,
                 role: claims.role.clone(),
                 claims: claims.all.to_string(),
-                tx: self.link.tx.clone(),
-                too_slow: self.link.too_slow.clone(),
             });
         }
         self.push_text(frame::reply(
@@ -503,9 +469,9 @@ impl Channels {
         ));
         if has_changes {
             self.push_text(frame::system_of(
-                self.link.vsn,
-                m.join_ref.as_deref(),
-                &m.topic,
+                reach.vsn,
+                reach.join_ref(),
+                &reach.topic,
                 "postgres_changes",
                 "ok",
                 "Subscribed to PostgreSQL",
@@ -523,7 +489,7 @@ impl Channels {
                     "Replication connection is not established yet; changes are kept and delivered once it is",
                 )
             };
-            self.push_system(&m.topic, m.join_ref.as_deref(), status, message);
+            self.push_system(&reach, status, message);
         }
         if let (Some(ask), Some(gate)) = (ask, &gate) {
             // After the reply (in `out`, written first), the history and then the held live
@@ -531,10 +497,7 @@ impl Channels {
             let request = history::fetch::Request {
                 ask,
                 key: key.clone(),
-                join_ref: m.join_ref.clone(),
-                vsn: self.link.vsn,
-                tx: self.link.tx.clone(),
-                too_slow: self.link.too_slow.clone(),
+                reach: reach.clone(),
                 gate: gate.clone(),
                 carry: None,
             };
@@ -553,12 +516,12 @@ impl Channels {
         };
         let mut presence =
             ChannelPresence::new(presence_key, config.presence, config.private, presence_read);
-        presence.start(&self.shared.presence, &self.link, &key, &m.join_ref);
+        presence.start(&self.shared.presence, &reach, &key);
         let generation = self.next_generation;
         self.next_generation += 1;
         let channel = Channel {
             key,
-            join_ref: m.join_ref.clone(),
+            reach,
             broadcast,
             presence,
             postgres_changes: has_changes,
@@ -701,13 +664,13 @@ impl Channels {
                 (b * 2).min(Duration::from_secs(30))
             });
             ch.checks.backoff = Some(backoff);
-            let join_ref = ch.join_ref.clone();
+            let reach = ch.reach.clone();
             let msg = format!(
                 "Realtime could not re-check this channel's permissions ({}); retrying in {} s",
                 f.reason(),
                 backoff.as_secs()
             );
-            self.push_system(topic, join_ref.as_deref(), "error", &msg);
+            self.push_system(&reach, "error", &msg);
             let done = self.auth_done.clone();
             let topic = topic.to_owned();
             tokio::spawn(async move {
@@ -727,11 +690,10 @@ impl Channels {
         let read = access.broadcast_read.allowed();
         let hub = &self.shared.hub;
         ch.broadcast
-            .apply(read, hub, &self.link, &ch.key, &ch.join_ref);
+            .apply(read, hub, &self.link, &ch.reach, &ch.key);
         if let Some(read) = &access.presence_read {
             let p = &self.shared.presence;
-            ch.presence
-                .set_read(read.allowed(), p, &self.link, &ch.key, &ch.join_ref);
+            ch.presence.set_read(read.allowed(), p, &ch.reach, &ch.key);
         }
         // Presence write is asked again at the next track: revoking it takes effect
         // within the same time to live.
@@ -745,9 +707,9 @@ impl Channels {
     fn leave(&mut self, topic: &str, reason: Option<ChannelClosed>) {
         if let Some(mut ch) = self.channels.remove(topic) {
             if let Some(r) = reason {
-                self.push_system(topic, ch.join_ref.as_deref(), "error", &r.text());
+                self.push_system(&ch.reach, "error", &r.text());
             }
-            self.push_close(topic, ch.join_ref.as_deref());
+            self.push_text(ch.reach.close_text());
             self.unsubscribe(topic, &mut ch);
         }
     }
@@ -783,7 +745,7 @@ impl Channels {
         }
         let (key, state) = (&ch.key, &ch.broadcast);
         let persisted = b.persist != Ok(None);
-        if let Err(why) = broadcast::push(&self.shared, &self.link, key, state, &m, b) {
+        if let Err(why) = broadcast::push(&self.shared, &self.link, &ch.reach, key, state, &m, b) {
             self.refuse_broadcast(&m, &why, persisted);
         }
     }
@@ -850,9 +812,7 @@ impl Channels {
             return;
         }
         let p = &self.shared.presence;
-        let outcome = ch
-            .presence
-            .push(p, &self.link, &ch.key, &ch.join_ref, &m, push);
+        let outcome = ch.presence.push(p, &ch.reach, &ch.key, &m, push);
         match outcome {
             Outcome::Handed => {}
             Outcome::Refused(why) => self.refuse(&m, why),
@@ -910,8 +870,7 @@ impl Channels {
             }
             if let Some(read) = read {
                 let p = &self.shared.presence;
-                ch.presence
-                    .set_read(read.allowed(), p, &self.link, &ch.key, &ch.join_ref);
+                ch.presence.set_read(read.allowed(), p, &ch.reach, &ch.key);
             }
             ch.presence.write = Some(write.allowed());
         }
@@ -1149,7 +1108,7 @@ mod tests {
         assert!(t.got("room", &[11, 12]).is_empty());
         // The history went through 11: 12 follows it, once; 11 again (a drainer behind the
         // history) does not, 13 does.
-        req.gate.open(5, (11, vec![]), None, &req.tx, &req.too_slow);
+        req.gate.open(5, (11, vec![]), None, &req.reach);
         assert_eq!(t.got("room", &[11, 13]), vec![12, 13]);
         // The same join again on this socket (realtime-js may send two on a reconnect,
         // both naming the older position): it resumes after what this socket was sent.

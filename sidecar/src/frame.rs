@@ -163,6 +163,19 @@ fn ref_value(r: Option<&str>) -> Value {
     r.map_or(Value::Null, |s| Value::String(s.to_owned()))
 }
 
+/// The prefix of every channel topic on the wire.
+const CHANNEL_PREFIX: &str = "realtime:";
+
+/// A channel's topic on the wire for a sub-topic (`room` → `realtime:room`).
+pub fn channel_topic(sub_topic: &str) -> String {
+    format!("{CHANNEL_PREFIX}{sub_topic}")
+}
+
+/// The sub-topic of a channel topic (`realtime:room` → `room`); other text as it is.
+pub fn sub_topic(topic: &str) -> &str {
+    topic.strip_prefix(CHANNEL_PREFIX).unwrap_or(topic)
+}
+
 /// Encodes a server message (reply, push, system, close) as a text frame.
 pub fn encode(
     vsn: Vsn,
@@ -213,7 +226,7 @@ pub fn system_of(
     status: &str,
     message: &str,
 ) -> String {
-    let sub = topic.strip_prefix("realtime:").unwrap_or(topic);
+    let sub = sub_topic(topic);
     let payload =
         json!({"extension": extension, "status": status, "message": message, "channel": sub});
     encode(vsn, join_ref, None, topic, "system", &payload)

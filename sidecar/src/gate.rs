@@ -16,9 +16,9 @@
 //! began, so the read covers it; the client catches up in passes and is never cut off for
 //! it.
 
-use crate::outbound;
+use crate::outbound::Sent;
+use crate::reach::Reach;
 use std::sync::{Arc, Mutex};
-use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;
 
 enum State {
@@ -111,8 +111,7 @@ impl Gate {
         epoch: i64,
         (through, skip): (i64, Vec<i64>),
         first: Option<Message>,
-        tx: &outbound::Sender,
-        too_slow: &Notify,
+        to: &Reach,
     ) -> Opened {
         let mut state = self.state.lock().unwrap();
         match &mut *state {
@@ -134,9 +133,9 @@ impl Gate {
             .into_iter()
             .filter(|(seq, _)| *seq > through && !skip.contains(seq));
         for (seq, frame) in first.map(|f| (0, f)).into_iter().chain(held) {
-            if tx.try_send(frame).is_err() {
+            if to.send(frame) != Sent::Queued {
+                // A full queue closes the connection as too slow (`outbound`).
                 *state = State::Closed;
-                too_slow.notify_one();
                 return Opened::Closed;
             }
             if seq > 0 {
@@ -159,7 +158,12 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbound;
     use futures_util::FutureExt;
+
+    fn reach(tx: outbound::Sender) -> Reach {
+        crate::reach::Link::new(1, crate::frame::Vsn::V1, 1, tx).reach("realtime:t", None)
+    }
 
     fn frame(n: i64) -> Message {
         Message::text(n.to_string())
@@ -174,7 +178,7 @@ mod tests {
     #[test]
     fn held_frames_after_the_history_pass_once_and_in_order() {
         let (tx, mut rx) = crate::outbound::channel(16);
-        let slow = Notify::new();
+        let to = reach(tx);
         let gate = Gate::new(100);
         // Live frames 5..=8 arrive while the history (through 6) is being read.
         for n in 5..=8 {
@@ -182,7 +186,7 @@ mod tests {
         }
         assert_eq!(gate.last_sent(), None);
         let system = Some(Message::text("system"));
-        assert_eq!(gate.open(1, (6, vec![]), system, &tx, &slow), Opened::Yes);
+        assert_eq!(gate.open(1, (6, vec![]), system, &to), Opened::Yes);
         assert_eq!(drain(&mut rx), vec!["system", "7", "8"]);
         assert_eq!(gate.last_sent(), Some((1, 8)));
         // A drainer behind the history re-dispatches 6: dropped; 9 passes.
@@ -192,36 +196,33 @@ mod tests {
         gate.close();
         assert!(gate.is_closed());
         assert!(gate.pass(1, 10, &frame(10)).is_none());
-        assert!(slow.notified().now_or_never().is_none());
+        assert!(rx.overflowed().now_or_never().is_none());
     }
 
     #[test]
     fn holding_too_much_drops_it_and_asks_for_the_history_again() {
         let (tx, mut rx) = crate::outbound::channel(16);
-        let slow = Notify::new();
+        let to = reach(tx);
         let gate = Gate::new(2);
         // A drainer far behind dispatches 1..=5 while the first read (through 0) is sent.
         for n in 1..=5 {
             gate.pass(1, n, &frame(n));
         }
-        assert_eq!(
-            gate.open(1, (0, vec![]), None, &tx, &slow),
-            Opened::ReadAgain(1)
-        );
+        assert_eq!(gate.open(1, (0, vec![]), None, &to), Opened::ReadAgain(1));
         assert!(
             drain(&mut rx).is_empty(),
             "nothing passes before the history"
         );
         // The second read went through 5 (it covers what was dropped); 6 came meanwhile.
         gate.pass(1, 6, &frame(6));
-        assert_eq!(gate.open(1, (5, vec![]), None, &tx, &slow), Opened::Yes);
+        assert_eq!(gate.open(1, (5, vec![]), None, &to), Opened::Yes);
         assert_eq!(drain(&mut rx), vec!["6"]);
         assert!(
-            slow.notified().now_or_never().is_none(),
+            rx.overflowed().now_or_never().is_none(),
             "never cut off for it"
         );
         gate.close();
-        assert_eq!(gate.open(1, (9, vec![]), None, &tx, &slow), Opened::Closed);
+        assert_eq!(gate.open(1, (9, vec![]), None, &to), Opened::Closed);
     }
 
     /// Regression: a replay opened its gate at the end of its read like a resume does, so a
@@ -230,12 +231,12 @@ mod tests {
     #[test]
     fn a_replay_skips_only_what_it_replayed() {
         let (tx, mut rx) = crate::outbound::channel(16);
-        let slow = Notify::new();
+        let to = reach(tx);
         let gate = Gate::new(100);
         gate.pass(1, 30, &frame(30));
         gate.pass(1, 31, &frame(31));
         // The replay sent 30 (and older ones), not 31; its read went through 31.
-        assert_eq!(gate.open(1, (0, vec![30]), None, &tx, &slow), Opened::Yes);
+        assert_eq!(gate.open(1, (0, vec![30]), None, &to), Opened::Yes);
         assert_eq!(drain(&mut rx), vec!["31"]);
         assert!(gate.pass(1, 30, &frame(30)).is_none());
         assert!(gate.pass(1, 32, &frame(32)).is_some());

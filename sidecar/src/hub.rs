@@ -5,14 +5,13 @@
 use crate::frame::{self, Meta, Vsn};
 use crate::gate::Gate;
 use crate::metrics::Metrics;
-use crate::outbound::{self, TrySendError};
+use crate::outbound::Sent;
+pub use crate::reach::ConnId;
+use crate::reach::Reach;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
-use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;
-
-pub type ConnId = u64;
 
 /// Channels are addressed by sub-topic and privacy: a public channel never receives private
 /// messages, and the reverse (Supabase keeps them in separate namespaces too).
@@ -22,53 +21,16 @@ pub struct TopicKey {
     pub topic: String,
 }
 
-/// What the hub needs to reach one joined channel.
+/// A joined channel the hub delivers to.
 #[derive(Clone)]
 pub struct Subscriber {
-    pub conn: ConnId,
-    pub vsn: Vsn,
-    pub join_ref: Option<String>,
+    pub reach: Reach,
     /// This channel's connection, as `realtime.relay` origins name it.
     pub origin: i64,
     /// Whether the connection wants its own broadcasts back (`config.broadcast.self`).
     pub self_broadcast: bool,
-    pub tx: outbound::Sender,
-    /// Notified when the connection fell behind and must close.
-    pub too_slow: Arc<Notify>,
     /// Set while the channel's history is being sent (`gate`).
     pub gate: Option<Arc<Gate>>,
-}
-
-/// How the hub and the relay reach this connection.
-pub struct Link {
-    pub id: ConnId,
-    pub vsn: Vsn,
-    /// The connection as `realtime.relay` origins name it.
-    pub origin: i64,
-    /// The bounded outbound queue the socket writes from.
-    pub tx: outbound::Sender,
-    /// Notified when the queue overflowed: the connection must close.
-    pub too_slow: Arc<Notify>,
-}
-
-impl Link {
-    pub fn subscriber(
-        &self,
-        join_ref: Option<String>,
-        self_broadcast: bool,
-        gate: Option<Arc<Gate>>,
-    ) -> Subscriber {
-        Subscriber {
-            conn: self.id,
-            vsn: self.vsn,
-            join_ref,
-            origin: self.origin,
-            self_broadcast,
-            tx: self.tx.clone(),
-            too_slow: self.too_slow.clone(),
-            gate,
-        }
-    }
 }
 
 /// A message drained from the queue, ready for fan-out: sent in the database
@@ -93,7 +55,7 @@ impl QueueMessage {
     /// The frame for sockets of serializer `vsn`; None when it cannot carry the message (a
     /// binary payload to a 1.0.0 socket, which Supabase drops too; a field over 255 bytes).
     pub fn frame(&self, vsn: Vsn) -> Option<Message> {
-        let channel_topic = format!("realtime:{}", self.topic);
+        let channel_topic = frame::channel_topic(&self.topic);
         let meta = Meta {
             id: self.id.as_deref(),
             replayed: self.replayed,
@@ -137,7 +99,7 @@ impl Frames {
         if m.origin == Some(sub.origin) && !sub.self_broadcast {
             return None;
         }
-        let frame = match sub.vsn {
+        let frame = match sub.reach.vsn {
             Vsn::V1 => self.v1.get_or_init(|| m.frame(Vsn::V1)),
             Vsn::V2 => self.v2.get_or_init(|| m.frame(Vsn::V2)),
         };
@@ -178,10 +140,10 @@ struct Subscribers {
 impl Subscribers {
     /// Adds `sub`, or replaces the same connection's earlier subscription.
     fn insert(&mut self, sub: Subscriber) {
-        match self.at.get(&sub.conn) {
+        match self.at.get(&sub.reach.conn) {
             Some(&i) => self.list[i] = sub,
             None => {
-                self.at.insert(sub.conn, self.list.len());
+                self.at.insert(sub.reach.conn, self.list.len());
                 self.list.push(sub);
             }
         }
@@ -194,7 +156,7 @@ impl Subscribers {
         };
         self.list.swap_remove(i);
         if let Some(moved) = self.list.get(i) {
-            self.at.insert(moved.conn, i);
+            self.at.insert(moved.reach.conn, i);
         }
     }
 }
@@ -228,21 +190,15 @@ impl Hub {
         }
     }
 
-    /// Queues `msg` to the subscriber's connection; false if the queue was full (the
-    /// connection is then told to close, and nothing more should be queued to it).
+    /// Queues `msg` to the subscriber's connection; false if it was not queued (a full
+    /// queue closes the connection; a closing one unsubscribes itself): nothing more
+    /// should be queued to it.
     fn deliver(&self, sub: &Subscriber, msg: Message) -> bool {
-        match sub.tx.try_send(msg) {
-            Ok(()) => {
-                self.metrics.deliveries_total.increment(1);
-                true
-            }
-            Err(TrySendError::Full(_)) => {
-                sub.too_slow.notify_one();
-                false
-            }
-            // The connection is closing and will unsubscribe itself.
-            Err(TrySendError::Closed(_)) => false,
+        let sent = sub.reach.send(msg) == Sent::Queued;
+        if sent {
+            self.metrics.deliveries_total.increment(1);
         }
+        sent
     }
 
     /// Fans a queue message out to the subscribers of its topic.
@@ -294,7 +250,7 @@ impl Hub {
                 let Some(frame) = f.for_subscriber(sub, m) else {
                     continue;
                 };
-                let i = *at.entry(sub.conn).or_insert_with(|| {
+                let i = *at.entry(sub.reach.conn).or_insert_with(|| {
                     pending.push((sub, Vec::new()));
                     pending.len() - 1
                 });
@@ -314,17 +270,9 @@ impl Hub {
     /// back, or messages were lost).
     pub fn system_all(&self, status: &str, message: &str) {
         let topics = self.topics.read().unwrap();
-        for (key, subs) in topics.iter() {
-            let channel_topic = format!("realtime:{}", key.topic);
+        for subs in topics.values() {
             for sub in &subs.list {
-                let text = frame::system(
-                    sub.vsn,
-                    sub.join_ref.as_deref(),
-                    &channel_topic,
-                    status,
-                    message,
-                );
-                self.deliver(sub, Message::text(text));
+                self.deliver(sub, Message::text(sub.reach.system_text(status, message)));
             }
         }
     }
@@ -333,6 +281,7 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbound;
 
     fn key(t: &str) -> TopicKey {
         TopicKey {
@@ -342,15 +291,17 @@ mod tests {
     }
 
     fn sub(conn: ConnId) -> (Subscriber, outbound::Receiver) {
-        let (tx, rx) = crate::outbound::channel(16);
+        sub_of(conn, 16)
+    }
+
+    /// A subscriber of topic `t` whose outbound queue holds `capacity` frames.
+    fn sub_of(conn: ConnId, capacity: usize) -> (Subscriber, outbound::Receiver) {
+        let (tx, rx) = crate::outbound::channel(capacity);
+        let link = crate::reach::Link::new(conn, Vsn::V1, conn as i64, tx);
         let s = Subscriber {
-            conn,
-            vsn: Vsn::V1,
-            join_ref: Some(conn.to_string()),
+            reach: link.reach("realtime:t", Some(&conn.to_string())),
             origin: conn as i64,
             self_broadcast: false,
-            tx,
-            too_slow: Arc::new(Notify::new()),
             gate: None,
         };
         (s, rx)
@@ -396,15 +347,15 @@ mod tests {
         let subs = &topics[&key("t")];
         assert_eq!(subs.list.len(), 66);
         for (i, s) in subs.list.iter().enumerate() {
-            assert_eq!(subs.at[&s.conn], i, "index of {}", s.conn);
+            assert_eq!(subs.at[&s.reach.conn], i, "index of {}", s.reach.conn);
         }
     }
 
     #[test]
     fn the_last_leave_removes_the_topic_and_self_is_left_out() {
         let hub = Hub::new(Arc::new(Metrics::default()));
-        let (a, mut rx_a) = sub(1);
-        let (b, mut rx_b) = sub(2);
+        let (a, rx_a) = sub(1);
+        let (b, rx_b) = sub(2);
         hub.subscribe(key("t"), a);
         hub.subscribe(key("t"), b);
         // A client broadcast from connection 1 (self: false) reaches only connection 2.
@@ -423,7 +374,7 @@ mod tests {
         // Connection 1 is on topics a and b (one queue); connection 2 only on b.
         let (a1, mut rx1) = sub(1);
         let mut b1 = a1.clone();
-        b1.join_ref = Some("b".into());
+        b1.reach.join_ref = Some("b".into());
         let (b2, mut rx2) = sub(2);
         hub.subscribe(key("a"), a1);
         hub.subscribe(key("b"), b1);
@@ -451,10 +402,7 @@ mod tests {
     fn a_one_topic_batch_reaches_each_subscriber_in_order_and_a_full_queue_stops_only_its_own() {
         use futures_util::FutureExt;
         let hub = Hub::new(Arc::new(Metrics::default()));
-        let (tx, mut slow_rx) = crate::outbound::channel(2);
-        let (mut slow, _) = sub(1);
-        slow.tx = tx;
-        let too_slow = slow.too_slow.clone();
+        let (slow, mut slow_rx) = sub_of(1, 2);
         let (fast, mut fast_rx) = sub(2);
         hub.subscribe(key("t"), slow);
         hub.subscribe(key("t"), fast);
@@ -465,26 +413,23 @@ mod tests {
         hub.dispatch_batch(&batch);
         assert_eq!(seqs(&mut fast_rx), vec![1, 2, 3]);
         assert_eq!(seqs(&mut slow_rx), vec![1, 2]);
-        assert!(too_slow.notified().now_or_never().is_some());
+        assert!(slow_rx.overflowed().now_or_never().is_some());
     }
 
     #[test]
     fn a_full_queue_cuts_its_connection_off_without_holding_up_the_others() {
         use futures_util::FutureExt;
         let hub = Hub::new(Arc::new(Metrics::default()));
-        let (tx, mut slow_rx) = crate::outbound::channel(1);
-        let (mut slow, _) = sub(1);
-        slow.tx = tx;
-        let too_slow = slow.too_slow.clone();
-        let (fast, mut fast_rx) = sub(2);
+        let (slow, slow_rx) = sub_of(1, 1);
+        let (fast, fast_rx) = sub(2);
         hub.subscribe(key("t"), slow);
         hub.subscribe(key("t"), fast);
         hub.dispatch(&message("t", None));
-        assert!(too_slow.notified().now_or_never().is_none());
+        assert!(slow_rx.overflowed().now_or_never().is_none());
         hub.dispatch(&message("t", None));
         // The second message found the slow queue full: that connection is told to close,
         // the other got both.
-        assert!(too_slow.notified().now_or_never().is_some());
+        assert!(slow_rx.overflowed().now_or_never().is_some());
         assert_eq!(std::iter::from_fn(|| fast_rx.try_recv().ok()).count(), 2);
         assert_eq!(std::iter::from_fn(|| slow_rx.try_recv().ok()).count(), 1);
         assert_eq!(hub.metrics.value("realtime_deliveries_total"), Some(3.0));

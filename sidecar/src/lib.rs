@@ -25,7 +25,8 @@
 //! 2. Each row becomes a `hub::QueueMessage`; `Hub::dispatch` looks its topic up under one
 //!    read lock, encodes the frame at most once per serializer and `try_send`s the same
 //!    bytes into each subscriber's bounded outbound queue. The hub never waits on a socket:
-//!    a full queue notifies the connection `too_slow`, and it closes with that reason.
+//!    a queue that is full marks itself overflowed, and its connection closes as too slow
+//!    (the rule lives in `outbound` and the socket loop alone).
 //! 3. `socket` (one task per connection) writes what is queued, up to 256 frames a flush.
 //!
 //! Captured row changes (Postgres Changes, `extension/src/capture.rs`) come through the
@@ -107,7 +108,8 @@
 //! Changes extension (bindings, the join-time check, who listens, delivery) · `history/`
 //! replay and resume (what a join asks, the batched read) · `presence/` presence (a
 //! channel's pushes, wishes, the worker, the views) · `gate` a rejoining channel's
-//! live frames held until its history is sent · `hub` topics and fan-out · `outbound` a connection's outbound queue ·
+//! live frames held until its history is sent · `hub` topics and fan-out · `reach` the one way to a
+//! joined channel's socket, held by every registry · `outbound` a connection's outbound queue ·
 //! `drainer` the queue side · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `relay` batched
 //! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what those two share (reconnects, batches) · `db_thread` the thread the round trips joins wait on run on · `reason`
 //! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` · `config` · `state` · `shutdown`.
@@ -135,6 +137,7 @@ pub mod persist;
 pub mod postgres_changes;
 pub mod presence;
 pub mod rate;
+pub mod reach;
 pub mod reason;
 pub mod relay;
 pub mod rest;

@@ -10,6 +10,11 @@
 //!
 //! One lock per push and per pop, never held across an await: the pushers (the hub's
 //! dispatch, a history send) and the one reader take it for a few instructions.
+//!
+//! The queue also owns the rule for a client that cannot keep up: a push that finds it full
+//! marks it overflowed, and the reader (the socket loop, waiting on `overflowed`) ends the
+//! connection as too slow. No pusher decides that itself, and nothing more is queued once
+//! the mark is set.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -19,13 +24,15 @@ use tokio_tungstenite::tungstenite::Message;
 /// A buffer this large or smaller is kept when the queue empties; a larger one is freed.
 const KEEP: usize = 32;
 
-/// Why a frame could not be queued; the frame comes back.
-#[derive(Debug)]
-pub enum TrySendError<T> {
-    /// The queue holds its capacity: the connection is too slow.
-    Full(T),
+/// What became of a frame handed to `send`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    Queued,
+    /// The queue held its capacity (or was cut off before): the frame was dropped and the
+    /// connection is being closed as too slow.
+    Full,
     /// The connection's task is gone.
-    Closed(T),
+    Closed,
 }
 
 /// Why `try_recv` returned no frame.
@@ -42,12 +49,16 @@ struct State {
     senders: usize,
     /// The reader is gone.
     closed: bool,
+    /// A push found the queue full, or a sender cut the connection off: it must close.
+    overflowed: bool,
 }
 
 struct Inner {
     state: Mutex<State>,
     /// Wakes the reader after a push or when the last sender leaves.
     readable: Notify,
+    /// Wakes the reader once the queue overflowed.
+    cut: Notify,
     capacity: usize,
 }
 
@@ -68,8 +79,10 @@ pub fn channel(capacity: usize) -> (Sender, Receiver) {
             frames: VecDeque::new(),
             senders: 1,
             closed: false,
+            overflowed: false,
         }),
         readable: Notify::new(),
+        cut: Notify::new(),
         capacity,
     });
     (
@@ -81,20 +94,34 @@ pub fn channel(capacity: usize) -> (Sender, Receiver) {
 }
 
 impl Sender {
-    /// Queues `frame` unless the queue is full or its reader gone; never waits.
-    pub fn try_send(&self, frame: Message) -> Result<(), TrySendError<Message>> {
+    /// Queues `frame` unless the queue is full or its reader gone; never waits. A full
+    /// queue is marked overflowed: the connection closes as too slow.
+    pub fn send(&self, frame: Message) -> Sent {
         {
             let mut s = self.inner.state.lock().unwrap();
             if s.closed {
-                return Err(TrySendError::Closed(frame));
+                return Sent::Closed;
+            }
+            if s.overflowed {
+                return Sent::Full;
             }
             if s.frames.len() >= self.inner.capacity {
-                return Err(TrySendError::Full(frame));
+                s.overflowed = true;
+                drop(s);
+                self.inner.cut.notify_one();
+                return Sent::Full;
             }
             s.frames.push_back(frame);
         }
         self.inner.readable.notify_one();
-        Ok(())
+        Sent::Queued
+    }
+
+    /// Marks the connection too slow without a full queue (a history that made no progress
+    /// for too long): it closes with that reason.
+    pub fn cut_off(&self) {
+        self.inner.state.lock().unwrap().overflowed = true;
+        self.inner.cut.notify_one();
     }
 
     /// Frames that could be queued now.
@@ -138,7 +165,7 @@ impl Drop for Sender {
 impl Receiver {
     /// The oldest frame; waits for one. None once every sender is gone and all was read.
     /// Cancel-safe: a frame is taken only when this returns it.
-    pub async fn recv(&mut self) -> Option<Message> {
+    pub async fn recv(&self) -> Option<Message> {
         loop {
             // Registered before the queue is looked at, so a push in between wakes it.
             let notified = self.inner.readable.notified();
@@ -152,8 +179,22 @@ impl Receiver {
         }
     }
 
+    /// Resolves once the queue overflowed (or was cut off): the connection must close as
+    /// too slow. Cancel-safe.
+    pub async fn overflowed(&self) {
+        loop {
+            let notified = self.inner.cut.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.inner.state.lock().unwrap().overflowed {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// The oldest frame if one is queued.
-    pub fn try_recv(&mut self) -> Result<Message, TryRecvError> {
+    pub fn try_recv(&self) -> Result<Message, TryRecvError> {
         self.take().map_err(|ended| {
             if ended {
                 TryRecvError::Disconnected
@@ -196,13 +237,13 @@ mod tests {
 
     #[tokio::test]
     async fn frames_come_out_in_order_up_to_the_capacity_and_the_end_is_seen() {
-        let (tx, mut rx) = channel(2);
+        let (tx, rx) = channel(2);
         assert_eq!(tx.max_capacity(), 2);
-        tx.try_send(text("a")).unwrap();
+        assert_eq!(tx.send(text("a")), Sent::Queued);
         let tx2 = tx.clone();
-        tx2.try_send(text("b")).unwrap();
+        assert_eq!(tx2.send(text("b")), Sent::Queued);
         assert_eq!(tx.capacity(), 0);
-        assert!(matches!(tx.try_send(text("c")), Err(TrySendError::Full(_))));
+        assert_eq!(tx.send(text("c")), Sent::Full);
         assert_eq!(rx.recv().await, Some(text("a")));
         assert_eq!(rx.try_recv(), Ok(text("b")));
         assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
@@ -212,26 +253,23 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiting_reader_wakes_at_a_push_and_a_gone_reader_refuses_frames() {
-        let (tx, mut rx) = channel(4);
+        let (tx, rx) = channel(4);
         let reader = tokio::spawn(async move {
             let first = rx.recv().await;
             (first, rx)
         });
         tokio::task::yield_now().await;
-        tx.try_send(text("late")).unwrap();
+        assert_eq!(tx.send(text("late")), Sent::Queued);
         let (first, rx) = reader.await.unwrap();
         assert_eq!(first, Some(text("late")));
         drop(rx);
         assert!(tx.is_closed());
-        assert!(matches!(
-            tx.try_send(text("x")),
-            Err(TrySendError::Closed(_))
-        ));
+        assert_eq!(tx.send(text("x")), Sent::Closed);
     }
 
     #[tokio::test]
     async fn a_recv_cancelled_by_another_branch_loses_nothing() {
-        let (tx, mut rx) = channel(4);
+        let (tx, rx) = channel(4);
         for _ in 0..3 {
             tokio::select! {
                 biased;
@@ -239,20 +277,47 @@ mod tests {
                 _ = rx.recv() => unreachable!("nothing queued yet"),
             }
         }
-        tx.try_send(text("kept")).unwrap();
+        assert_eq!(tx.send(text("kept")), Sent::Queued);
         assert_eq!(rx.recv().await, Some(text("kept")));
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_marks_itself_overflowed_and_takes_nothing_more() {
+        use futures_util::FutureExt;
+        let (tx, rx) = channel(1);
+        assert!(rx.overflowed().now_or_never().is_none());
+        assert_eq!(tx.send(text("a")), Sent::Queued);
+        assert!(rx.overflowed().now_or_never().is_none(), "full is not over");
+        assert_eq!(tx.send(text("b")), Sent::Full);
+        assert!(rx.overflowed().now_or_never().is_some());
+        // Room again, but the connection is being closed: nothing more goes in.
+        assert_eq!(rx.try_recv(), Ok(text("a")));
+        assert_eq!(tx.send(text("c")), Sent::Full);
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    }
+
+    #[tokio::test]
+    async fn a_cut_off_wakes_a_waiting_reader() {
+        let (tx, rx) = channel(8);
+        let waiting = tokio::spawn(async move { rx.overflowed().await });
+        tokio::task::yield_now().await;
+        tx.cut_off();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("woken")
+            .unwrap();
     }
 
     #[test]
     fn nothing_is_allocated_before_the_first_frame_and_a_burst_gives_its_buffer_back() {
-        let (tx, mut rx) = channel(100);
+        let (tx, rx) = channel(100);
         assert_eq!(tx.inner.state.lock().unwrap().frames.capacity(), 0);
         for i in 0..KEEP * 2 {
-            tx.try_send(text(&i.to_string())).unwrap();
+            assert_eq!(tx.send(text(&i.to_string())), Sent::Queued);
         }
         while rx.try_recv().is_ok() {}
         assert_eq!(tx.inner.state.lock().unwrap().frames.capacity(), 0);
-        tx.try_send(text("small")).unwrap();
+        assert_eq!(tx.send(text("small")), Sent::Queued);
         rx.try_recv().unwrap();
         let kept = tx.inner.state.lock().unwrap().frames.capacity();
         assert!(kept > 0 && kept <= KEEP, "a small buffer is kept: {kept}");

@@ -5,14 +5,12 @@
 
 use crate::config::Config;
 use crate::db_worker;
-use crate::frame::{self, Vsn};
 use crate::hub::Payload;
 use crate::metrics::Metrics;
-use crate::outbound;
+use crate::reach::ReplyTo;
 use serde_json::json;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_tungstenite::tungstenite::Message;
 
 /// Most broadcasts relayed in one statement.
 const BATCH: usize = 1000;
@@ -56,11 +54,7 @@ pub enum AckTo {
     /// it, only a failure is reported, as a `system` message on the channel (realtime-js
     /// ignores replies to pushes it sent without ack, but apps see system messages).
     Socket {
-        tx: outbound::Sender,
-        vsn: Vsn,
-        join_ref: Option<String>,
-        reference: Option<String>,
-        topic: String,
+        to: ReplyTo,
         ack: bool,
         /// The push asked to be kept: realtime-js returns a refusal's `response.error` then.
         persist: bool,
@@ -71,45 +65,25 @@ pub enum AckTo {
 
 impl AckTo {
     pub fn settle(self, result: Result<(), Failure>) {
-        let AckTo::Socket {
-            tx,
-            vsn,
-            join_ref,
-            reference,
-            topic,
-            ack,
-            persist,
-        } = self
-        else {
+        let AckTo::Socket { to, ack, persist } = self else {
             if let AckTo::Http(tx) = self {
                 let _ = tx.send(result);
             }
             return;
         };
-        let text = match (result, ack) {
-            (Ok(()), false) => return,
-            (Ok(()), true) => frame::encode(
-                vsn,
-                join_ref.as_deref(),
-                reference.as_deref(),
-                &topic,
-                "phx_reply",
-                &json!({"status": "ok", "response": {}}),
-            ),
-            (Err(f), true) => frame::encode(
-                vsn,
-                join_ref.as_deref(),
-                reference.as_deref(),
-                &topic,
-                "phx_reply",
-                &refusal(&f.reason(), persist),
-            ),
-            (Err(f), false) => {
-                frame::system(vsn, join_ref.as_deref(), &topic, "error", &f.reason())
-            }
-        };
         // A full queue means the client is being cut off as too slow anyway.
-        let _ = tx.try_send(Message::text(text));
+        match (result, ack) {
+            (Ok(()), false) => {}
+            (Ok(()), true) => {
+                to.ok();
+            }
+            (Err(f), true) => {
+                to.reply(&refusal(&f.reason(), persist));
+            }
+            (Err(f), false) => {
+                to.reach.system("error", &f.reason());
+            }
+        }
     }
 }
 
@@ -288,6 +262,7 @@ async fn relay(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbound;
     use std::sync::Mutex;
 
     /// A database that refuses any statement holding the event "too_big", and loses the
@@ -315,12 +290,12 @@ mod tests {
 
     fn socket(event: &str, ack: bool) -> (Broadcast, outbound::Receiver) {
         let (tx, rx) = crate::outbound::channel(4);
+        let link = crate::reach::Link::new(1, crate::frame::Vsn::V1, 1, tx);
         let reply = AckTo::Socket {
-            tx,
-            vsn: Vsn::V1,
-            join_ref: Some("1".into()),
-            reference: Some(event.into()),
-            topic: "realtime:room".into(),
+            to: ReplyTo {
+                reach: link.reach("realtime:room", Some("1")),
+                reference: Some(event.into()),
+            },
             ack,
             persist: false,
         };

@@ -38,7 +38,7 @@ pub async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (tx, mut rx) = outbound::channel(shared.cfg.max_outbound_frames);
+    let (tx, rx) = outbound::channel(shared.cfg.max_outbound_frames);
     let (mut conn, mut auth_rx) = Channels::new(shared.clone(), vsn, socket_claims, headers, tx);
     let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
     let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);
@@ -49,7 +49,6 @@ pub async fn serve<S>(
     let idle_timeout = shared.cfg.idle_timeout();
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
-    let too_slow = conn.too_slow();
 
     // The soonest token expiry among the channels; the timer is moved only when it changes,
     // not on every pass of the loop (a pass per batch of frames written).
@@ -73,7 +72,7 @@ pub async fn serve<S>(
         tokio::select! {
             biased;
             _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
-            _ = too_slow.notified() => break Some(too_slow_close(&shared)),
+            _ = rx.overflowed() => break Some(too_slow_close(&shared)),
             Some(done) = auth_rx.recv() => conn.on_auth(*done),
             _ = recheck.tick() => conn.recheck_all(),
             _ = &mut expiry, if conn.has_channels() => {
@@ -124,7 +123,7 @@ pub async fn serve<S>(
             // A client that stops reading blocks this write; it must not block being cut off.
             tokio::select! {
                 r = write => if r.is_err() { break None; },
-                _ = too_slow.notified() => break Some(too_slow_close(&shared)),
+                _ = rx.overflowed() => break Some(too_slow_close(&shared)),
                 _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
             }
         }

@@ -14,12 +14,13 @@ use crate::frame::{self, Vsn};
 use crate::gate::{Gate, Opened};
 use crate::hub::{Payload, QueueMessage, TopicKey};
 use crate::metrics::Metrics;
-use crate::outbound;
+use crate::outbound::Sent;
+use crate::reach::Reach;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 use tokio_tungstenite::tungstenite::Message;
@@ -62,10 +63,7 @@ const EPOCH_SQL: &str =
 pub struct Request {
     pub ask: Ask,
     pub key: TopicKey,
-    pub join_ref: Option<String>,
-    pub vsn: Vsn,
-    pub tx: outbound::Sender,
-    pub too_slow: Arc<Notify>,
+    pub reach: Reach,
     pub gate: Arc<Gate>,
     /// Set on a further pass (the gate overflowed while the last one was sent: `gate`).
     pub carry: Option<Carry>,
@@ -422,7 +420,7 @@ async fn serve_resumes(
         let skip = r.carry.as_ref().map_or(&[][..], |c| &c.skip[..]);
         let frames: Vec<(i64, Message)> = of_topic(&read, &index, &r.key)
             .filter(|f| f.message.seq > after && !skip.contains(&f.message.seq))
-            .filter_map(|f| Some((f.message.seq, f.frame(r.vsn)?)))
+            .filter_map(|f| Some((f.message.seq, f.frame(r.reach.vsn)?)))
             .collect();
         let missing = read.gaps.iter().filter(|&&(_, last)| last > after).fold(
             None,
@@ -484,19 +482,23 @@ fn resume_system(
     if !recovered && carry.passes == 1 {
         metrics.history_unrecovered_total.increment(1);
     }
-    let sub = &r.key.topic;
     payload["extension"] = json!("broadcast");
     payload["status"] = json!(if recovered { "ok" } else { "error" });
-    payload["channel"] = json!(sub);
+    payload["channel"] = json!(r.key.topic);
     payload["epoch"] = json!(epoch.to_string());
     payload["resent"] = json!(resent);
+    system_frame(&r.reach, &payload)
+}
+
+/// A `system` message of the history (queued through the gate, after the history's frames).
+fn system_frame(reach: &Reach, payload: &Value) -> Message {
     Message::text(frame::encode(
-        r.vsn,
-        r.join_ref.as_deref(),
+        reach.vsn,
+        reach.join_ref(),
         None,
-        &format!("realtime:{sub}"),
+        &reach.topic,
         "system",
-        &payload,
+        payload,
     ))
 }
 
@@ -545,7 +547,7 @@ async fn serve_replays(
         let skip = mine.len().saturating_sub(limit as usize);
         let frames: Vec<(i64, Message)> = mine[skip..]
             .iter()
-            .filter_map(|f| Some((f.message.seq, f.frame(r.vsn)?)))
+            .filter_map(|f| Some((f.message.seq, f.frame(r.reach.vsn)?)))
             .collect();
         metrics
             .history_messages_total
@@ -575,18 +577,14 @@ async fn serve_replays(
 /// The history could not be read: the channel goes live, told that nothing was recovered.
 pub fn unavailable(r: Request, metrics: &Metrics) {
     metrics.history_unrecovered_total.increment(1);
-    let sub = r.key.topic.clone();
+    let sub = &r.key.topic;
     let system = matches!(r.ask, Ask::Resume { .. }).then(|| {
-        Message::text(frame::encode(
-            r.vsn,
-            r.join_ref.as_deref(),
-            None,
-            &format!("realtime:{sub}"),
-            "system",
+        system_frame(
+            &r.reach,
             &json!({"extension": "broadcast", "status": "error", "channel": sub,
                     "recovered": false, "first_missing": null, "last_missing": null, "resent": 0,
                     "message": "The database could not be read to resume this channel; it is live from now on"}),
-        ))
+        )
     });
     // Nothing was sent from history: every held live frame passes.
     let (tx, _) = mpsc::channel(1);
@@ -614,26 +612,26 @@ async fn send(
     carry: Carry,
     again: mpsc::Sender<Request>,
 ) {
-    let room = r.tx.max_capacity() / 2;
+    let room = r.reach.max_capacity() / 2;
     let mut progress = Instant::now();
     for (seq, f) in frames {
         loop {
-            if r.gate.is_closed() || r.tx.is_closed() {
+            if r.gate.is_closed() || r.reach.is_closed() {
                 return;
             }
-            if r.tx.capacity() > room {
+            if r.reach.room() > room {
                 break;
             }
             if progress.elapsed() > STALL_LIMIT {
                 r.gate.close();
-                r.too_slow.notify_one();
+                r.reach.cut_off();
                 return;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        if r.tx.try_send(f).is_err() {
+        if r.reach.send(f) != Sent::Queued {
+            // A full queue closes the connection as too slow (`outbound`).
             r.gate.close();
-            r.too_slow.notify_one();
             return;
         }
         // A persisted message the ring no longer holds has no position (sequence 0).
@@ -643,7 +641,7 @@ async fn send(
         progress = Instant::now();
     }
     let through = dedupe.0;
-    let dropped_from = match r.gate.open(epoch, dedupe, system, &r.tx, &r.too_slow) {
+    let dropped_from = match r.gate.open(epoch, dedupe, system, &r.reach) {
         Opened::ReadAgain(first) => first,
         Opened::Yes | Opened::Closed => return,
     };
@@ -656,7 +654,7 @@ async fn send(
     };
     if carry.passes >= MAX_PASSES {
         r.gate.close();
-        r.too_slow.notify_one();
+        r.reach.cut_off();
         return;
     }
     let next = Request {
@@ -669,6 +667,6 @@ async fn send(
             mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
         };
         r.gate.close();
-        r.too_slow.notify_one();
+        r.reach.cut_off();
     }
 }

@@ -20,12 +20,10 @@
 
 use super::binding::Change;
 use super::subscribers::{Subscriber, Subscribers};
-use crate::frame;
 use crate::metrics::Metrics;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
-use tokio_tungstenite::tungstenite::Message;
 
 /// A value kept in a record over the size cap is at most this long (JSON text), as in
 /// Supabase.
@@ -84,18 +82,13 @@ pub struct Outgoing {
 }
 
 impl Outgoing {
-    /// Queues the frame; a full queue cuts the connection off, as the hub does.
+    /// Queues the frame (a full queue cuts the connection off, as the hub's does).
     pub fn send(self, metrics: &Metrics) {
-        use crate::outbound::TrySendError;
-        match self.to.tx.try_send(Message::text(self.frame)) {
-            Ok(()) => {
-                metrics.deliveries_total.increment(1);
-                if self.change {
-                    metrics.changes_delivered_total.increment(1);
-                }
+        if self.to.reach.send_text(self.frame) == crate::outbound::Sent::Queued {
+            metrics.deliveries_total.increment(1);
+            if self.change {
+                metrics.changes_delivered_total.increment(1);
             }
-            Err(TrySendError::Full(_)) => self.to.too_slow.notify_one(),
-            Err(TrySendError::Closed(_)) => {}
         }
     }
 }
@@ -178,7 +171,7 @@ pub(crate) async fn prepare(
                 .iter()
                 .map(|&b| cand.sub.bindings[b].id)
                 .collect();
-            let frame = frame::postgres_changes(cand.sub.vsn, &cand.sub.topic, &ids, text);
+            let frame = cand.sub.reach.postgres_changes_text(&ids, text);
             out[cand.change].push(Outgoing {
                 to: cand.sub,
                 frame,
@@ -339,19 +332,15 @@ fn withhold_failed(cands: &[Candidate], schema: &str, table: &str, why: &str, me
     metrics.changes_withheld_total.increment(cands.len() as u64);
     let mut told = std::collections::HashSet::new();
     for c in cands {
-        if !told.insert((c.sub.conn, c.sub.topic.clone())) {
+        if !told.insert((c.sub.reach.conn, c.sub.reach.topic.clone())) {
             continue;
         }
-        let text = frame::system(
-            c.sub.vsn,
-            c.sub.join_ref.as_deref(),
-            &c.sub.topic,
+        c.sub.reach.system(
             "error",
             &format!(
                 "Changes to {schema}.{table} could not be authorized and were not delivered: {why}"
             ),
         );
-        let _ = c.sub.tx.try_send(Message::text(text));
     }
 }
 
@@ -366,10 +355,7 @@ fn report_undeliverable(subscribers: &Subscribers, data: &Value, out: &mut Vec<O
     };
     let why: Vec<&str> = errors.iter().filter_map(Value::as_str).collect();
     for sub in subscribers.named(table) {
-        let text = frame::system(
-            sub.vsn,
-            sub.join_ref.as_deref(),
-            &sub.topic,
+        let text = sub.reach.system_text(
             "error",
             &format!("A change to table {table} was lost: {}", why.join("; ")),
         );
@@ -568,7 +554,7 @@ mod tests {
     use crate::postgres_changes::parse_bindings;
     use serde_json::json;
     use std::sync::Mutex;
-    use tokio::sync::Notify;
+    use tokio_tungstenite::tungstenite::Message;
 
     type VisibleCall = (Vec<String>, Vec<String>, Vec<i32>);
 
@@ -653,16 +639,12 @@ mod tests {
         bindings: Value,
     ) -> (Subscriber, crate::outbound::Receiver) {
         let (tx, rx) = crate::outbound::channel(64);
+        let link = crate::reach::Link::new(conn, Vsn::V1, conn as i64, tx);
         let s = Subscriber {
-            conn,
-            vsn: Vsn::V1,
-            topic: format!("realtime:c{conn}"),
-            join_ref: None,
+            reach: link.reach(&format!("realtime:c{conn}"), None),
             bindings: parse_bindings(Some(&bindings)).unwrap(),
             role: role.into(),
             claims: claims.into(),
-            tx,
-            too_slow: Arc::new(Notify::new()),
         };
         (s, rx)
     }
@@ -693,7 +675,7 @@ mod tests {
                     .map(|o| {
                         let f: Value = serde_json::from_str(&o.frame).unwrap();
                         (
-                            o.to.conn,
+                            o.to.reach.conn,
                             f["payload"]["ids"].clone(),
                             f["payload"]["data"].clone(),
                         )
@@ -778,7 +760,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_check_withholds_and_tells_the_channel_and_a_table_without_rls_is_not_asked() {
         let subs = Subscribers::default();
-        let (s, mut rx) = sub(
+        let (s, rx) = sub(
             1,
             "authenticated",
             r#"{"sub":"u1"}"#,
@@ -812,7 +794,7 @@ mod tests {
     async fn a_change_lost_to_a_dropped_table_is_told_to_its_table_s_channels_not_counted_as_delivered(
     ) {
         let subs = Subscribers::default();
-        let (s, mut rx) = sub(
+        let (s, rx) = sub(
             1,
             "authenticated",
             "{}",

@@ -9,26 +9,25 @@
 //! rooms cost 100 checks per change, not 1,000).
 
 use super::binding::{Binding, Op};
-use crate::frame::Vsn;
 use crate::hub::ConnId;
-use crate::outbound;
+use crate::reach::Reach;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
-use tokio::sync::Notify;
 
 /// One joined channel with `postgres_changes` bindings.
 pub struct Subscriber {
-    pub conn: ConnId,
-    pub vsn: Vsn,
-    /// The channel's topic, `realtime:...`.
-    pub topic: String,
-    pub join_ref: Option<String>,
+    pub reach: Reach,
     pub bindings: Vec<Binding>,
     /// The JWT's role and claims (JSON): the identity RLS checks the changes for.
     pub role: String,
     pub claims: String,
-    pub tx: outbound::Sender,
-    pub too_slow: Arc<Notify>,
+}
+
+impl Subscriber {
+    /// The channel's key in this registry.
+    fn key(&self) -> ChannelKey {
+        (self.reach.conn, self.reach.topic.to_string())
+    }
 }
 
 /// A channel: its connection and topic.
@@ -129,7 +128,7 @@ fn places(sub: &Subscriber) -> HashMap<Place, Option<Vec<Wanted>>> {
 impl Subscribers {
     /// Registers a channel (replacing its earlier registration, if any).
     pub fn add(&self, sub: Subscriber) {
-        let key = (sub.conn, sub.topic.clone());
+        let key = sub.key();
         let mut inner = self.inner.write().unwrap();
         if let Some(old) = inner.channels.remove(&key) {
             remove_places(&mut inner, &key, &old);
@@ -191,11 +190,7 @@ impl Subscribers {
                 role: role.to_owned(),
                 claims: claims.to_owned(),
                 bindings: sub.bindings.clone(),
-                topic: sub.topic.clone(),
-                join_ref: sub.join_ref.clone(),
-                tx: sub.tx.clone(),
-                too_slow: sub.too_slow.clone(),
-                ..**sub
+                reach: sub.reach.clone(),
             };
             *sub = Arc::new(updated);
         }
@@ -316,16 +311,12 @@ mod tests {
 
     fn sub(conn: ConnId, topic: &str, bindings: serde_json::Value) -> Subscriber {
         let (tx, _) = crate::outbound::channel(1);
+        let link = crate::reach::Link::new(conn, crate::frame::Vsn::V2, conn as i64, tx);
         Subscriber {
-            conn,
-            vsn: Vsn::V2,
-            topic: topic.into(),
-            join_ref: None,
+            reach: link.reach(topic, None),
             bindings: parse_bindings(Some(&bindings)).unwrap(),
             role: "authenticated".into(),
             claims: "{}".into(),
-            tx,
-            too_slow: Arc::new(Notify::new()),
         }
     }
 
@@ -333,7 +324,7 @@ mod tests {
         let mut v: Vec<_> = subs
             .of(schema, table, None)
             .iter()
-            .map(|s| (s.conn, s.topic.clone()))
+            .map(|s| s.key())
             .collect();
         v.sort();
         v
@@ -413,7 +404,7 @@ mod tests {
             let mut v: Vec<ConnId> = subs
                 .of("public", "msgs", Some(&r))
                 .iter()
-                .map(|s| s.conn)
+                .map(|s| s.reach.conn)
                 .collect();
             v.sort();
             v

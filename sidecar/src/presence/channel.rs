@@ -5,12 +5,12 @@
 //! client's `track` and `untrack` pushes with their limits, and what leaving does (the
 //! member leaves).
 
-use super::members::{Desired, MemberId, Reply};
-use super::view::Watcher;
+use super::members::{Desired, MemberId};
 use super::Presence;
 use crate::frame::Inbound;
-use crate::hub::{Link, TopicKey};
+use crate::hub::TopicKey;
 use crate::rate::Rate;
+use crate::reach::Reach;
 use crate::reason::{ChannelClosed, Refusal};
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -121,52 +121,38 @@ impl ChannelPresence {
 
     /// Starts receiving the topic's presence if enabled and readable: the state now (or
     /// once loaded), then diffs.
-    pub fn start(&mut self, p: &Presence, link: &Link, key: &TopicKey, join_ref: &Option<String>) {
+    pub fn start(&mut self, p: &Presence, reach: &Reach, key: &TopicKey) {
         if self.watching || !self.enabled || self.read != Some(true) {
             return;
         }
         self.watching = true;
-        let w = Watcher {
-            conn: link.id,
-            vsn: link.vsn,
-            join_ref: join_ref.clone(),
-            tx: link.tx.clone(),
-            too_slow: link.too_slow.clone(),
-        };
-        p.views.watch(key, w);
+        p.views.watch(key, reach.clone());
     }
 
-    fn stop_watching(&mut self, p: &Presence, link: &Link, key: &TopicKey) {
+    fn stop_watching(&mut self, p: &Presence, reach: &Reach, key: &TopicKey) {
         if self.watching {
             self.watching = false;
-            p.views.unwatch(key, link.id);
+            p.views.unwatch(key, reach.conn);
         }
     }
 
     /// A re-checked (or newly asked) read verdict: presence starts or stops.
-    pub fn set_read(
-        &mut self,
-        read: bool,
-        p: &Presence,
-        link: &Link,
-        key: &TopicKey,
-        join_ref: &Option<String>,
-    ) {
+    pub fn set_read(&mut self, read: bool, p: &Presence, reach: &Reach, key: &TopicKey) {
         self.read = Some(read);
         if read {
-            self.start(p, link, key, join_ref);
+            self.start(p, reach, key);
         } else {
-            self.stop_watching(p, link, key);
+            self.stop_watching(p, reach, key);
         }
     }
 
     /// The channel is gone: it stops receiving presence and its member leaves.
-    pub fn stop(&mut self, p: &Presence, link: &Link, key: &TopicKey) {
-        self.stop_watching(p, link, key);
+    pub fn stop(&mut self, p: &Presence, reach: &Reach, key: &TopicKey) {
+        self.stop_watching(p, reach, key);
         if self.tracked {
             self.tracked = false;
             let id = MemberId {
-                conn: link.id,
+                conn: reach.conn,
                 topic: key.clone(),
             };
             p.members.set(id, Desired::Untracked, None);
@@ -183,23 +169,16 @@ impl ChannelPresence {
     pub fn push(
         &mut self,
         p: &Presence,
-        link: &Link,
+        reach: &Reach,
         key: &TopicKey,
-        join_ref: &Option<String>,
         m: &Inbound,
         push: PresencePush,
     ) -> Outcome {
         let id = MemberId {
-            conn: link.id,
+            conn: reach.conn,
             topic: key.clone(),
         };
-        let reply = || Reply {
-            tx: link.tx.clone(),
-            vsn: link.vsn,
-            join_ref: m.join_ref.clone(),
-            reference: m.reference.clone(),
-            topic: m.topic.clone(),
-        };
+        let reply = || reach.answering(m);
         match push {
             PresencePush::Unknown(event) => Outcome::Refused(Refusal::UnknownPresenceEvent(event)),
             PresencePush::Untrack => {
@@ -233,7 +212,7 @@ impl ChannelPresence {
                 }
                 // A track enables presence on the channel (Supabase then syncs the state).
                 self.enabled = true;
-                self.start(p, link, key, join_ref);
+                self.start(p, reach, key);
                 self.tracked = true;
                 let desired = Desired::Tracked {
                     key: self.key.clone(),

@@ -6,15 +6,11 @@
 //! database costs one more write, not 30, and the queue between them can never overflow:
 //! it holds at most one entry per channel.
 
-use crate::frame::{self, Vsn};
 use crate::hub::{ConnId, TopicKey};
-use crate::outbound;
-use crate::reason::Refusal;
-use serde_json::json;
+use crate::reach::ReplyTo;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use tokio::sync::Notify;
-use tokio_tungstenite::tungstenite::Message;
 
 /// One channel's presence: the connection and the channel's topic.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -36,36 +32,7 @@ pub enum Desired {
 
 /// Where the answer to a `track` or `untrack` push goes: a `phx_reply` once the change is
 /// committed (or found to change nothing), or an error reply saying why it was not.
-pub struct Reply {
-    pub tx: outbound::Sender,
-    pub vsn: Vsn,
-    pub join_ref: Option<String>,
-    pub reference: Option<String>,
-    pub topic: String,
-}
-
-impl Reply {
-    pub fn ok(self) {
-        self.send(json!({"status": "ok", "response": {}}));
-    }
-
-    pub fn error(self, why: &Refusal) {
-        self.send(json!({"status": "error", "response": {"reason": why.text()}}));
-    }
-
-    fn send(self, payload: serde_json::Value) {
-        let text = frame::encode(
-            self.vsn,
-            self.join_ref.as_deref(),
-            self.reference.as_deref(),
-            &self.topic,
-            "phx_reply",
-            &payload,
-        );
-        // A full queue means the client is being cut off as too slow anyway.
-        let _ = self.tx.try_send(Message::text(text));
-    }
-}
+pub type Reply = ReplyTo;
 
 /// A channel's wish, with the pushes waiting to hear how it ended.
 pub struct Want {
@@ -143,20 +110,18 @@ mod tests {
         }
     }
 
-    fn reply(tx: &outbound::Sender, r: &str) -> Option<Reply> {
+    fn reply(tx: &crate::outbound::Sender, r: &str) -> Option<Reply> {
+        let link = crate::reach::Link::new(1, crate::frame::Vsn::V2, 1, tx.clone());
         Some(Reply {
-            tx: tx.clone(),
-            vsn: Vsn::V2,
-            join_ref: Some("1".into()),
+            reach: link.reach("realtime:room", Some("1")),
             reference: Some(r.into()),
-            topic: "realtime:room".into(),
         })
     }
 
     #[test]
     fn the_last_wish_wins_and_every_push_hears_its_outcome() {
         let m = Members::default();
-        let (tx, mut rx) = crate::outbound::channel(8);
+        let (tx, rx) = crate::outbound::channel(8);
         for (i, meta) in ["{\"x\":1}", "{\"x\":2}", "{\"x\":3}"].iter().enumerate() {
             let desired = Desired::Tracked {
                 key: "ann".into(),

@@ -29,10 +29,11 @@
 //! one ref in the same window cancel out, and a 10,000-member room that joins at once costs
 //! a few diffs per watcher, not 10,000.
 
-use crate::frame::{self, Vsn};
+use crate::frame::Vsn;
 use crate::hub::{ConnId, TopicKey};
 use crate::metrics::Metrics;
-use crate::outbound;
+use crate::outbound::Sent;
+use crate::reach::Reach;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -52,14 +53,7 @@ pub const LARGE_ROOM_WINDOW: Duration = Duration::from_millis(50);
 const KEEP_LEFT: Duration = Duration::from_secs(120);
 
 /// A channel that receives a topic's presence.
-#[derive(Clone)]
-pub struct Watcher {
-    pub conn: ConnId,
-    pub vsn: Vsn,
-    pub join_ref: Option<String>,
-    pub tx: outbound::Sender,
-    pub too_slow: Arc<Notify>,
-}
+pub type Watcher = Reach;
 
 /// A member as Phoenix sends it: its key and its meta, which carries `phx_ref` (and
 /// `phx_ref_prev` after an update).
@@ -148,7 +142,7 @@ struct View {
     /// and its frames by serializer and join_ref (realtime-js numbers a socket's joins from
     /// 1, so many channels share one): encoded once, the bytes shared.
     flushed_state: Option<String>,
-    state_frames: HashMap<(Vsn, Option<String>), Message>,
+    state_frames: HashMap<(Vsn, Option<Arc<str>>), Message>,
     /// When its last diff went out (a window starts with the first change after it).
     flushed_at: Instant,
 }
@@ -260,28 +254,18 @@ impl Views {
     }
 
     fn deliver(&self, w: &Watcher, frame: Message) {
-        match w.tx.try_send(frame) {
-            Ok(()) => self.metrics.presence_frames_total.increment(1),
-            Err(outbound::TrySendError::Full(_)) => w.too_slow.notify_one(),
-            Err(outbound::TrySendError::Closed(_)) => {}
+        if w.send(frame) == Sent::Queued {
+            self.metrics.presence_frames_total.increment(1);
         }
     }
 
-    fn send_state(&self, key: &TopicKey, view: &mut View, w: &Watcher) {
+    fn send_state(&self, view: &mut View, w: &Watcher) {
         let at = (w.vsn, w.join_ref.clone());
         let made = match view.state_frames.get(&at) {
             Some(f) => f.clone(),
             None => {
-                let topic = format!("realtime:{}", key.topic);
                 let state = view.flushed_state_json();
-                let text = frame::push_json(
-                    w.vsn,
-                    w.join_ref.as_deref(),
-                    &topic,
-                    "presence_state",
-                    state,
-                );
-                let f = Message::text(text);
+                let f = w.push_json_frame("presence_state", state);
                 view.state_frames.insert(at, f.clone());
                 f
             }
@@ -289,27 +273,17 @@ impl Views {
         self.deliver(w, made);
     }
 
-    fn flush_view(&self, key: &TopicKey, view: &mut View) {
+    fn flush_view(&self, view: &mut View) {
         if !matches!(view.phase, Phase::Ready) || view.pending.is_empty() {
             return;
         }
         let diff = view.take_diff_json();
         view.flushed_at = Instant::now();
-        let topic = format!("realtime:{}", key.topic);
         let mut frames: HashMap<(Vsn, Option<&str>), Message> = HashMap::new();
         for w in view.watchers.values() {
             let f = frames
-                .entry((w.vsn, w.join_ref.as_deref()))
-                .or_insert_with(|| {
-                    let text = frame::push_json(
-                        w.vsn,
-                        w.join_ref.as_deref(),
-                        &topic,
-                        "presence_diff",
-                        &diff,
-                    );
-                    Message::text(text)
-                });
+                .entry((w.vsn, w.join_ref()))
+                .or_insert_with(|| w.push_json_frame("presence_diff", &diff));
             self.deliver(w, f.clone());
         }
         self.metrics.presence_diffs_sent_total.increment(1);
@@ -323,7 +297,7 @@ impl Views {
         match topics.views.get_mut(key) {
             Some(view) => match view.phase {
                 Phase::Ready => {
-                    self.send_state(key, view, &w);
+                    self.send_state(view, &w);
                     view.watchers.insert(w.conn, w);
                 }
                 Phase::Loading { .. } => {
@@ -436,7 +410,7 @@ impl Views {
             .presence_members
             .increment(view.members.len() as f64);
         for (conn, w) in std::mem::take(&mut view.waiting) {
-            self.send_state(key, view, &w);
+            self.send_state(view, &w);
             view.watchers.insert(conn, w);
         }
     }
@@ -472,7 +446,7 @@ impl Views {
             if !forced && now.saturating_duration_since(view.flushed_at) + tick / 2 < room_window {
                 return true;
             }
-            self.flush_view(key, view);
+            self.flush_view(view);
             if view.left.len() > view.members.len() + 64 {
                 view.left
                     .retain(|_, at| now.duration_since(*at) < KEEP_LEFT);
@@ -511,6 +485,7 @@ pub async fn flusher(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbound;
     use serde_json::json;
 
     fn key() -> TopicKey {
@@ -522,14 +497,8 @@ mod tests {
 
     fn watcher(conn: ConnId) -> (Watcher, outbound::Receiver) {
         let (tx, rx) = crate::outbound::channel(64);
-        let w = Watcher {
-            conn,
-            vsn: Vsn::V2,
-            join_ref: Some(format!("j{conn}")),
-            tx,
-            too_slow: Arc::new(Notify::new()),
-        };
-        (w, rx)
+        let link = crate::reach::Link::new(conn, Vsn::V2, conn as i64, tx);
+        (link.reach("realtime:room", Some(&format!("j{conn}"))), rx)
     }
 
     /// The (event, payload) of every frame queued to a watcher.
@@ -737,16 +706,12 @@ mod tests {
         v.apply(&key(), &join("ann", "p1", json!({})));
         v.flush();
         let (w4, mut rx4) = watcher(4);
-        let w4 = Watcher {
-            join_ref: Some("1".into()),
-            ..w4
-        };
+        let mut w4 = w4;
+        w4.join_ref = Some("1".into());
         v.watch(&key(), w4);
         let (w5, mut rx5) = watcher(5);
-        let w5 = Watcher {
-            join_ref: Some("1".into()),
-            ..w5
-        };
+        let mut w5 = w5;
+        w5.join_ref = Some("1".into());
         v.watch(&key(), w5);
         let texts = |rx: &mut outbound::Receiver| -> Vec<Message> {
             std::iter::from_fn(|| rx.try_recv().ok()).collect()

@@ -109,7 +109,9 @@ pub fn plan(wants: HashMap<MemberId, Want>, applied: &HashMap<MemberId, Applied>
                 op,
                 replies: want.replies,
             }),
-            None => want.replies.into_iter().for_each(Reply::ok),
+            None => want.replies.iter().for_each(|r| {
+                r.ok();
+            }),
         }
     }
     writes
@@ -452,7 +454,10 @@ impl Worker {
             Err(why) => {
                 self.metrics.presence_write_failures_total.increment(1);
                 let refusal = Refusal::UnableToTrackPresence(why);
-                replies.into_iter().for_each(|r| r.error(&refusal));
+                let why = refusal.text();
+                replies.iter().for_each(|r| {
+                    r.error(&why);
+                });
                 return;
             }
             Ok(result) => {
@@ -469,7 +474,9 @@ impl Worker {
                 }
             }
         }
-        replies.into_iter().for_each(Reply::ok);
+        replies.iter().for_each(|r| {
+            r.ok();
+        });
     }
 }
 
