@@ -9,49 +9,22 @@
 //! denial: a re-check keeps the channel and retries.
 
 use crate::config::Config;
-use crate::db_worker;
+use crate::db_worker::DbFailure;
+use crate::db_worker::{self, Batched, CallError, Db};
 use crate::metrics::Metrics;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
-
-/// Most requests in one call.
-const BATCH: usize = 10_000;
 
 const SQL: &str =
     "SELECT ordinality, allowed, error FROM realtime.authorize($1, $2, $3, $4, $5, $6)";
 
 /// Who asks (the JWT's role and claims, the request headers) to do what on which topic.
 pub struct AuthRequest {
-    pub role: String,
-    pub claims: String,
-    pub headers: String,
+    pub who: Arc<Identity>,
     pub topic: String,
     pub extension: &'static str,
     pub write: bool,
     pub reply: oneshot::Sender<Verdict>,
-}
-
-/// Why the database could not give a verdict.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DbFailure {
-    /// No connection (or it was lost during the call).
-    Unreachable,
-    /// The call was cancelled or hit its statement timeout.
-    QueryCanceled,
-}
-
-impl DbFailure {
-    /// Supabase's reason text for a join that failed this way.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            DbFailure::Unreachable => {
-                "UnableToConnectToProject: Realtime was unable to connect to the project database"
-            }
-            DbFailure::QueryCanceled => {
-                "QueryCanceled: the authorization query was cancelled or timed out"
-            }
-        }
-    }
 }
 
 /// One request's answer.
@@ -89,16 +62,14 @@ pub struct Identity {
 /// Asks for one verdict (batched with whatever else is waiting).
 pub async fn ask(
     tx: &mpsc::Sender<AuthRequest>,
-    who: &Identity,
+    who: &Arc<Identity>,
     topic: &str,
     extension: &'static str,
     write: bool,
 ) -> Verdict {
     let (reply, rx) = oneshot::channel();
     let req = AuthRequest {
-        role: who.role.clone(),
-        claims: who.claims.clone(),
-        headers: who.headers.clone(),
+        who: who.clone(),
         topic: topic.to_owned(),
         extension,
         write,
@@ -158,7 +129,7 @@ impl Access {
 
 pub async fn channel_access(
     tx: &mpsc::Sender<AuthRequest>,
-    who: &Identity,
+    who: &Arc<Identity>,
     topic: &str,
     presence: bool,
 ) -> Access {
@@ -176,7 +147,11 @@ pub async fn channel_access(
 }
 
 /// A private channel's broadcast write verdict, asked at its first client broadcast.
-pub async fn write_access(tx: &mpsc::Sender<AuthRequest>, who: &Identity, topic: &str) -> Verdict {
+pub async fn write_access(
+    tx: &mpsc::Sender<AuthRequest>,
+    who: &Arc<Identity>,
+    topic: &str,
+) -> Verdict {
     ask(tx, who, topic, "broadcast", true).await
 }
 
@@ -185,7 +160,7 @@ pub async fn write_access(tx: &mpsc::Sender<AuthRequest>, who: &Identity, topic:
 /// enabled then). Returns (read, write).
 pub async fn presence_access(
     tx: &mpsc::Sender<AuthRequest>,
-    who: &Identity,
+    who: &Arc<Identity>,
     topic: &str,
     read: bool,
 ) -> (Option<Verdict>, Verdict) {
@@ -198,153 +173,84 @@ pub async fn presence_access(
     (read, write)
 }
 
+/// Runs until shutdown, answering what connections ask on `rx`.
 pub async fn run(
     cfg: Arc<Config>,
-    mut rx: mpsc::Receiver<AuthRequest>,
+    rx: mpsc::Receiver<AuthRequest>,
     metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        let fail = |r: AuthRequest| drop(r.reply.send(Verdict::Failed(DbFailure::Unreachable)));
-        let Some(client) =
-            db_worker::connect(&cfg, "authorization", &mut rx, &mut shutdown, fail).await
-        else {
-            return;
-        };
-        while let Some(batch) = db_worker::next_batch(&mut rx, BATCH, &mut shutdown).await {
-            metrics.auth_batches_total.increment(1);
-            metrics.auth_requests_total.increment(batch.len() as u64);
-            let db = Db {
-                client: &client,
-                cfg: &cfg,
+    db_worker::serve(&cfg, Authorizer { metrics }, rx, shutdown).await
+}
+
+/// `realtime.authorize` over a batch: a verdict per request.
+struct Authorizer {
+    metrics: Arc<Metrics>,
+}
+
+impl Batched for Authorizer {
+    type Req = AuthRequest;
+    type Out = Verdict;
+    const WHAT: &'static str = "authorization";
+    const MAX: usize = 10_000;
+
+    async fn call(&self, db: &Db, batch: &[AuthRequest]) -> Result<Vec<Verdict>, CallError> {
+        let col = |f: fn(&AuthRequest) -> &str| batch.iter().map(f).collect::<Vec<&str>>();
+        let (roles, claims, headers, topics) = (
+            col(|r| &r.who.role),
+            col(|r| &r.who.claims),
+            col(|r| &r.who.headers),
+            col(|r| &r.topic),
+        );
+        let extensions: Vec<&str> = batch.iter().map(|r| r.extension).collect();
+        let actions: Vec<&str> = batch
+            .iter()
+            .map(|r| if r.write { "write" } else { "read" })
+            .collect();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&roles, &claims, &headers, &topics, &extensions, &actions];
+        let rows = db.query(SQL, &params).await?;
+        let mut verdicts = vec![Verdict::Denied(Some("no verdict".into())); batch.len()];
+        for row in rows {
+            let i = row.get::<_, i32>("ordinality") as usize - 1;
+            let (allowed, error): (bool, Option<String>) = (row.get("allowed"), row.get("error"));
+            verdicts[i] = if allowed {
+                Verdict::Allowed
+            } else {
+                Verdict::Denied(error)
             };
-            if !answer(&db, batch, &metrics).await {
-                break;
-            }
         }
-        if *shutdown.borrow() || rx.is_closed() {
-            return;
-        }
+        Ok(verdicts)
     }
-}
 
-/// Answers every request of `batch`, splitting it when a call fails. False when the
-/// connection is no longer usable (the requests left are answered `Failed`).
-async fn answer(db: &impl Call, batch: Vec<AuthRequest>, metrics: &Metrics) -> bool {
-    let mut work = vec![batch];
-    while let Some(mut part) = work.pop() {
-        match db.call(&part).await {
-            Ok(verdicts) => {
-                for (r, v) in part.into_iter().zip(verdicts) {
-                    if let Verdict::Denied(Some(e)) = &v {
-                        log_policy_error(metrics, &r, e);
-                    }
-                    let _ = r.reply.send(v);
-                }
-            }
-            Err(CallError::Lost) => {
-                for r in work.into_iter().flatten().chain(part) {
-                    let _ = r.reply.send(Verdict::Failed(DbFailure::Unreachable));
-                }
-                return false;
-            }
-            Err(CallError::Failed { canceled, message }) if part.len() == 1 => {
-                let r = part.pop().expect("one request");
-                let v = if canceled {
-                    Verdict::Failed(DbFailure::QueryCanceled)
-                } else {
-                    // The database refused this request's input: it alone is denied.
-                    log_policy_error(metrics, &r, &message);
-                    Verdict::Denied(Some(message))
-                };
-                let _ = r.reply.send(v);
-            }
-            Err(CallError::Failed { message, .. }) => {
-                metrics.auth_isolations_total.increment(1);
-                tracing::debug!(error = %message, requests = part.len(), "authorization call failed; splitting the batch");
-                let back = part.split_off(part.len() / 2);
-                work.push(back);
-                work.push(part);
-            }
+    fn answer(&self, r: AuthRequest, v: Verdict) {
+        if let Verdict::Denied(Some(e)) = &v {
+            log_policy_error(&self.metrics, &r, e);
         }
+        let _ = r.reply.send(v);
     }
-    true
-}
 
-/// One `realtime.authorize` call over a batch: a trait so that the batching and splitting
-/// above are tested without a database.
-trait Call {
-    async fn call(&self, batch: &[AuthRequest]) -> Result<Vec<Verdict>, CallError>;
-}
-
-/// The real call, on the authorizer's connection.
-struct Db<'a> {
-    client: &'a tokio_postgres::Client,
-    cfg: &'a Config,
-}
-
-impl Call for Db<'_> {
-    async fn call(&self, batch: &[AuthRequest]) -> Result<Vec<Verdict>, CallError> {
-        call(self.client, self.cfg, batch).await
+    fn fail(&self, r: AuthRequest, why: DbFailure) {
+        let _ = r.reply.send(Verdict::Failed(why));
     }
-}
 
-enum CallError {
-    /// The connection is gone or in an unknown state.
-    Lost,
-    Failed {
-        canceled: bool,
-        message: String,
-    },
-}
-
-async fn call(
-    client: &tokio_postgres::Client,
-    cfg: &Config,
-    batch: &[AuthRequest],
-) -> Result<Vec<Verdict>, CallError> {
-    let col = |f: fn(&AuthRequest) -> &str| batch.iter().map(f).collect::<Vec<&str>>();
-    let (roles, claims, headers, topics) = (
-        col(|r| &r.role),
-        col(|r| &r.claims),
-        col(|r| &r.headers),
-        col(|r| &r.topic),
-    );
-    let extensions: Vec<&str> = batch.iter().map(|r| r.extension).collect();
-    let actions: Vec<&str> = batch
-        .iter()
-        .map(|r| if r.write { "write" } else { "read" })
-        .collect();
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-        [&roles, &claims, &headers, &topics, &extensions, &actions];
-    let query = client.query(SQL, &params);
-    // The server's statement_timeout ends a slow call; this bounds a connection that hangs.
-    let rows = match tokio::time::timeout(cfg.db_call_deadline(), query).await {
-        Err(_) => return Err(CallError::Lost),
-        Ok(Err(e)) if client.is_closed() => {
-            tracing::warn!(error = %e, "authorization connection lost");
-            return Err(CallError::Lost);
-        }
-        Ok(Err(e)) => {
-            let canceled = e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED);
-            let message = e
-                .as_db_error()
-                .map_or_else(|| e.to_string(), |d| d.message().to_owned());
-            return Err(CallError::Failed { canceled, message });
-        }
-        Ok(Ok(rows)) => rows,
-    };
-    let mut verdicts = vec![Verdict::Denied(Some("no verdict".into())); batch.len()];
-    for row in rows {
-        let i = row.get::<_, i32>("ordinality") as usize - 1;
-        let (allowed, error): (bool, Option<String>) = (row.get("allowed"), row.get("error"));
-        verdicts[i] = if allowed {
-            Verdict::Allowed
-        } else {
-            Verdict::Denied(error)
-        };
+    fn refuse(&self, r: AuthRequest, message: String) {
+        // The database refused this request's input: it alone is denied.
+        log_policy_error(&self.metrics, &r, &message);
+        let _ = r.reply.send(Verdict::Denied(Some(message)));
     }
-    Ok(verdicts)
+
+    fn taken(&self, batch: &[AuthRequest]) {
+        self.metrics.auth_batches_total.increment(1);
+        self.metrics
+            .auth_requests_total
+            .increment(batch.len() as u64);
+    }
+
+    fn split(&self, n: usize, message: &str) {
+        self.metrics.auth_isolations_total.increment(1);
+        tracing::debug!(error = %message, requests = n, "authorization call failed; splitting the batch");
+    }
 }
 
 /// A policy that raised, a missing privilege, or a role the sidecar may not act as: logged
@@ -352,13 +258,14 @@ async fn call(
 fn log_policy_error(metrics: &Metrics, r: &AuthRequest, error: &str) {
     metrics.auth_policy_errors_total.increment(1);
     if error.starts_with("permission denied for schema realtime") {
-        tracing::warn!(role = %r.role, topic = %r.topic, error,
+        let role = &r.who.role;
+        tracing::warn!(%role, topic = %r.topic, error,
             "RlsPolicyError: role \"{}\" has no USAGE on schema realtime (roles created after CREATE EXTENSION get none): GRANT USAGE ON SCHEMA realtime TO \"{}\"; GRANT SELECT, INSERT ON realtime.messages TO \"{}\"",
-            r.role, r.role, r.role);
+            role, role, role);
     } else if error.contains("is not granted to the sidecar's login role") {
-        tracing::warn!(role = %r.role, topic = %r.topic, error, "RlsPolicyError: the sidecar may not act as this role");
+        tracing::warn!(role = %r.who.role, topic = %r.topic, error, "RlsPolicyError: the sidecar may not act as this role");
     } else {
-        tracing::info!(role = %r.role, topic = %r.topic, error, "RlsPolicyError");
+        tracing::info!(role = %r.who.role, topic = %r.topic, error, "RlsPolicyError");
     }
 }
 
@@ -375,12 +282,12 @@ mod tests {
         calls: Mutex<Vec<usize>>,
     }
 
-    impl Call for Fake {
+    impl db_worker::Call<AuthRequest, Verdict> for Fake {
         async fn call(&self, batch: &[AuthRequest]) -> Result<Vec<Verdict>, CallError> {
             self.calls.lock().unwrap().push(batch.len());
             let has = |t: &str| batch.iter().any(|r| r.topic == t);
             if has("gone") && batch.len() <= 4 {
-                return Err(CallError::Lost);
+                return Err(CallError::Lost(DbFailure::Unreachable));
             }
             if has("poison") || has("slow") {
                 return Err(CallError::Failed {
@@ -390,7 +297,7 @@ mod tests {
             }
             Ok(batch
                 .iter()
-                .map(|r| match r.role.as_str() {
+                .map(|r| match r.who.role.as_str() {
                     "authenticated" => Verdict::Allowed,
                     _ => Verdict::Denied(None),
                 })
@@ -406,9 +313,11 @@ mod tests {
                 let (reply, rx) = oneshot::channel();
                 let req = AuthRequest {
                     // Every fifth asks as anon, whom the fake denies.
-                    role: if i % 5 == 4 { "anon" } else { "authenticated" }.into(),
-                    claims: "{}".into(),
-                    headers: "{}".into(),
+                    who: Arc::new(Identity {
+                        role: if i % 5 == 4 { "anon" } else { "authenticated" }.into(),
+                        claims: "{}".into(),
+                        headers: "{}".into(),
+                    }),
                     topic: (*t).into(),
                     extension: "broadcast",
                     write: false,
@@ -419,6 +328,14 @@ mod tests {
             .unzip()
     }
 
+    /// Answers a batch as the authorizer does, with `db` in place of its connection.
+    async fn answer(db: &Fake, batch: Vec<AuthRequest>, metrics: &Arc<Metrics>) -> bool {
+        let worker = Authorizer {
+            metrics: metrics.clone(),
+        };
+        db_worker::settle(&worker, db, batch).await
+    }
+
     fn verdicts(rxs: Vec<oneshot::Receiver<Verdict>>) -> Vec<Verdict> {
         rxs.into_iter()
             .map(|mut rx| rx.try_recv().expect("every request is answered"))
@@ -427,7 +344,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_call_answers_a_whole_batch_in_order() {
-        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (db, metrics) = (Fake::default(), Arc::new(Metrics::default()));
         let topics: Vec<String> = (0..10).map(|i| format!("room:{i}")).collect();
         let (batch, rxs) = requests(&topics.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(answer(&db, batch, &metrics).await);
@@ -440,7 +357,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_poisoned_request_is_split_out_and_denied_alone() {
-        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (db, metrics) = (Fake::default(), Arc::new(Metrics::default()));
         let mut topics = vec!["room"; 16];
         topics[11] = "poison";
         let (batch, rxs) = requests(&topics);
@@ -465,7 +382,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancelled_call_is_a_failure_not_a_denial() {
-        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (db, metrics) = (Fake::default(), Arc::new(Metrics::default()));
         let (batch, rxs) = requests(&["room", "slow"]);
         assert!(answer(&db, batch, &metrics).await);
         let got = verdicts(rxs);
@@ -475,7 +392,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lost_connection_fails_every_request_left_and_is_reported() {
-        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (db, metrics) = (Fake::default(), Arc::new(Metrics::default()));
         let mut topics = vec!["room"; 8];
         topics[2] = "poison";
         topics[6] = "gone";
@@ -499,11 +416,11 @@ mod tests {
     #[tokio::test]
     async fn a_join_asks_read_only_and_presence_read_when_enabled() {
         let (tx, mut rx) = mpsc::channel(8);
-        let who = Identity {
+        let who = Arc::new(Identity {
             role: "authenticated".into(),
             claims: r#"{"sub":"u1"}"#.into(),
             headers: "{}".into(),
-        };
+        });
         let asked = tokio::spawn(async move { channel_access(&tx, &who, "room", true).await });
         let mut seen = Vec::new();
         for _ in 0..2 {

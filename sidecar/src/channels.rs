@@ -3,9 +3,13 @@
 //! token expiry, and leave. Each client command is dispatched here; what an extension does
 //! on a channel lives in its own file (`broadcast`, `postgres_changes`, `presence`).
 //!
-//! Everything runs in the connection's own task (`socket`): verdicts come back on a channel
-//! (`AuthDone`) instead of being applied by the task that asked, so a channel's table entry,
-//! its hub subscription and the frames sent about it change in one place, in order.
+//! Everything runs in the connection's own task (`socket`). A question for the database (a
+//! join's verdicts, bindings' check and interest upload; a re-check; a write or presence
+//! verdict; a retry's timer) is a future this connection holds and its socket loop polls
+//! (`next_answer`), made at the ask and dropped with the socket: no task is spawned for it
+//! and nothing travels but the answer (`Answer`). A pending join's state stays here. So a
+//! channel's table entry, its hub subscription and the frames sent about it change in one
+//! place, in order.
 
 use crate::authorizer::{self, Access, Identity, Verdict};
 use crate::broadcast;
@@ -26,8 +30,10 @@ use crate::rate::Rate;
 use crate::reach::{Link, Reach};
 use crate::reason::{ChannelClosed, Disconnect, Refusal};
 use crate::state::Shared;
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde_json::json;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +49,8 @@ pub struct Channel {
     pub reach: Reach,
     /// The identity its verdicts are for (the socket's token, or the join's or a refresh's).
     pub claims: Claims,
+    /// The same identity as verdicts are asked for (with the socket's headers).
+    who: Arc<Identity>,
     pub broadcast: broadcast::State,
     /// The channel's presence: key, verdicts, whether it watches and tracks (`presence`).
     pub presence: ChannelPresence,
@@ -72,10 +80,15 @@ struct Checks {
     backoff: Option<Duration>,
 }
 
-/// Verdicts for a private channel, back from the batched authorizer.
-pub enum AuthDone {
-    /// A private join and its verdicts.
-    Join(Box<PendingJoin>, Access),
+/// What came back from the database for this connection.
+pub enum Answer {
+    /// A waiting join's verdicts (public: allowed) and its bindings' check, which also says
+    /// whether its keys' upload failed.
+    Join {
+        topic: String,
+        access: Access,
+        checked: Checked,
+    },
     Recheck {
         topic: String,
         generation: u64,
@@ -99,17 +112,22 @@ pub enum AuthDone {
     },
 }
 
-/// A join waiting for its verdicts (a private channel) or its bindings' check.
-pub struct PendingJoin {
+/// A join waiting for its verdicts (a private channel), its bindings' check or its keys'
+/// upload; its bindings are with the check.
+struct PendingJoin {
     m: Inbound,
     config: JoinConfig,
     claims: Claims,
+    who: Arc<Identity>,
     sub_topic: String,
-    /// The Postgres Changes bindings as checked (none: Ok and empty).
-    checked: Checked,
     /// Its topic and tables, listened to in the database before the join is answered.
     held: Held,
 }
+
+/// The connection's questions to the database in flight. Made at the first ask (a
+/// connection with public channels only never has one) and freed when the last is answered.
+#[derive(Default)]
+struct Waits(Option<FuturesUnordered<BoxFuture<'static, Answer>>>);
 
 pub struct Channels {
     link: Link,
@@ -123,30 +141,28 @@ pub struct Channels {
     pub out: Vec<Message>,
     /// The socket's `x-` request headers as JSON, for `request.headers` in policies.
     headers: String,
-    /// Boxed, so that the queue's first block (32 slots, made with the connection) holds
-    /// pointers, not verdicts: 2.8 KiB of every connection's memory before (heaptrack).
-    auth_done: mpsc::UnboundedSender<Box<AuthDone>>,
-    /// Topics of private joins waiting for their verdicts (they count against the channel
-    /// limit; a second join of the same topic meanwhile is refused).
-    pending_joins: HashSet<String>,
+    /// Its questions to the database in flight; bounded by its channels (at most a join,
+    /// a check, a write and a presence verdict or a retry each) and dropped with it.
+    waits: Waits,
+    /// Joins waiting for their answers, by topic (they count against the channel limit; a
+    /// second join of the same topic meanwhile is refused).
+    pending_joins: HashMap<String, PendingJoin>,
     /// Source of check generations, unique within the connection.
     next_generation: u64,
 }
 
 impl Channels {
-    /// A new connection's (empty) channels, and where its verdicts arrive: the socket
-    /// passes each to `on_auth`.
+    /// A new connection's (empty) channels.
     pub fn new(
         shared: Arc<Shared>,
         vsn: Vsn,
         socket_claims: Claims,
         headers: String,
         tx: outbound::Sender,
-    ) -> (Self, mpsc::UnboundedReceiver<Box<AuthDone>>) {
-        let (auth_done, auth_rx) = mpsc::unbounded_channel();
+    ) -> Self {
         let id = NEXT_ID.fetch_add(1, Relaxed);
         let link = Link::new(id, vsn, shared.origin(id), tx);
-        let channels = Channels {
+        Channels {
             link,
             shared,
             socket_claims,
@@ -155,11 +171,29 @@ impl Channels {
             events: Rate::default(),
             out: Vec::new(),
             headers,
-            auth_done,
-            pending_joins: HashSet::new(),
+            waits: Waits::default(),
+            pending_joins: HashMap::new(),
             next_generation: 1,
-        };
-        (channels, auth_rx)
+        }
+    }
+
+    /// Waits for the database to answer this connection; `on_answer` applies it. None at
+    /// once when nothing is asked (the socket loop's branch then sleeps this round).
+    pub async fn next_answer(&mut self) -> Option<Answer> {
+        let waits = self.waits.0.as_mut()?;
+        let answer = waits.next().await;
+        if waits.is_empty() {
+            self.waits.0 = None;
+        }
+        answer
+    }
+
+    /// Asks the database: `question` is polled by this connection's socket loop.
+    fn ask(&mut self, question: impl std::future::Future<Output = Answer> + Send + 'static) {
+        self.waits
+            .0
+            .get_or_insert_with(FuturesUnordered::new)
+            .push(Box::pin(question));
     }
 
     pub fn id(&self) -> ConnId {
@@ -286,7 +320,7 @@ impl Channels {
         self.refuse(m, why);
     }
 
-    fn join(&mut self, m: Inbound, config: JoinConfig) -> Result<(), Disconnect> {
+    fn join(&mut self, m: Inbound, mut config: JoinConfig) -> Result<(), Disconnect> {
         if !self.joins.allow(self.shared.cfg.max_joins_per_second) {
             self.join_error(&m, Refusal::ClientJoinRateLimitReached);
             return Err(Disconnect::JoinRateLimit);
@@ -325,7 +359,7 @@ impl Channels {
             self.join_error(&m, Refusal::History(why.clone()));
             return Ok(());
         }
-        if self.pending_joins.contains(&m.topic) {
+        if self.pending_joins.contains_key(&m.topic) {
             self.join_error(&m, Refusal::JoinInProgress);
             return Ok(());
         }
@@ -339,21 +373,32 @@ impl Channels {
         // listened to: a join is answered after that, so it misses nothing committed later.
         let keys = interest::keys_of(&sub_topic, &config.postgres_changes);
         let (held, upload) = self.shared.interest.hold(keys);
+        let who = identity(&claims, &self.headers);
         if config.private || !config.postgres_changes.is_empty() || upload.is_some() {
             // Answered when the batched verdicts, the bindings' check and the upload of its
-            // keys are done (`on_auth`), in this same task.
-            self.pending_joins.insert(m.topic.clone());
-            let who = identity(&claims, &self.headers);
-            let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
-            let checker = self.shared.check.clone();
+            // keys are done (`on_answer`); the join waits here meanwhile.
+            let (auth, checker) = (self.shared.authorize.clone(), self.shared.check.clone());
             let interest = self.shared.interest.clone();
             let deadline = self.shared.cfg.db_call_deadline();
-            tokio::spawn(async move {
-                let mut config = config;
-                let bindings = std::mem::take(&mut config.postgres_changes);
+            let bindings = std::mem::take(&mut config.postgres_changes);
+            let (private, presence) = (config.private, config.presence);
+            let (topic, asked, asking_who) = (m.topic.clone(), sub_topic.clone(), who.clone());
+            self.pending_joins.insert(
+                m.topic.clone(),
+                PendingJoin {
+                    m,
+                    config,
+                    claims,
+                    who,
+                    sub_topic,
+                    held,
+                },
+            );
+            self.ask(async move {
+                let who = asking_who;
                 let asking = async {
-                    if config.private {
-                        authorizer::channel_access(&auth, &who, &sub_topic, config.presence).await
+                    if private {
+                        authorizer::channel_access(&auth, &who, &asked, presence).await
                     } else {
                         Access::public()
                     }
@@ -376,26 +421,23 @@ impl Channels {
                     (Checked::Ok(_), Err(f)) => Checked::Failed(f),
                     (checked, _) => checked,
                 };
-                let join = PendingJoin {
-                    m,
-                    config,
-                    claims,
-                    sub_topic,
+                Answer::Join {
+                    topic,
+                    access,
                     checked,
-                    held,
-                };
-                let _ = done.send(Box::new(AuthDone::Join(Box::new(join), access)));
+                }
             });
             return Ok(());
         }
-        self.complete_join(
+        let join = PendingJoin {
             m,
             config,
             claims,
+            who,
             sub_topic,
-            (true, None),
-            (Vec::new(), held),
-        );
+            held,
+        };
+        self.complete_join(join, (true, None), Vec::new());
         Ok(())
     }
 
@@ -405,13 +447,18 @@ impl Channels {
     /// saw the reply gets every message and change committed after it.
     fn complete_join(
         &mut self,
-        m: Inbound,
-        config: JoinConfig,
-        claims: Claims,
-        sub_topic: String,
+        join: PendingJoin,
         (read, presence_read): (bool, Option<bool>),
-        (bindings, held): (Vec<Binding>, Held),
+        bindings: Vec<Binding>,
     ) {
+        let PendingJoin {
+            m,
+            config,
+            claims,
+            who,
+            sub_topic,
+            held,
+        } = join;
         let mut ask = config.history.clone().and_then(Result::ok);
         if let (Some(Ask::Resume { epoch, seq }), Some(old)) =
             (&mut ask, self.channels.get(&m.topic))
@@ -528,6 +575,7 @@ impl Channels {
             _interest: held,
             history_gate: gate,
             claims,
+            who,
             checks: Checks {
                 generation,
                 ..Checks::default()
@@ -561,80 +609,72 @@ impl Channels {
         }
         ch.checks.in_flight = true;
         let generation = ch.checks.generation;
-        let (sub_topic, presence, claims) =
-            (ch.key.topic.clone(), ch.presence.enabled, ch.claims.clone());
-        let who = identity(&claims, &self.headers);
-        let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
+        let (sub_topic, presence, who) =
+            (ch.key.topic.clone(), ch.presence.enabled, ch.who.clone());
+        let auth = self.shared.authorize.clone();
         let topic = topic.to_owned();
-        tokio::spawn(async move {
+        self.ask(async move {
             let access = authorizer::channel_access(&auth, &who, &sub_topic, presence).await;
-            let _ = done.send(Box::new(AuthDone::Recheck {
+            Answer::Recheck {
                 topic,
                 generation,
                 access,
-            }));
+            }
         });
     }
 
-    /// Applies verdicts that came back from the authorizer.
-    pub fn on_auth(&mut self, done: AuthDone) {
-        match done {
-            AuthDone::Join(join, access) => {
-                let PendingJoin {
-                    m,
-                    config,
-                    claims,
-                    sub_topic,
-                    checked,
-                    held,
-                } = *join;
-                self.pending_joins.remove(&m.topic);
+    /// Applies what the database answered.
+    pub fn on_answer(&mut self, answer: Answer) {
+        match answer {
+            Answer::Join {
+                topic,
+                access,
+                checked,
+            } => {
+                let Some(join) = self.pending_joins.remove(&topic) else {
+                    return;
+                };
                 if let Some(f) = access.failure() {
                     // The database could not answer: not a denial, and said as Supabase says it.
-                    self.join_error(&m, Refusal::Database(f.clone()));
+                    self.join_error(&join.m, Refusal::Database(f.clone()));
                 } else if access.readable() {
                     let verdicts = (
                         access.broadcast_read.allowed(),
                         access.presence_read.as_ref().map(Verdict::allowed),
                     );
                     match checked {
-                        Checked::Ok(bindings) => self.complete_join(
-                            m,
-                            config,
-                            claims,
-                            sub_topic,
-                            verdicts,
-                            (bindings, held),
-                        ),
-                        Checked::Refused(why) => self.join_error(&m, Refusal::PostgresChanges(why)),
-                        Checked::Failed(f) => self.join_error(&m, Refusal::Database(f)),
+                        Checked::Ok(bindings) => self.complete_join(join, verdicts, bindings),
+                        Checked::Refused(why) => {
+                            self.join_error(&join.m, Refusal::PostgresChanges(why))
+                        }
+                        Checked::Failed(f) => self.join_error(&join.m, Refusal::Database(f)),
                     }
                 } else {
                     let role_refusal = access.role_refusal().map(str::to_owned);
                     let why = Refusal::ReadDenied {
-                        topic: sub_topic,
+                        topic: join.sub_topic,
                         role_refusal,
                     };
-                    self.join_error(&m, why);
+                    self.join_error(&join.m, why);
                 }
             }
-            AuthDone::Recheck {
+            Answer::Recheck {
                 topic,
                 generation,
                 access,
             } => self.apply_recheck(&topic, generation, access),
-            AuthDone::Presence {
+            Answer::Presence {
                 topic,
                 generation,
                 read,
                 write,
             } => self.apply_presence_verdicts(&topic, generation, read, write),
-            AuthDone::Write {
+            Answer::Write {
                 topic,
                 generation,
                 write,
             } => self.apply_write_verdict(&topic, generation, write),
-            AuthDone::Retry { topic, generation } => {
+            Answer::Retry { topic, generation } => {
                 if self
                     .channels
                     .get(&topic)
@@ -671,11 +711,10 @@ impl Channels {
                 backoff.as_secs()
             );
             self.push_system(&reach, "error", &msg);
-            let done = self.auth_done.clone();
             let topic = topic.to_owned();
-            tokio::spawn(async move {
+            self.ask(async move {
                 tokio::time::sleep(backoff).await;
-                let _ = done.send(Box::new(AuthDone::Retry { topic, generation }));
+                Answer::Retry { topic, generation }
             });
             return;
         }
@@ -728,18 +767,17 @@ impl Channels {
         if ch.key.private && ch.broadcast.write.is_none() {
             ch.asking_write = true;
             let generation = ch.checks.generation;
-            let sub_topic = ch.key.topic.clone();
-            let who = identity(&ch.claims, &self.headers);
+            let (sub_topic, who) = (ch.key.topic.clone(), ch.who.clone());
             let topic = m.topic.clone();
             ch.held_broadcasts.push((m, b));
-            let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
-            tokio::spawn(async move {
+            let auth = self.shared.authorize.clone();
+            self.ask(async move {
                 let write = authorizer::write_access(&auth, &who, &sub_topic).await;
-                let _ = done.send(Box::new(AuthDone::Write {
+                Answer::Write {
                     topic,
                     generation,
                     write,
-                }));
+                }
             });
             return;
         }
@@ -822,18 +860,17 @@ impl Channels {
                 let topic = m.topic.clone();
                 ch.presence.held.push((m, push));
                 let generation = ch.checks.generation;
-                let sub_topic = ch.key.topic.clone();
-                let who = identity(&ch.claims, &self.headers);
-                let (auth, done) = (self.shared.authorize.clone(), self.auth_done.clone());
-                tokio::spawn(async move {
+                let (sub_topic, who) = (ch.key.topic.clone(), ch.who.clone());
+                let auth = self.shared.authorize.clone();
+                self.ask(async move {
                     let (read, write) =
                         authorizer::presence_access(&auth, &who, &sub_topic, read).await;
-                    let _ = done.send(Box::new(AuthDone::Presence {
+                    Answer::Presence {
                         topic,
                         generation,
                         read,
                         write,
-                    }));
+                    }
                 });
             }
         }
@@ -901,6 +938,7 @@ impl Channels {
                                 &claims,
                             );
                         }
+                        ch.who = identity(&c, &self.headers);
                         ch.claims = c;
                         if ch.key.private {
                             // Asked again, for the new identity, at the next push.
@@ -921,28 +959,30 @@ impl Channels {
 
 /// Who a channel's verdicts are asked for: its token's role and claims, and the socket's
 /// headers (`request.headers`).
-fn identity(claims: &Claims, headers: &str) -> Identity {
-    Identity {
+fn identity(claims: &Claims, headers: &str) -> Arc<Identity> {
+    Arc::new(Identity {
         role: claims.role.clone(),
         claims: claims.all.to_string(),
         headers: headers.to_owned(),
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::authorizer::{AuthRequest, DbFailure, Verdict};
+    use crate::authorizer::{AuthRequest, Verdict};
     use crate::command;
+    use crate::db_worker::DbFailure;
     use crate::hub::{Payload, QueueMessage};
     use crate::presence::members::Desired;
     use crate::state::testing::{self, Backends};
     use serde_json::Value;
 
-    /// One connection's channels, with the hub's queue to it and the verdicts' way back.
+    /// One connection's channels, with the hub's queue to it, and the answers its waits
+    /// gave while the test polled them.
     struct Conn {
         c: Channels,
-        verdicts: mpsc::UnboundedReceiver<Box<AuthDone>>,
+        ready: std::collections::VecDeque<Answer>,
         hub_rx: outbound::Receiver,
         be: Backends,
     }
@@ -965,10 +1005,10 @@ mod tests {
     fn conn_with(flags: &[&str]) -> Conn {
         let (shared, be) = testing::shared(flags);
         let (tx, hub_rx) = crate::outbound::channel(16);
-        let (c, verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
+        let c = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
         Conn {
             c,
-            verdicts,
+            ready: Default::default(),
             hub_rx,
             be,
         }
@@ -977,7 +1017,26 @@ mod tests {
     impl Conn {
         fn send(&mut self, frame: Value) -> Result<(), Disconnect> {
             let f = command::from_text(Vsn::V2, &frame.to_string()).expect("a valid frame");
-            self.c.handle(f)
+            let handled = self.c.handle(f);
+            self.poll_waits();
+            handled
+        }
+
+        /// Polls the connection's waits once, as the socket loop does after each frame:
+        /// their requests reach the backends; an answer already there is kept for `next`.
+        fn poll_waits(&mut self) {
+            use futures_util::FutureExt;
+            while let Some(Some(a)) = self.c.next_answer().now_or_never() {
+                self.ready.push_back(a);
+            }
+        }
+
+        /// The next answer of the database to this connection (waiting for it).
+        async fn next(&mut self) -> Answer {
+            match self.ready.pop_front() {
+                Some(a) => a,
+                None => self.c.next_answer().await.expect("a question in flight"),
+            }
         }
 
         /// What the connection wrote since last asked, as (topic, event, payload).
@@ -995,13 +1054,14 @@ mod tests {
         /// Plays the authorizer: answers the next `n` requests with `verdict`, then hands
         /// the verdicts that came back to the channels, as the socket loop does.
         async fn authorize(&mut self, n: usize, verdict: impl Fn(&AuthRequest) -> Verdict) {
+            self.poll_waits();
             for _ in 0..n {
                 let r = self.be.authorize.recv().await.expect("a request");
                 let v = verdict(&r);
                 r.reply.send(v).unwrap();
             }
-            let done = self.verdicts.recv().await.expect("verdicts");
-            self.c.on_auth(*done);
+            let a = self.next().await;
+            self.c.on_answer(a);
         }
 
         /// Whether a message sent to `topic` now reaches this connection through the hub.
@@ -1172,10 +1232,10 @@ mod tests {
         // One verdict per join: read (write waits for a push, as Supabase asks it).
         t.authorize(1, |r| {
             assert_eq!(
-                (r.role.as_str(), r.topic.as_str(), r.write),
+                (r.who.role.as_str(), r.topic.as_str(), r.write),
                 ("authenticated", "room", false)
             );
-            assert!(r.claims.contains(r#""sub":"u1""#));
+            assert!(r.who.claims.contains(r#""sub":"u1""#));
             reader(false)(r)
         })
         .await;
@@ -1258,9 +1318,9 @@ mod tests {
         assert!(t.delivered("room", true));
         // The retry is due after the backoff (1 s; the test's clock skips it), and this
         // time read is revoked.
-        let retry = t.verdicts.recv().await.unwrap();
-        assert!(matches!(*retry, AuthDone::Retry { .. }));
-        t.c.on_auth(*retry);
+        let retry = t.next().await;
+        assert!(matches!(retry, Answer::Retry { .. }));
+        t.c.on_answer(retry);
         t.authorize(1, |_| Verdict::Denied(None)).await;
         let w = t.written();
         let events: Vec<&str> = w.iter().map(|w| w.1.as_str()).collect();
@@ -1288,14 +1348,17 @@ mod tests {
             .unwrap();
         // The old token's check says no: discarded, and the new token is checked instead.
         t.authorize(1, |r| {
-            assert!(r.claims.contains("u1"));
+            assert!(r.who.claims.contains("u1"));
             Verdict::Denied(None)
         })
         .await;
         assert!(t.written().is_empty(), "{:?}", t.c.out);
         assert!(t.c.get("realtime:room").is_some());
         t.authorize(1, |r| {
-            assert!(r.claims.contains("u2"), "the replacing token is checked");
+            assert!(
+                r.who.claims.contains("u2"),
+                "the replacing token is checked"
+            );
             Verdict::Allowed
         })
         .await;
@@ -1350,8 +1413,8 @@ mod tests {
                 crate::postgres_changes::BindingError::Rejected { at: 1, why },
             ))
             .unwrap();
-        let done = t.verdicts.recv().await.unwrap();
-        t.c.on_auth(*done);
+        let done = t.next().await;
+        t.c.on_answer(done);
         let w = t.written();
         assert_eq!(
             status(&w[0].2).1,
@@ -1368,8 +1431,8 @@ mod tests {
         assert_eq!(r.role, "authenticated");
         let id = r.bindings[0].id;
         r.reply.send(Checked::Ok(r.bindings)).unwrap();
-        let done = t.verdicts.recv().await.unwrap();
-        t.c.on_auth(*done);
+        let done = t.next().await;
+        t.c.on_answer(done);
         let w = t.written();
         assert_eq!(w[0].1, "phx_reply");
         assert_eq!(
@@ -1575,7 +1638,7 @@ mod tests {
     async fn too_many_joins_a_second_close_the_socket() {
         let (shared, _be) = testing::shared(&["--max-joins-per-second", "2"]);
         let (tx, _hub_rx) = crate::outbound::channel(16);
-        let (mut c, _verdicts) = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
+        let mut c = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
         let mut send = |topic: &str| {
             let f = command::from_text(Vsn::V2, &join(topic, false).to_string()).unwrap();
             c.handle(f)

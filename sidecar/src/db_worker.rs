@@ -1,11 +1,217 @@
-//! What the database workers (relay, authorizer, checker, history, presence) share: a Postgres
-//! connection kept up with backoff, and batches made of whatever requests are waiting (no
-//! timer: a batch holds what arrived while the previous one was in the database).
+//! What the database workers share. Every worker (the authorizer, the bindings' check, the
+//! relay, history, interest, presence and its lease) keeps one Postgres connection up with
+//! backoff (`connect_retrying`). The three that answer connections' requests in batches
+//! (authorizer, check, relay) are one shape, `Batched`, served by one loop (`serve`):
+//! connect with backoff, take whatever requests are waiting (no timer: a batch holds what
+//! arrived while the previous one was in the database), make one call, hand each request
+//! its answer. A call the database refuses is split in halves and each half asked again,
+//! down to the one request that sank it, which alone is refused; a lost connection fails
+//! every request left (never a refusal: the database could not answer) and is replaced.
+//! Each worker is reduced to its SQL (`Batched::call`) and its answers.
 
 use crate::config::Config;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Row};
+
+/// Why the database could not give an answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DbFailure {
+    /// No connection (or it was lost during the call, or the call hung past its deadline).
+    Unreachable,
+    /// The call was cancelled or hit its statement timeout.
+    QueryCanceled,
+}
+
+impl DbFailure {
+    /// Supabase's reason text for a join that failed this way.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DbFailure::Unreachable => {
+                "UnableToConnectToProject: Realtime was unable to connect to the project database"
+            }
+            DbFailure::QueryCanceled => {
+                "QueryCanceled: the authorization query was cancelled or timed out"
+            }
+        }
+    }
+}
+
+/// How one call over a batch failed.
+#[derive(Debug)]
+pub enum CallError {
+    /// The database could not answer; the connection is replaced.
+    Lost(DbFailure),
+    /// The database refused the call: an input it cannot take, an error a policy raised,
+    /// or (`canceled`) its statement timeout.
+    Failed { canceled: bool, message: String },
+}
+
+/// A worker's connection, with the deadline that bounds a call on a connection that hangs
+/// (the server's statement_timeout ends a slow one first).
+pub struct Db {
+    pub client: Client,
+    deadline: Duration,
+}
+
+impl Db {
+    pub fn new(client: Client, deadline: Duration) -> Self {
+        Db { client, deadline }
+    }
+
+    /// One statement's rows, its failure said as `CallError`.
+    pub async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, CallError> {
+        self.run(self.client.query(sql, params)).await
+    }
+
+    /// Runs one call on the connection under the deadline, its failure said as `CallError`.
+    pub async fn run<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, CallError> {
+        match tokio::time::timeout(self.deadline, call).await {
+            Err(_) => Err(CallError::Lost(DbFailure::Unreachable)),
+            Ok(Err(e)) if self.client.is_closed() => {
+                tracing::warn!(error = %e, "worker connection lost");
+                Err(CallError::Lost(DbFailure::Unreachable))
+            }
+            Ok(Err(e)) => Err(CallError::Failed {
+                canceled: e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+                message: e
+                    .as_db_error()
+                    .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+            }),
+            Ok(Ok(t)) => Ok(t),
+        }
+    }
+}
+
+/// A worker that answers requests in batches, one database call per batch.
+pub(crate) trait Batched {
+    type Req;
+    /// What one request is answered when the call went through.
+    type Out;
+    /// The worker's name in the log.
+    const WHAT: &'static str;
+    /// Most requests in one call.
+    const MAX: usize;
+
+    /// One call over `batch`: an answer per request, in order.
+    async fn call(&self, db: &Db, batch: &[Self::Req]) -> Result<Vec<Self::Out>, CallError>;
+
+    /// Hands a request its answer.
+    fn answer(&self, req: Self::Req, out: Self::Out);
+
+    /// The database could not answer this request.
+    fn fail(&self, req: Self::Req, why: DbFailure);
+
+    /// The database refused a call holding only this request: it alone is refused.
+    fn refuse(&self, req: Self::Req, message: String);
+
+    /// A batch was taken (for the worker's metrics).
+    fn taken(&self, _batch: &[Self::Req]) {}
+
+    /// A refused call of `n` requests is being split.
+    fn split(&self, _n: usize, _message: &str) {}
+}
+
+/// One call over a batch: `Batched::call` on the worker's connection, or a test's stand-in,
+/// so the splitting below is tested without a database.
+pub(crate) trait Call<R, O> {
+    async fn call(&self, batch: &[R]) -> Result<Vec<O>, CallError>;
+}
+
+/// A worker's calls on its live connection.
+struct On<'a, B> {
+    worker: &'a B,
+    db: &'a Db,
+}
+
+impl<B: Batched> Call<B::Req, B::Out> for On<'_, B> {
+    async fn call(&self, batch: &[B::Req]) -> Result<Vec<B::Out>, CallError> {
+        self.worker.call(self.db, batch).await
+    }
+}
+
+/// Runs a batched worker until shutdown: its connection kept up, its requests answered.
+pub(crate) async fn serve<B: Batched>(
+    cfg: &Config,
+    worker: B,
+    mut rx: mpsc::Receiver<B::Req>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let fail = |r: B::Req| worker.fail(r, DbFailure::Unreachable);
+        let Some(client) = connect(cfg, B::WHAT, &mut rx, &mut shutdown, fail).await else {
+            return;
+        };
+        let db = Db::new(client, cfg.db_call_deadline());
+        let on = On {
+            worker: &worker,
+            db: &db,
+        };
+        while let Some(batch) = next_batch(&mut rx, B::MAX, &mut shutdown).await {
+            worker.taken(&batch);
+            if !settle(&worker, &on, batch).await {
+                break;
+            }
+        }
+        if *shutdown.borrow() || rx.is_closed() {
+            return;
+        }
+    }
+}
+
+/// Answers every request of `batch`, splitting a refused call in halves down to the request
+/// that sank it. False when the connection is no longer usable (every request left was
+/// failed `Unreachable`, or as the loss said).
+pub(crate) async fn settle<B: Batched>(
+    worker: &B,
+    db: &impl Call<B::Req, B::Out>,
+    batch: Vec<B::Req>,
+) -> bool {
+    let mut work = vec![batch];
+    while let Some(mut part) = work.pop() {
+        match db.call(&part).await {
+            Ok(outs) => {
+                let mut outs = outs.into_iter();
+                for r in part {
+                    match outs.next() {
+                        Some(o) => worker.answer(r, o),
+                        // A call that answered fewer than asked: never left hanging.
+                        None => worker.fail(r, DbFailure::Unreachable),
+                    }
+                }
+            }
+            Err(CallError::Lost(why)) => {
+                for r in work.into_iter().flatten().chain(part) {
+                    worker.fail(r, why.clone());
+                }
+                return false;
+            }
+            Err(CallError::Failed { canceled, message }) if part.len() == 1 => {
+                let r = part.pop().expect("one request");
+                if canceled {
+                    worker.fail(r, DbFailure::QueryCanceled);
+                } else {
+                    worker.refuse(r, message);
+                }
+            }
+            Err(CallError::Failed { message, .. }) => {
+                worker.split(part.len(), &message);
+                let back = part.split_off(part.len() / 2);
+                work.push(back);
+                work.push(part);
+            }
+        }
+    }
+    true
+}
 
 /// Connects with `cfg`'s settings, retrying with backoff (100 ms doubling to 5 s), and sets
 /// the session's statement_timeout. Requests that wait meanwhile are handed to `fail` after

@@ -19,9 +19,9 @@
 //! current one, and a database that refuses the set (more keys than
 //! `realtime.max_topics_per_consumer`) gets `realtime.listen_all` instead.
 
-use crate::authorizer::DbFailure;
 use crate::config::Config;
 use crate::db_worker;
+use crate::db_worker::DbFailure;
 use crate::metrics::Metrics;
 use crate::postgres_changes::Binding;
 use std::collections::{HashMap, HashSet};

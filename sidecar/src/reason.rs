@@ -4,7 +4,7 @@
 //! the server (`ChannelClosed`, a `system` message before `phx_close`). Texts are Supabase's
 //! where Supabase has one; tests and realtime-js apps compare them.
 
-use crate::authorizer::DbFailure;
+use crate::db_worker::DbFailure;
 use crate::history::ask::AskError;
 use crate::jwt::JwtError;
 use crate::persist::PersistError;

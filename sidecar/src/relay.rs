@@ -4,16 +4,13 @@
 //! broadcast ended once the batch has committed (or failed).
 
 use crate::config::Config;
-use crate::db_worker;
+use crate::db_worker::{self, Batched, CallError, Db, DbFailure};
 use crate::hub::Payload;
 use crate::metrics::Metrics;
 use crate::reach::ReplyTo;
 use serde_json::json;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
-
-/// Most broadcasts relayed in one statement.
-const BATCH: usize = 1000;
 
 const RELAY_SQL: &str = "SELECT count(realtime.relay(o, t, e, p, j::json, b)) \
      FROM unnest($1::int8[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::bytea[]) AS u(o, t, e, p, j, b)";
@@ -112,97 +109,51 @@ pub struct Broadcast {
 /// Runs until shutdown, relaying what connections queue on `rx`.
 pub async fn run(
     cfg: Arc<Config>,
-    mut rx: mpsc::Receiver<Broadcast>,
+    rx: mpsc::Receiver<Broadcast>,
     metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let unavailable = || Err(DB_UNAVAILABLE);
-    loop {
-        let fail = |m: Broadcast| settle(vec![m], unavailable(), &metrics);
-        let Some(client) = db_worker::connect(&cfg, "relay", &mut rx, &mut shutdown, fail).await
-        else {
-            return;
+    db_worker::serve(&cfg, Relay { metrics }, rx, shutdown).await
+}
+
+/// One `realtime.relay` statement over a batch: all of it relayed, or none.
+struct Relay {
+    metrics: Arc<Metrics>,
+}
+
+impl Batched for Relay {
+    type Req = Broadcast;
+    type Out = ();
+    const WHAT: &'static str = "relay";
+    const MAX: usize = 1000;
+
+    async fn call(&self, db: &Db, batch: &[Broadcast]) -> Result<Vec<()>, CallError> {
+        db.run(relay(&db.client, batch)).await?;
+        Ok(vec![(); batch.len()])
+    }
+
+    fn answer(&self, m: Broadcast, (): ()) {
+        settle(vec![m], Ok(()), &self.metrics);
+    }
+
+    fn fail(&self, m: Broadcast, why: DbFailure) {
+        let failure = match why {
+            DbFailure::Unreachable => DB_UNAVAILABLE,
+            DbFailure::QueryCanceled => {
+                Failure::Unavailable("the database did not answer in time; retry")
+            }
         };
-        while let Some(batch) = db_worker::next_batch(&mut rx, BATCH, &mut shutdown).await {
-            let db = Db {
-                client: &client,
-                deadline: cfg.db_call_deadline(),
-            };
-            if !relay_batch(&db, batch, &metrics).await {
-                break;
-            }
-        }
-        if *shutdown.borrow() || rx.is_closed() {
-            return;
-        }
+        settle(vec![m], Err(failure), &self.metrics);
     }
-}
 
-/// Relays one batch and tells each sender how it ended. False when the connection is no
-/// longer usable (every broadcast left is answered `DB_UNAVAILABLE`).
-async fn relay_batch(db: &impl Call, batch: Vec<Broadcast>, metrics: &Metrics) -> bool {
-    let why = match db.relay(&batch).await {
-        Ok(()) => {
-            settle(batch, Ok(()), metrics);
-            return true;
-        }
-        Err(CallError::Lost) => {
-            settle(batch, Err(DB_UNAVAILABLE), metrics);
-            return false;
-        }
-        Err(CallError::Refused(why)) => why,
-    };
-    // One bad message must not sink the others (the statement failed as a whole, so none
-    // of them was relayed): relay them one at a time.
-    tracing::debug!(error = %why, "relay batch failed; isolating");
-    let mut rest = batch.into_iter();
-    while let Some(m) = rest.next() {
-        match db.relay(std::slice::from_ref(&m)).await {
-            Ok(()) => settle(vec![m], Ok(()), metrics),
-            Err(CallError::Refused(why)) => settle(vec![m], Err(Failure::Refused(why)), metrics),
-            Err(CallError::Lost) => {
-                settle(
-                    std::iter::once(m).chain(rest).collect(),
-                    Err(DB_UNAVAILABLE),
-                    metrics,
-                );
-                return false;
-            }
-        }
+    /// The database refused the statement holding this message alone (too large, say):
+    /// the text is the reason its sender sees.
+    fn refuse(&self, m: Broadcast, why: String) {
+        settle(vec![m], Err(Failure::Refused(why)), &self.metrics);
     }
-    true
-}
 
-enum CallError {
-    /// The connection is gone, or a call hung (its state is unknown): it is replaced.
-    Lost,
-    /// The database refused the statement; the text is the reason a client sees.
-    Refused(String),
-}
-
-/// One `realtime.relay` statement over a batch: a trait so that the batching and the
-/// isolation above are tested without a database.
-trait Call {
-    async fn relay(&self, batch: &[Broadcast]) -> Result<(), CallError>;
-}
-
-/// The real statement, on the relay's connection.
-struct Db<'a> {
-    client: &'a tokio_postgres::Client,
-    deadline: std::time::Duration,
-}
-
-impl Call for Db<'_> {
-    async fn relay(&self, batch: &[Broadcast]) -> Result<(), CallError> {
-        match tokio::time::timeout(self.deadline, relay(self.client, batch)).await {
-            Ok(Ok(())) => Ok(()),
-            Err(_) => Err(CallError::Lost),
-            Ok(Err(_)) if self.client.is_closed() => Err(CallError::Lost),
-            Ok(Err(e)) => Err(CallError::Refused(
-                e.as_db_error()
-                    .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
-            )),
-        }
+    fn split(&self, n: usize, message: &str) {
+        tracing::debug!(error = %message, messages = n, "relay batch failed; splitting");
     }
 }
 
@@ -266,26 +217,37 @@ mod tests {
     use std::sync::Mutex;
 
     /// A database that refuses any statement holding the event "too_big", and loses the
-    /// connection on one holding "gone" alone.
+    /// connection on one of at most two messages holding "gone".
     #[derive(Default)]
     struct Fake {
         relayed: Mutex<Vec<String>>,
         calls: Mutex<usize>,
     }
 
-    impl Call for Fake {
-        async fn relay(&self, batch: &[Broadcast]) -> Result<(), CallError> {
+    impl db_worker::Call<Broadcast, ()> for Fake {
+        async fn call(&self, batch: &[Broadcast]) -> Result<Vec<()>, CallError> {
             *self.calls.lock().unwrap() += 1;
-            if batch.len() == 1 && batch[0].event == "gone" {
-                return Err(CallError::Lost);
+            if batch.len() <= 2 && batch.iter().any(|b| b.event == "gone") {
+                return Err(CallError::Lost(DbFailure::Unreachable));
             }
             if batch.iter().any(|b| b.event == "too_big") {
-                return Err(CallError::Refused("payload too large".into()));
+                return Err(CallError::Failed {
+                    canceled: false,
+                    message: "payload too large".into(),
+                });
             }
             let events = batch.iter().map(|b| b.event.clone());
             self.relayed.lock().unwrap().extend(events);
-            Ok(())
+            Ok(vec![(); batch.len()])
         }
+    }
+
+    /// Relays a batch as the relay does, with `db` in place of its connection.
+    async fn relay_batch(db: &Fake, batch: Vec<Broadcast>, metrics: &Arc<Metrics>) -> bool {
+        let worker = Relay {
+            metrics: metrics.clone(),
+        };
+        db_worker::settle(&worker, db, batch).await
     }
 
     fn socket(event: &str, ack: bool) -> (Broadcast, outbound::Receiver) {
@@ -322,7 +284,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_is_one_statement_and_only_acked_pushes_are_answered() {
-        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (db, metrics) = (Fake::default(), Arc::new(Metrics::default()));
         let (a, mut rx_a) = socket("a", true);
         let (b, mut rx_b) = socket("b", false);
         assert!(relay_batch(&db, vec![a, b], &metrics).await);
@@ -339,14 +301,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_broadcast_is_isolated_and_reported_to_its_sender_only() {
-        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (db, metrics) = (Fake::default(), Arc::new(Metrics::default()));
         let (a, mut rx_a) = socket("a", false);
         let (bad, mut rx_bad) = socket("too_big", false);
         let (http_tx, http_rx) = oneshot::channel();
         let c = broadcast("c", AckTo::Http(http_tx));
         assert!(relay_batch(&db, vec![a, bad, c], &metrics).await);
-        // The batch, then each message alone.
-        assert_eq!(*db.calls.lock().unwrap(), 4);
+        // The batch, then halves down to the bad message: [a, too_big, c], [a],
+        // [too_big, c], [too_big], [c].
+        assert_eq!(*db.calls.lock().unwrap(), 5);
         assert_eq!(*db.relayed.lock().unwrap(), vec!["a", "c"]);
         assert_eq!(text(&mut rx_a), None);
         // Without ack the failure still reaches the sender, as a system message.
@@ -365,7 +328,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lost_connection_answers_everything_left_unavailable() {
-        let (db, metrics) = (Fake::default(), Metrics::default());
+        let (db, metrics) = (Fake::default(), Arc::new(Metrics::default()));
         let (a, mut rx_a) = socket("a", true);
         let (bad, _rx_bad) = socket("too_big", true);
         let (gone, mut rx_gone) = socket("gone", true);
@@ -378,7 +341,7 @@ mod tests {
             lost.contains(r#""status":"error""#) && lost.contains(&DB_UNAVAILABLE.reason()),
             "{lost}"
         );
-        // The one after it was never tried, and is answered too.
+        // The one relayed with it is answered too.
         assert_eq!(http_rx.await.unwrap(), Err(DB_UNAVAILABLE));
         assert_eq!(*db.relayed.lock().unwrap(), vec!["a"]);
     }

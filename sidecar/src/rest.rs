@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::sync::Arc;
 use tokio::sync::oneshot;
 
 /// The outcome: a status and a JSON body (empty for 202).
@@ -92,7 +93,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
 
 /// Who sends: the bearer token (or the apikey), verified, with every request header (Supabase
 /// passes them all to policies of REST calls).
-fn identity(req: &Request<Incoming>, shared: &Shared) -> Result<Identity, Outcome> {
+fn identity(req: &Request<Incoming>, shared: &Shared) -> Result<Arc<Identity>, Outcome> {
     let headers = req.headers();
     let bearer = headers
         .get("authorization")
@@ -124,11 +125,11 @@ fn identity(req: &Request<Incoming>, shared: &Shared) -> Result<Identity, Outcom
             Some(json!({ "message": why.text() })),
         ));
     }
-    Ok(Identity {
+    Ok(Arc::new(Identity {
         role: claims.role.clone(),
         claims: claims.all.to_string(),
         headers: headers_json,
-    })
+    }))
 }
 
 /// The request body, bounded in size and in time (a body that trickles in is cut off like
@@ -152,7 +153,7 @@ async fn body(req: Request<Incoming>, shared: &Shared) -> Result<Bytes, Outcome>
 /// refused ones silently, here the request is refused whole and says which topic.
 async fn check_writes<'a>(
     shared: &Shared,
-    who: &Identity,
+    who: &Arc<Identity>,
     private_topics: impl Iterator<Item = &'a str>,
 ) -> Result<(), Outcome> {
     let mut checked = std::collections::HashSet::new();

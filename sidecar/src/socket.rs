@@ -39,7 +39,7 @@ pub async fn serve<S>(
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (tx, rx) = outbound::channel(shared.cfg.max_outbound_frames);
-    let (mut conn, mut auth_rx) = Channels::new(shared.clone(), vsn, socket_claims, headers, tx);
+    let mut conn = Channels::new(shared.clone(), vsn, socket_claims, headers, tx);
     let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
     let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);
     // `connections` was counted at upgrade (server.rs); it is given back when this ends.
@@ -73,7 +73,7 @@ pub async fn serve<S>(
             biased;
             _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
             _ = rx.overflowed() => break Some(too_slow_close(&shared)),
-            Some(done) = auth_rx.recv() => conn.on_auth(*done),
+            Some(answer) = conn.next_answer() => conn.on_answer(answer),
             _ = recheck.tick() => conn.recheck_all(),
             _ = &mut expiry, if conn.has_channels() => {
                 conn.expire_tokens();
@@ -131,7 +131,6 @@ pub async fn serve<S>(
 
     conn.leave_all();
     drop(rx);
-    drop(auth_rx);
     // A close frame with the reason, unless the client is not reading at all: then the
     // connection is just dropped after a grace period.
     let last_words = std::mem::take(&mut conn.out);

@@ -7,16 +7,12 @@
 //! SUBSCRIBED is already registered: a change committed after that reaches it.
 
 use super::binding::{Binding, BindingError};
-use crate::authorizer::DbFailure;
 use crate::config::Config;
-use crate::db_worker;
+use crate::db_worker::{self, Batched, CallError, Db, DbFailure};
 use crate::metrics::Metrics;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
-
-/// Most joins checked in one call.
-const BATCH: usize = 1000;
 
 const SQL: &str =
     "SELECT item, error, \"values\"::text AS typed FROM realtime.subscribable($1::text::jsonb)";
@@ -55,35 +51,11 @@ pub async fn check(tx: &mpsc::Sender<CheckRequest>, role: &str, bindings: Vec<Bi
 /// Runs until shutdown, checking what joins queue on `rx`.
 pub async fn run(
     cfg: Arc<Config>,
-    mut rx: mpsc::Receiver<CheckRequest>,
+    rx: mpsc::Receiver<CheckRequest>,
     metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let fail = |r: CheckRequest| {
-        let _ = r.reply.send(Checked::Failed(DbFailure::Unreachable));
-    };
-    loop {
-        let Some(client) =
-            db_worker::connect(&cfg, "subscription check", &mut rx, &mut shutdown, fail).await
-        else {
-            return;
-        };
-        while let Some(batch) = db_worker::next_batch(&mut rx, BATCH, &mut shutdown).await {
-            metrics
-                .postgres_changes_checks_total
-                .increment(batch.len() as u64);
-            let db = Db {
-                client: &client,
-                deadline: cfg.db_call_deadline(),
-            };
-            if !check_batch(&db, batch).await {
-                break;
-            }
-        }
-        if *shutdown.borrow() || rx.is_closed() {
-            return;
-        }
-    }
+    db_worker::serve(&cfg, Checker { metrics }, rx, shutdown).await
 }
 
 /// What one `realtime.subscribable` call says of each binding sent: its error or, per
@@ -91,43 +63,29 @@ pub async fn run(
 /// whose value is no value of the column).
 type Rows = Vec<(Option<String>, Option<Vec<Option<Vec<Value>>>>)>;
 
-enum CallError {
-    Lost(DbFailure),
-    /// The database refused the call (an input it cannot take, such as a NUL in a name).
-    Refused(String),
+/// `realtime.subscribable` over the bindings of a batch of joins: each join's rows.
+struct Checker {
+    metrics: Arc<Metrics>,
 }
 
-trait Call {
-    async fn subscribable(&self, items: &[Value]) -> Result<Rows, CallError>;
-}
+impl Batched for Checker {
+    type Req = CheckRequest;
+    type Out = Rows;
+    const WHAT: &'static str = "subscription check";
+    const MAX: usize = 1000;
 
-struct Db<'a> {
-    client: &'a tokio_postgres::Client,
-    deadline: std::time::Duration,
-}
-
-impl Call for Db<'_> {
-    async fn subscribable(&self, items: &[Value]) -> Result<Rows, CallError> {
-        let text = Value::Array(items.to_vec()).to_string();
+    async fn call(&self, db: &Db, batch: &[CheckRequest]) -> Result<Vec<Rows>, CallError> {
+        let text = Value::Array(items(batch)).to_string();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&text];
-        let call = self.client.query(SQL, &params);
-        let rows = match tokio::time::timeout(self.deadline, call).await {
-            Err(_) => return Err(CallError::Lost(DbFailure::QueryCanceled)),
-            Ok(Err(_)) if self.client.is_closed() => {
-                return Err(CallError::Lost(DbFailure::Unreachable))
+        let rows = match db.query(SQL, &params).await {
+            // A check that ran out of time is the database's failure, not a join's: split,
+            // each half would wait as long again.
+            Err(CallError::Failed { canceled: true, .. }) => {
+                return Err(CallError::Lost(DbFailure::QueryCanceled))
             }
-            Ok(Err(e)) => {
-                if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
-                    return Err(CallError::Lost(DbFailure::QueryCanceled));
-                }
-                let why = e
-                    .as_db_error()
-                    .map_or_else(|| e.to_string(), |d| d.message().to_owned());
-                return Err(CallError::Refused(why));
-            }
-            Ok(Ok(rows)) => rows,
+            other => other?,
         };
-        let mut out = vec![(None, None); items.len()];
+        let mut out: Rows = vec![(None, None); count(batch)];
         for row in rows {
             let item: i32 = row.get("item");
             let typed: Option<String> = row.get("typed");
@@ -137,8 +95,49 @@ impl Call for Db<'_> {
                 *slot = (row.get("error"), typed);
             }
         }
-        Ok(out)
+        Ok(per_join(batch, out))
     }
+
+    fn answer(&self, r: CheckRequest, rows: Rows) {
+        let _ = r.reply.send(verdict(r.bindings, rows));
+    }
+
+    fn fail(&self, r: CheckRequest, why: DbFailure) {
+        let _ = r.reply.send(Checked::Failed(why));
+    }
+
+    fn refuse(&self, r: CheckRequest, why: String) {
+        let _ = r
+            .reply
+            .send(Checked::Refused(BindingError::Rejected { at: 1, why }));
+    }
+
+    fn taken(&self, batch: &[CheckRequest]) {
+        self.metrics
+            .postgres_changes_checks_total
+            .increment(batch.len() as u64);
+    }
+}
+
+/// What the database is told of a batch's bindings, join after join.
+fn items(batch: &[CheckRequest]) -> Vec<Value> {
+    batch
+        .iter()
+        .flat_map(|r| r.bindings.iter().map(|b| item(&r.role, b)))
+        .collect()
+}
+
+fn count(batch: &[CheckRequest]) -> usize {
+    batch.iter().map(|r| r.bindings.len()).sum()
+}
+
+/// The rows of a batch's bindings cut into each join's.
+fn per_join(batch: &[CheckRequest], rows: Rows) -> Vec<Rows> {
+    let mut rows = rows.into_iter();
+    batch
+        .iter()
+        .map(|r| rows.by_ref().take(r.bindings.len()).collect())
+        .collect()
 }
 
 /// What the database is told of one binding.
@@ -159,50 +158,6 @@ fn item(role: &str, b: &Binding) -> Value {
         o["select"] = json!(s);
     }
     o
-}
-
-/// Checks a batch and answers each join. False when the connection is no longer usable.
-async fn check_batch(db: &impl Call, batch: Vec<CheckRequest>) -> bool {
-    let items: Vec<Value> = batch
-        .iter()
-        .flat_map(|r| r.bindings.iter().map(|b| item(&r.role, b)))
-        .collect();
-    match db.subscribable(&items).await {
-        Ok(rows) => {
-            let mut rows = rows.into_iter();
-            for r in batch {
-                let mine: Rows = rows.by_ref().take(r.bindings.len()).collect();
-                let verdict = verdict(r.bindings, mine);
-                let _ = r.reply.send(verdict);
-            }
-            true
-        }
-        Err(CallError::Lost(f)) => {
-            for r in batch {
-                let _ = r.reply.send(Checked::Failed(f.clone()));
-            }
-            false
-        }
-        Err(CallError::Refused(why)) if batch.len() == 1 => {
-            let r = batch.into_iter().next().expect("one");
-            let _ = r
-                .reply
-                .send(Checked::Refused(BindingError::Rejected { at: 1, why }));
-            true
-        }
-        Err(CallError::Refused(_)) => {
-            // One join's input sank the call: check each alone, so only it is refused.
-            let mut alive = true;
-            for r in batch {
-                if alive {
-                    alive = Box::pin(check_batch(db, vec![r])).await;
-                } else {
-                    let _ = r.reply.send(Checked::Failed(DbFailure::Unreachable));
-                }
-            }
-            alive
-        }
-    }
 }
 
 /// A join's bindings with what the database said of each.
@@ -241,22 +196,33 @@ mod tests {
         calls: Mutex<Vec<usize>>,
     }
 
-    impl Call for Fake {
-        async fn subscribable(&self, items: &[Value]) -> Result<Rows, CallError> {
+    impl db_worker::Call<CheckRequest, Rows> for Fake {
+        async fn call(&self, batch: &[CheckRequest]) -> Result<Vec<Rows>, CallError> {
+            let items = items(batch);
             self.calls.lock().unwrap().push(items.len());
             if items.iter().any(|i| i["table"] == "poison") {
-                return Err(CallError::Refused(
-                    "unsupported Unicode escape sequence".into(),
-                ));
+                return Err(CallError::Failed {
+                    canceled: false,
+                    message: "unsupported Unicode escape sequence".into(),
+                });
             }
-            Ok(items
+            let rows = items
                 .iter()
                 .map(|i| match i["table"].as_str() {
                     Some("missing") => (Some("table public.missing does not exist".into()), None),
                     _ => (None, i.get("filters").map(|_| vec![Some(vec![json!(5)])])),
                 })
-                .collect())
+                .collect();
+            Ok(per_join(batch, rows))
         }
+    }
+
+    /// Checks a batch as the checker does, with `db` in place of its connection.
+    async fn check_batch(db: &Fake, batch: Vec<CheckRequest>) -> bool {
+        let worker = Checker {
+            metrics: Arc::new(Metrics::default()),
+        };
+        db_worker::settle(&worker, db, batch).await
     }
 
     fn request(tables: &[&str]) -> (CheckRequest, oneshot::Receiver<Checked>) {
