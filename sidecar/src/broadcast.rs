@@ -7,6 +7,7 @@
 use crate::command::ClientBroadcast;
 use crate::frame::Inbound;
 use crate::gate::Gate;
+use crate::held::Held;
 use crate::hub::{Hub, Subscriber, TopicKey};
 use crate::join_config::JoinConfig;
 use crate::reach::{Link, Reach};
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// One channel's broadcast settings and verdicts.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct State {
     /// Reply to the client's broadcasts once they are committed (`config.broadcast.ack`).
     pub ack: bool,
@@ -29,6 +30,8 @@ pub struct State {
     /// Write verdict of a private channel, None until asked at its first push (public
     /// channels: anyone may send).
     pub write: Option<bool>,
+    /// The client's broadcasts waiting for the write verdict.
+    pub held: Held<ClientBroadcast>,
 }
 
 impl State {
@@ -38,6 +41,7 @@ impl State {
             self_broadcast: config.self_broadcast,
             read,
             write,
+            held: Held::default(),
         }
     }
 

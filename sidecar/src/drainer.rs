@@ -11,6 +11,7 @@ use crate::metrics::Metrics;
 use crate::postgres_changes::deliver::{self, Outgoing};
 use crate::postgres_changes::subscribers::Subscribers;
 use crate::presence::view::Views;
+use crate::reason::Notice;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,10 +59,7 @@ pub async fn run(
         if was_up {
             backoff = Duration::from_millis(100);
             metrics.db_reconnects_total.increment(1);
-            hub.system_all(
-                "error",
-                "The database is unavailable; reconnecting. Messages are kept and delivered when it returns, unless it restarts.",
-            );
+            hub.system_all(&Notice::DatabaseUnavailable);
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
@@ -255,15 +253,9 @@ async fn session(
             // The slot is new, positioned at the end: read from the new queue's start instead,
             // so what was committed since the restart, before this reconnect, is delivered.
             pos = 0;
-            hub.system_all(
-                "error",
-                "The database restarted; messages committed before the restart and not yet delivered were lost. Messages committed since are delivered.",
-            );
+            hub.system_all(&Notice::DatabaseRestarted);
         }
-        Some(_) => hub.system_all(
-            "ok",
-            "The database is available again; no messages were lost.",
-        ),
+        Some(_) => hub.system_all(&Notice::DatabaseBack),
         None => {}
     }
     *epoch = Some(now_epoch);
@@ -405,10 +397,7 @@ async fn session(
                     last,
                     "messages were evicted before this sidecar read them"
                 );
-                hub.system_all(
-                    "error",
-                    &format!("Messages {first} to {last} were lost: this server fell behind the database's queue."),
-                );
+                hub.system_all(&Notice::MessagesLost { first, last });
                 pos = seq;
                 continue;
             }

@@ -268,7 +268,9 @@ impl Hub {
 
     /// Sends a `system` message to every joined channel (the database went away or came
     /// back, or messages were lost).
-    pub fn system_all(&self, status: &str, message: &str) {
+    pub fn system_all(&self, notice: &crate::reason::Notice) {
+        let (status, message) = (notice.status(), notice.text());
+        let message = message.as_str();
         let topics = self.topics.read().unwrap();
         for subs in topics.values() {
             for sub in &subs.list {

@@ -47,9 +47,12 @@
 //! presence is enabled) go to the `authorizer` task, which puts whatever every connection
 //! asked meanwhile into one `realtime.authorize` call. The database evaluates the RLS
 //! policies on `realtime.messages` as the JWT's role with its claims and the socket's
-//! headers. The verdicts come back to the connection's own task (`channels::AuthDone`); a
-//! call that fails is split until only the bad request is denied, and a database that
-//! cannot answer is never a denial. Verdicts are checked again every
+//! headers. Each question is a future the connection holds, polled by its own socket loop
+//! (`channels::Channels::next_answer`): no task is spawned for it, the pending join stays
+//! in the connection, and only the answer comes back (`channels::Answer`). A call that
+//! fails is split until only the bad request is denied (`db_worker::Batched`, the shape the
+//! authorizer, the bindings' check and the relay share), and a database that cannot answer
+//! is never a denial. Verdicts are checked again every
 //! AUTHORIZATION_TTL_SECS and on a new token; a read no longer allowed closes the channel.
 //! A join with `postgres_changes` bindings (private or public) waits the same way for
 //! `postgres_changes::check`, which checks the bindings of every waiting join in one
@@ -95,7 +98,15 @@
 //! the runtime's threads. They share `state::Shared` (settings, the hub, the
 //! Postgres Changes subscribers, presence's views and wishes, the topics held, the token
 //! verifier, the metrics, the request queues) and nothing else; a connection's channels
-//! are touched only by its own task. On SIGTERM the listener stops, every socket is sent
+//! are touched only by its own task, which also polls the connection's questions to the
+//! database (no task per question: they are bounded by its channels and dropped with it).
+//! Short-lived tasks: the metrics' `upkeep`, and one per history being sent (paced
+//! against the connection's outbound queue, ended by its gate).
+//!
+//! Locks are std locks held for a few instructions and never across an `.await`. The
+//! order, where two are held at once: a registry (the hub, the Postgres Changes
+//! listeners, presence's views), then a rejoining channel's `gate`, then a connection's
+//! `outbound` queue. Never two registries at once. On SIGTERM the listener stops, every socket is sent
 //! a close frame with its reason (`reason::Disconnect`) and the drainer confirms its
 //! position, so a restarted sidecar resumes where this one stopped (`shutdown`).
 //!
@@ -103,7 +114,8 @@
 //!
 //! `server` listener, HTTP and upgrades · `url` query and path decoding · `rest` the REST broadcast · `socket` one
 //! connection's loop · `command` a client frame parsed into what it asks · `frame` the wire
-//! format of both serializers · `channels` the channel lifecycle · `join_config` what a
+//! format of both serializers · `channels/` the channel lifecycle (the registry, a join's
+//! checks and admission, one channel, its pushes) · `held` pushes held behind a verdict · `join_config` what a
 //! join asks for · `broadcast` the broadcast extension · `postgres_changes/` the Postgres
 //! Changes extension (bindings, the join-time check, who listens, delivery) · `history/`
 //! replay and resume (what a join asks, the batched read) · `presence/` presence (a
@@ -111,7 +123,9 @@
 //! live frames held until its history is sent · `hub` topics and fan-out · `reach` the one way to a
 //! joined channel's socket, held by every registry · `outbound` a connection's outbound queue ·
 //! `drainer` the queue side · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `relay` batched
-//! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what those two share (reconnects, batches) · `db_thread` the thread the round trips joins wait on run on · `reason`
+//! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what the
+//! database workers share (a connection kept up with backoff; the batched-worker shape of
+//! the authorizer, the check and the relay) · `db_thread` the thread the round trips joins wait on run on · `reason`
 //! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` · `config` · `state` · `shutdown`.
 
 pub mod authorizer;
@@ -126,6 +140,7 @@ pub mod frame;
 #[cfg(test)]
 mod fuzz;
 pub mod gate;
+pub mod held;
 pub mod history;
 pub mod hub;
 pub mod interest;

@@ -215,6 +215,65 @@ impl ChannelClosed {
     }
 }
 
+/// What a `system` message tells a channel that stays open: the database's state, lost or
+/// withheld messages, a check that could not be made. Each is sent with its `status`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Notice {
+    /// The drain connection was lost (to every channel of the sidecar).
+    DatabaseUnavailable,
+    /// It is back, same epoch.
+    DatabaseBack,
+    /// It is back after a restart: the queue's undelivered messages were lost.
+    DatabaseRestarted,
+    /// The queue evicted messages before this sidecar read them.
+    MessagesLost { first: i64, last: i64 },
+    /// Supabase's opt-in `replication_ready` answer: the drain connection is up, or not yet.
+    ReplicationReady { up: bool },
+    /// A private channel's re-check could not be made; it is retried after `backoff_secs`.
+    RecheckFailed {
+        why: &'static str,
+        backoff_secs: u64,
+    },
+    /// Changes of a table could not be checked by RLS and were withheld from the channel.
+    ChangesWithheld {
+        schema: String,
+        table: String,
+        why: String,
+    },
+    /// A change could not be decoded (its table dropped or altered before it was drained).
+    ChangeLost { table: String, why: String },
+}
+
+impl Notice {
+    pub fn status(&self) -> &'static str {
+        match self {
+            Notice::DatabaseBack | Notice::ReplicationReady { up: true } => "ok",
+            _ => "error",
+        }
+    }
+
+    pub fn text(&self) -> String {
+        match self {
+            Notice::DatabaseUnavailable => "The database is unavailable; reconnecting. Messages are kept and delivered when it returns, unless it restarts.".into(),
+            Notice::DatabaseBack => "The database is available again; no messages were lost.".into(),
+            Notice::DatabaseRestarted => "The database restarted; messages committed before the restart and not yet delivered were lost. Messages committed since are delivered.".into(),
+            Notice::MessagesLost { first, last } => format!(
+                "Messages {first} to {last} were lost: this server fell behind the database's queue."
+            ),
+            // Supabase's text when it is up.
+            Notice::ReplicationReady { up: true } => "Replication connection established".into(),
+            Notice::ReplicationReady { up: false } => "Replication connection is not established yet; changes are kept and delivered once it is".into(),
+            Notice::RecheckFailed { why, backoff_secs } => format!(
+                "Realtime could not re-check this channel's permissions ({why}); retrying in {backoff_secs} s"
+            ),
+            Notice::ChangesWithheld { schema, table, why } => format!(
+                "Changes to {schema}.{table} could not be authorized and were not delivered: {why}"
+            ),
+            Notice::ChangeLost { table, why } => format!("A change to table {table} was lost: {why}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,6 +21,7 @@
 use super::binding::Change;
 use super::subscribers::{Subscriber, Subscribers};
 use crate::metrics::Metrics;
+use crate::reason::Notice;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -335,12 +336,12 @@ fn withhold_failed(cands: &[Candidate], schema: &str, table: &str, why: &str, me
         if !told.insert((c.sub.reach.conn, c.sub.reach.topic.clone())) {
             continue;
         }
-        c.sub.reach.system(
-            "error",
-            &format!(
-                "Changes to {schema}.{table} could not be authorized and were not delivered: {why}"
-            ),
-        );
+        let notice = Notice::ChangesWithheld {
+            schema: schema.into(),
+            table: table.into(),
+            why: why.into(),
+        };
+        c.sub.reach.system(notice.status(), &notice.text());
     }
 }
 
@@ -355,10 +356,11 @@ fn report_undeliverable(subscribers: &Subscribers, data: &Value, out: &mut Vec<O
     };
     let why: Vec<&str> = errors.iter().filter_map(Value::as_str).collect();
     for sub in subscribers.named(table) {
-        let text = sub.reach.system_text(
-            "error",
-            &format!("A change to table {table} was lost: {}", why.join("; ")),
-        );
+        let notice = Notice::ChangeLost {
+            table: table.into(),
+            why: why.join("; "),
+        };
+        let text = sub.reach.system_text(notice.status(), &notice.text());
         out.push(Outgoing {
             to: sub,
             frame: text,

@@ -8,6 +8,7 @@
 use super::members::{Desired, MemberId};
 use super::Presence;
 use crate::frame::Inbound;
+use crate::held::Held;
 use crate::hub::TopicKey;
 use crate::rate::Rate;
 use crate::reach::Reach;
@@ -89,9 +90,8 @@ pub struct ChannelPresence {
     pub read: Option<bool>,
     /// Presence write; None until asked at a track (private channels only).
     pub write: Option<bool>,
-    /// Verdicts asked and not back; pushes meanwhile are `held`.
-    pub asking: bool,
-    pub held: Vec<(Inbound, PresencePush)>,
+    /// Pushes waiting for the presence verdicts being asked.
+    pub held: Held<PresencePush>,
     watching: bool,
     /// A track was handed to the worker: leaving the channel untracks.
     tracked: bool,
@@ -111,8 +111,7 @@ impl ChannelPresence {
             enabled,
             read,
             write,
-            asking: false,
-            held: Vec::new(),
+            held: Held::default(),
             watching: false,
             tracked: false,
             rate: Rate::default(),

@@ -1,0 +1,297 @@
+//! A join: its checks, in the order Supabase makes them (rate, topic, token and expiry,
+//! Postgres Changes and history config, a join in progress, the channel limit), then, for a
+//! public channel without bindings, admission at once; otherwise its questions to the
+//! database (verdicts, the bindings' check, the upload of its keys) are asked and the join
+//! waits here (`PendingJoin`) for their answer. Admission starts every extension of the
+//! channel (broadcast delivery, Postgres Changes, history, presence) and answers the join.
+
+use super::channel::{Channel, Checks};
+use super::{identity, Answer, Channels};
+use crate::authorizer::{self, Access, Identity};
+use crate::broadcast;
+use crate::frame::{self, Inbound};
+use crate::gate::Gate;
+use crate::history::{self, ask::Ask};
+use crate::hub::TopicKey;
+use crate::interest::{self, Held};
+use crate::join_config::{self, JoinConfig};
+use crate::jwt::{self, Claims, JwtError};
+use crate::postgres_changes::check::{self, Checked};
+use crate::postgres_changes::{self, subscribers, Binding};
+use crate::presence::channel::{self as presence_channel, ChannelPresence};
+use crate::reason::{Disconnect, Notice, Refusal};
+use serde_json::json;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// A join waiting for its verdicts (a private channel), its bindings' check or its keys'
+/// upload; its bindings are with the check.
+pub(super) struct PendingJoin {
+    pub(super) m: Inbound,
+    pub(super) config: JoinConfig,
+    pub(super) claims: Claims,
+    pub(super) who: Arc<Identity>,
+    pub(super) sub_topic: String,
+    /// Its topic and tables, listened to in the database before the join is answered.
+    pub(super) held: Held,
+}
+
+impl Channels {
+    pub(super) fn join(&mut self, m: Inbound, mut config: JoinConfig) -> Result<(), Disconnect> {
+        if !self.joins.allow(self.shared.cfg.max_joins_per_second) {
+            self.join_error(&m, Refusal::ClientJoinRateLimitReached);
+            return Err(Disconnect::JoinRateLimit);
+        }
+        let Some(sub_topic) = m.topic.strip_prefix("realtime:").filter(|s| !s.is_empty()) else {
+            self.join_error(&m, Refusal::TopicNameRequired);
+            return Ok(());
+        };
+        // Checked as realtime.send checks it: a topic the database cannot take (a NUL, over
+        // 246 bytes) would otherwise fail the batched authorization call it joins.
+        if let Err(why) = join_config::validate_sub_topic(sub_topic) {
+            self.join_error(&m, Refusal::InvalidTopic(why));
+            return Ok(());
+        }
+        let sub_topic = sub_topic.to_owned();
+        let claims = match config.access_token.as_deref() {
+            Some(t) if !t.starts_with("sb_") => match self.shared.verifier.verify(t) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.join_error(&m, Refusal::Jwt(e));
+                    return Ok(());
+                }
+            },
+            _ => self.socket_claims.clone(),
+        };
+        if claims.exp <= jwt::now() {
+            let seconds_ago = jwt::now() - claims.exp;
+            self.join_error(&m, Refusal::Jwt(JwtError::Expired { seconds_ago }));
+            return Ok(());
+        }
+        if let Some(why) = config.postgres_changes_error.clone() {
+            self.join_error(&m, Refusal::PostgresChanges(why));
+            return Ok(());
+        }
+        if let Some(Err(why)) = &config.history {
+            self.join_error(&m, Refusal::History(why.clone()));
+            return Ok(());
+        }
+        if self.pending_joins.contains_key(&m.topic) {
+            self.join_error(&m, Refusal::JoinInProgress);
+            return Ok(());
+        }
+        let rejoin = self.channels.contains_key(&m.topic);
+        let in_use = self.channels.len() + self.pending_joins.len();
+        if !rejoin && in_use >= self.shared.cfg.max_channels_per_client {
+            self.join_error(&m, Refusal::ChannelRateLimitReached);
+            return Ok(());
+        }
+        // The drain returns the topic's messages (and its tables' changes) once they are
+        // listened to: a join is answered after that, so it misses nothing committed later.
+        let keys = interest::keys_of(&sub_topic, &config.postgres_changes);
+        let (held, upload) = self.shared.interest.hold(keys);
+        let who = identity(&claims, &self.headers);
+        if config.private || !config.postgres_changes.is_empty() || upload.is_some() {
+            // Answered when the batched verdicts, the bindings' check and the upload of its
+            // keys are done (`on_answer`); the join waits here meanwhile.
+            let (auth, checker) = (self.shared.authorize.clone(), self.shared.check.clone());
+            let interest = self.shared.interest.clone();
+            let deadline = self.shared.cfg.db_call_deadline();
+            let bindings = std::mem::take(&mut config.postgres_changes);
+            let (private, presence) = (config.private, config.presence);
+            let (topic, asked, asking_who) = (m.topic.clone(), sub_topic.clone(), who.clone());
+            self.pending_joins.insert(
+                m.topic.clone(),
+                PendingJoin {
+                    m,
+                    config,
+                    claims,
+                    who,
+                    sub_topic,
+                    held,
+                },
+            );
+            self.ask(async move {
+                let who = asking_who;
+                let asking = async {
+                    if private {
+                        authorizer::channel_access(&auth, &who, &asked, presence).await
+                    } else {
+                        Access::public()
+                    }
+                };
+                let checking = async {
+                    if bindings.is_empty() {
+                        Checked::Ok(bindings)
+                    } else {
+                        check::check(&checker, &who.role, bindings).await
+                    }
+                };
+                let listening = async {
+                    match upload {
+                        Some(round) => interest.ready(round, deadline).await,
+                        None => Ok(()),
+                    }
+                };
+                let (access, checked, listened) = tokio::join!(asking, checking, listening);
+                let checked = match (checked, listened) {
+                    (Checked::Ok(_), Err(f)) => Checked::Failed(f),
+                    (checked, _) => checked,
+                };
+                Answer::Join {
+                    topic,
+                    access,
+                    checked,
+                }
+            });
+            return Ok(());
+        }
+        let join = PendingJoin {
+            m,
+            config,
+            claims,
+            who,
+            sub_topic,
+            held,
+        };
+        self.complete_join(join, (true, None), Vec::new());
+        Ok(())
+    }
+
+    /// Admits a join with its broadcast read verdict, its presence read verdict (a private
+    /// join that enabled presence), its checked Postgres Changes bindings and its keys,
+    /// already listened to in the database: registered before the reply, so a client that
+    /// saw the reply gets every message and change committed after it.
+    pub(super) fn complete_join(
+        &mut self,
+        join: PendingJoin,
+        (read, presence_read): (bool, Option<bool>),
+        bindings: Vec<Binding>,
+    ) {
+        let PendingJoin {
+            m,
+            config,
+            claims,
+            who,
+            sub_topic,
+            held,
+        } = join;
+        let mut ask = config.history.clone().and_then(Result::ok);
+        if let (Some(Ask::Resume { epoch, seq }), Some(old)) =
+            (&mut ask, self.channels.get(&m.topic))
+        {
+            // A second join of a channel this socket has (realtime-js may send two on a
+            // reconnect, both with the payload of before): resume after what this socket
+            // was already sent, not before it.
+            if let Some((e, s)) = old.history_gate.as_ref().and_then(|g| g.last_sent()) {
+                if e == *epoch {
+                    *seq = (*seq).max(s);
+                }
+            }
+        }
+        if ask.is_some() && !read {
+            // Admitted on presence read alone, it gets no broadcasts: nor their history.
+            let why = Refusal::ReadDenied {
+                topic: sub_topic,
+                role_refusal: None,
+            };
+            self.join_error(&m, why);
+            return;
+        }
+        let key = TopicKey {
+            private: config.private,
+            topic: sub_topic,
+        };
+        if let Some(mut old) = self.channels.remove(&m.topic) {
+            self.unsubscribe(&m.topic, &mut old);
+        }
+        // A private channel's write verdict is asked at its first push.
+        let write = (!config.private).then_some(true);
+        let broadcast = broadcast::State::new(&config, read, write);
+        let gate = ask
+            .as_ref()
+            .map(|_| Gate::new(self.shared.cfg.max_outbound_frames));
+        let reach = self.link.reach(&m.topic, m.join_ref.as_deref());
+        broadcast.start(&self.shared.hub, &self.link, &reach, &key, gate.clone());
+        self.shared.metrics.channels.increment(1.0);
+        self.shared.metrics.joins_total.increment(1);
+        let replied = postgres_changes::reply(&bindings);
+        let has_changes = !bindings.is_empty();
+        if has_changes {
+            self.shared.changes.add(subscribers::Subscriber {
+                reach: reach.clone(),
+                bindings,
+                role: claims.role.clone(),
+                claims: claims.all.to_string(),
+            });
+        }
+        self.push_text(frame::reply(
+            self.link.vsn,
+            &m,
+            "ok",
+            json!({ "postgres_changes": replied }),
+        ));
+        if has_changes {
+            self.push_text(frame::system_of(
+                reach.vsn,
+                reach.join_ref(),
+                &reach.topic,
+                "postgres_changes",
+                "ok",
+                "Subscribed to PostgreSQL",
+            ));
+        }
+        if config.replication_ready {
+            // Supabase's opt-in signal that its replication stream is up: here, that the
+            // drain connection is. (While it is down nothing is lost: the queue keeps what
+            // commits and the drainer delivers it when it is back.)
+            let up = self.shared.metrics.db_up.load(Relaxed) == 1;
+            self.push_notice(&reach, &Notice::ReplicationReady { up });
+        }
+        if let (Some(ask), Some(gate)) = (ask, &gate) {
+            // After the reply (in `out`, written first), the history and then the held live
+            // frames arrive through the outbound queue.
+            let request = history::fetch::Request {
+                ask,
+                key: key.clone(),
+                reach: reach.clone(),
+                gate: gate.clone(),
+                carry: None,
+            };
+            if let Err(e) = self.shared.history.try_send(request) {
+                let request = match e {
+                    mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
+                };
+                history::fetch::unavailable(request, &self.shared.metrics);
+            }
+        }
+        // After the reply (in `out`, written first), the presence state arrives through the
+        // outbound queue, then its diffs.
+        let presence_key = match config.presence_key.as_str() {
+            "" => presence_channel::generated_key(self.shared.instance),
+            k => k.to_owned(),
+        };
+        let mut presence =
+            ChannelPresence::new(presence_key, config.presence, config.private, presence_read);
+        presence.start(&self.shared.presence, &reach, &key);
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let channel = Channel {
+            key,
+            reach,
+            broadcast,
+            presence,
+            postgres_changes: has_changes,
+            _interest: held,
+            history_gate: gate,
+            claims,
+            who,
+            checks: Checks {
+                generation,
+                ..Checks::default()
+            },
+        };
+        self.channels.insert(m.topic, channel);
+    }
+}
