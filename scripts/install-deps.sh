@@ -30,5 +30,5 @@ fi
 if ! grep -q '^pg15 *= *"/usr/bin/pg_config"' "$HOME/.pgrx/config.toml" 2>/dev/null; then
     cargo pgrx init --pg15 /usr/bin/pg_config
 fi
-# PostgreSQL 17 (a Debian 13 root; about 45 s the first time), registered with pgrx.
+# PostgreSQL 17 (a Debian 13 root; about 75 s the first time), registered with pgrx.
 "$(dirname "$0")/install-pg17.sh"

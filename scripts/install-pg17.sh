@@ -8,23 +8,25 @@ scripts=$(cd "$(dirname "$0")" && pwd)
 . "$scripts/pg17-root.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-# A marker written after debootstrap succeeds, and postgres.h (installed last, with the
-# server headers) say which steps are done.
+# Markers written after each step succeeds say which steps are done.
 root_done="$PG17_ROOT/debootstrap.done"
-pg_done="$PG17_ROOT/usr/include/postgresql/17/server/postgres.h"
+pg_done="$PG17_ROOT/postgresql-17.done"
 
 if [ ! -e "$root_done" ]; then
     dpkg-query -W -f='${Status}' debootstrap 2>/dev/null | grep -q "ok installed" || {
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap
     }
-    echo "making a Debian 13 root at $PG17_ROOT (about 20 s)"
+    echo "making a Debian 13 root at $PG17_ROOT (about 30 s)"
     # A root left half-made by an interrupted run is made again from nothing. Mounts into
     # it only ever exist in private namespaces (in_pg17_root), so none can be under it;
     # --one-file-system refuses to cross one all the same.
     rm -rf --one-file-system "$PG17_ROOT"
     mkdir -p "$(dirname "$PG17_ROOT")"
-    debootstrap --variant=minbase trixie "$PG17_ROOT" http://deb.debian.org/debian
+    # Its hundreds of lines of progress are shown only when it fails (as apt's below).
+    debootstrap --variant=minbase trixie "$PG17_ROOT" http://deb.debian.org/debian \
+        > "$(dirname "$PG17_ROOT")/debootstrap.log" 2>&1 ||
+        { tail -n 40 "$(dirname "$PG17_ROOT")/debootstrap.log" >&2; exit 1; }
     # Packages must not start services, and postgresql-common must not make a main cluster:
     # clusters of the root are temporary ones that the tests make and stop.
     printf '#!/bin/sh\nexit 101\n' > "$PG17_ROOT/usr/sbin/policy-rc.d"
@@ -35,10 +37,12 @@ if [ ! -e "$root_done" ]; then
 fi
 
 if [ ! -e "$pg_done" ]; then
-    echo "installing postgresql-17 and postgresql-server-dev-17 into $PG17_ROOT (about 20 s)"
+    echo "installing postgresql-17 and postgresql-server-dev-17 into $PG17_ROOT (about 45 s)"
     in_pg17_root sh -ec 'apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            postgresql-17 postgresql-server-dev-17'
+            postgresql-17 postgresql-server-dev-17' > "$(dirname "$PG17_ROOT")/pg17-apt.log" 2>&1 ||
+        { tail -n 40 "$(dirname "$PG17_ROOT")/pg17-apt.log" >&2; exit 1; }
+    touch "$pg_done"
 fi
 
 # The root's binaries need its libc, so its pg_config runs inside it; every path it prints
