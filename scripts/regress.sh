@@ -24,6 +24,10 @@ case "$version" in
     ;;
 17)
     . "$root/scripts/pg17-root.sh"
+    if [ ! -e "$PG17_ROOT/postgresql-17.done" ]; then
+        echo "$0: no PostgreSQL 17 at $PG17_ROOT: run scripts/install-pg17.sh first" >&2
+        exit 2
+    fi
     bindir=/usr/lib/postgresql/17/bin
     pgxs=/usr/lib/postgresql/17/lib/pgxs
     # Everything the server and pg_regress read or write lives inside the root: $out is
