@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what building and testing pg_realtime needs on Debian 12, as root. Idempotent:
-# each step is skipped when its result is already there.
+# Installs what building and testing pg_realtime needs on Debian 12, as root, for
+# PostgreSQL 15 and 17. Idempotent: each step is skipped when its result is already there.
 set -euo pipefail
 
 PGRX_VERSION=0.18.1
@@ -30,3 +30,5 @@ fi
 if ! grep -q '^pg15 *= *"/usr/bin/pg_config"' "$HOME/.pgrx/config.toml" 2>/dev/null; then
     cargo pgrx init --pg15 /usr/bin/pg_config
 fi
+# PostgreSQL 17 (a Debian 13 root; about 75 s the first time), registered with pgrx.
+"$(dirname "$0")/install-pg17.sh"

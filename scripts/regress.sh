@@ -1,41 +1,78 @@
 #!/usr/bin/env bash
 # Runs the pg_regress suite, the isolation specs and the not-preloaded check against
 # temporary Postgres instances (as the postgres OS user: Postgres refuses to run as root).
-# Expects the extension to be installed. Prints "N passed, N failed" last.
+#   scripts/regress.sh       PostgreSQL 15, the system's
+#   scripts/regress.sh 17    PostgreSQL 17, in the Debian 13 root of scripts/install-pg17.sh:
+#                            that server's own pg_regress runs inside the root
+# Expects the extension to be installed for that version. Prints "N passed, N failed" last.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bindir=$(pg_config --bindir)
-pgxs=$(dirname "$(pg_config --pgxs)")/../..
-out=$(mktemp -d /tmp/pg_realtime_regress.XXXXXX)
-chown postgres: "$out"
+version=${1:-15}
 
-as_postgres() {
-    # pgrx adds Rust backtraces to error details when RUST_BACKTRACE is set.
-    (cd "$out" && runuser -u postgres -- env -u RUST_BACKTRACE "$@")
-}
+case "$version" in
+15)
+    bindir=$(pg_config --bindir)
+    pgxs=$(dirname "$(pg_config --pgxs)")/../..
+    out=$(mktemp -d /tmp/pg_realtime_regress.XXXXXX)
+    host_out=$out
+    inputdir="$root/regress"
+    owner=postgres:
+    as_postgres() {
+        # pgrx adds Rust backtraces to error details when RUST_BACKTRACE is set.
+        (cd "$out" && runuser -u postgres -- env -u RUST_BACKTRACE "$@")
+    }
+    ;;
+17)
+    . "$root/scripts/pg17-root.sh"
+    if [ ! -e "$PG17_ROOT/postgresql-17.done" ]; then
+        echo "$0: no PostgreSQL 17 at $PG17_ROOT: run scripts/install-pg17.sh first" >&2
+        exit 2
+    fi
+    bindir=/usr/lib/postgresql/17/bin
+    pgxs=/usr/lib/postgresql/17/lib/pgxs
+    # Everything the server and pg_regress read or write lives inside the root: $out is
+    # the path seen from inside, $host_out the same directory seen from the host.
+    host_out=$(mktemp -d "$PG17_ROOT/tmp/pg_realtime_regress.XXXXXX")
+    out=${host_out#"$PG17_ROOT"}
+    cp -r "$root/regress" "$host_out/input"
+    inputdir="$out/input"
+    # The root's postgres user is not the host's: chown by its numeric ids.
+    owner=$(awk -F: '$1 == "postgres" { print $3 ":" $4 }' "$PG17_ROOT/etc/passwd")
+    as_postgres() {
+        in_pg17_root runuser -u postgres -- \
+            sh -c 'cd "$0" && exec env -u RUST_BACKTRACE "$@"' "$out" "$@"
+    }
+    ;;
+*)
+    echo "usage: $0 [15|17]" >&2
+    exit 2
+    ;;
+esac
+chmod 755 "$host_out"
+chown "$owner" "$host_out"
 
 status=0
 run_suite() {
     local name=$1 tool=$2
     shift 2
-    mkdir -p "$out/$name" && chown postgres: "$out/$name"
-    as_postgres "$tool" --bindir="$bindir" --inputdir="$root/regress" --outputdir="$out/$name" \
-        --temp-instance="$out/$name/tmp_check" "$@" 2>&1 | tee "$out/$name.log"
+    mkdir -p "$host_out/$name" && chown "$owner" "$host_out/$name"
+    as_postgres "$tool" --bindir="$bindir" --inputdir="$inputdir" --outputdir="$out/$name" \
+        --temp-instance="$out/$name/tmp_check" "$@" 2>&1 | tee "$host_out/$name.log"
     if [ "${PIPESTATUS[0]}" -ne 0 ]; then
         status=1
-        cat "$out/$name/regression.diffs" 2>/dev/null
+        cat "$host_out/$name/regression.diffs" 2>/dev/null
     fi
 }
 
 run_suite main "$pgxs/src/test/regress/pg_regress" \
-    --temp-config="$root/regress/postgresql.conf" --schedule="$root/regress/schedule"
+    --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/schedule"
 run_suite isolation "$pgxs/src/test/isolation/pg_isolation_regress" \
-    --temp-config="$root/regress/postgresql.conf" --schedule="$root/regress/isolation_schedule"
+    --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/isolation_schedule"
 run_suite not_preloaded "$pgxs/src/test/regress/pg_regress" \
-    --schedule="$root/regress/not_preloaded_schedule"
+    --schedule="$inputdir/not_preloaded_schedule"
 
-passed=$(cat "$out"/*.log | grep -cE '^(ok|test) .*\.\.\. ok|^ok [0-9]+ ')
-failed=$(cat "$out"/*.log | grep -cE '\.\.\. FAILED|^not ok ')
-echo "regress results: $out"
+passed=$(cat "$host_out"/*.log | grep -cE '^(ok|test) .*\.\.\. ok|^ok [0-9]+ ')
+failed=$(cat "$host_out"/*.log | grep -cE '\.\.\. FAILED|^not ok ')
+echo "regress results (PostgreSQL $version): $host_out"
 echo "regress: $passed passed, $failed failed"
 [ "$status" -eq 0 ] && [ "$failed" -eq 0 ]

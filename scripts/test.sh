@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine, as root: installs what it needs,
-# checks formatting and lints, installs the extension into the system PostgreSQL 15, runs
-# the Rust unit and end-to-end tests and the realtime-js tests against a throwaway cluster,
-# then the pg_regress, isolation and not-preloaded suites.
+# checks formatting and lints, installs the extension into the system PostgreSQL 15 and into
+# PostgreSQL 17 (the Debian 13 root of scripts/install-pg17.sh), runs the Rust unit and
+# end-to-end tests and the realtime-js tests against a throwaway PostgreSQL 15 cluster, then
+# the pg_regress, isolation and not-preloaded suites on 15 and on 17.
 # The last line is "N passed, N failed" over everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +20,8 @@ echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== install the extension"
-scripts/install-extension.sh
+echo "== install the extension (PostgreSQL 15 and 17)"
+scripts/install-extension.sh 15 17
 
 echo "== fixed ports refused inside the ephemeral range (a benchmark sidecar once failed to start on one)"
 if scripts/cluster.sh start "$log/ephemeral" 54999 2>/dev/null; then
@@ -87,16 +88,23 @@ if grep -n -E '\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|
     exit 1
 fi
 
-echo "== pg_regress and isolation suites"
 regress_status=0
-scripts/regress.sh 2>&1 | tee "$log/regress.log" || regress_status=$?
+for version in 15 17; do
+    echo "== pg_regress and isolation suites on PostgreSQL $version"
+    scripts/regress.sh "$version" 2>&1 | tee "$log/regress$version.log" || regress_status=1
+done
 
 sum() { grep -oE "$1" "$2" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}'; }
 passed=$(( $(sum '[0-9]+ passed;' "$log/cargo.log") + $(sum '^# pass [0-9]+' "$log/node.log") ))
 failed=$(( $(sum '[0-9]+ failed;' "$log/cargo.log") + $(sum '^# fail [0-9]+' "$log/node.log") ))
-read -r reg_passed reg_failed < <(sed -nE 's/^regress: ([0-9]+) passed, ([0-9]+) failed$/\1 \2/p' "$log/regress.log")
-passed=$((passed + ${reg_passed:-0}))
-failed=$((failed + ${reg_failed:-1}))
+for version in 15 17; do
+    reg_passed='' reg_failed=''
+    read -r reg_passed reg_failed < <(sed -nE 's/^regress: ([0-9]+) passed, ([0-9]+) failed$/\1 \2/p' \
+        "$log/regress$version.log") || true
+    passed=$((passed + ${reg_passed:-0}))
+    # A suite that printed no count did not run: count it as a failure.
+    failed=$((failed + ${reg_failed:-1}))
+done
 [ "$regress_status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
