@@ -28,8 +28,13 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
     realtime.authorize(text[], text[], text[], text[], text[], text[]),
     realtime.visible(regclass, text[], text[], text[], integer[]),
     realtime.selectable(regclass, text[]), realtime.subscribable(jsonb),
-    realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer) TO realtime_sidecar;
--- Persisted client broadcasts: written when relayed, read at a replay, deleted when expired.
+    realtime.table_oids(text[], text[]), realtime.table_access(text, text, text[]),
+    realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer),
+    realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[]),
+    realtime.persisted_history(text[], boolean[], timestamptz, integer),
+    realtime.expire_persisted(integer) TO realtime_sidecar;
+-- Persisted client broadcasts (through the functions above, which run as their caller):
+-- written when relayed, read at a replay, deleted when expired.
 GRANT SELECT, INSERT, DELETE ON realtime.persisted_messages TO realtime_sidecar;
 -- Presence: the members and the sidecars' leases, changed only through these functions.
 GRANT EXECUTE ON FUNCTION realtime.queue_presence(text, boolean, text),

@@ -22,3 +22,73 @@ CREATE TABLE realtime.persisted_messages (
 CREATE INDEX persisted_messages_topic_sent_at ON realtime.persisted_messages (topic, private, sent_at);
 CREATE INDEX persisted_messages_expires_at ON realtime.persisted_messages (expires_at);
 REVOKE ALL ON realtime.persisted_messages FROM PUBLIC;
+
+-- The sidecar's statements on the table, kept here beside it (and in the regress suite):
+-- relaying a batch of client broadcasts, the persisted ones written in the same statement
+-- under the id the queue gets too (a message is kept if and only if it was relayed); a
+-- replay's read; expiry in bounded chunks.
+
+-- Relays a batch of client broadcasts (realtime.relay), arrays in step; ttls (seconds;
+-- NULL for a message not kept) may be NULL when none is kept. Returns how many were relayed.
+-- A message the queue refuses fails the whole batch: nothing of it is relayed or kept.
+CREATE FUNCTION realtime.relay_batch(origins bigint[], topics text[], events text[],
+    privates boolean[], payloads text[], binary_payloads bytea[], ttls integer[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF ttls IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(ttls) AS x(ttl) WHERE ttl IS NOT NULL) THEN
+        SELECT count(realtime.relay(o, t, e, p, j::json, b)) INTO n
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads) AS u(o, t, e, p, j, b);
+        RETURN n;
+    END IF;
+    WITH m AS (
+        SELECT gen_random_uuid() AS id, u.*
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ttls)
+            AS u(o, t, e, p, j, b, ttl)
+    ), kept AS (
+        INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, binary_payload, expires_at)
+        SELECT id, t, p, e, j::json, b, clock_timestamp() + ttl * interval '1 second'
+        FROM m WHERE ttl IS NOT NULL
+    )
+    SELECT count(realtime.relay(o, t, e, p, j::json, b, id, ttl IS NOT NULL)) INTO n FROM m;
+    RETURN n;
+END
+$$;
+
+-- What a replay adds from the table: per (topic, private) pair asked, its newest `newest`
+-- persisted messages sent at or after `since`, not expired.
+CREATE FUNCTION realtime.persisted_history(topics text[], privates boolean[],
+    since timestamptz, newest integer)
+RETURNS TABLE(id uuid, topic text, private boolean, event text, payload json,
+    binary_payload bytea, sent_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT x.id, x.topic, x.private, x.event, x.payload, x.binary_payload, x.sent_at FROM (
+        SELECT m.*, row_number() OVER (PARTITION BY m.topic, m.private ORDER BY m.sent_at DESC) AS r
+        FROM realtime.persisted_messages m
+        JOIN unnest(topics, privates) AS k(t, p) ON m.topic = k.t AND m.private = k.p
+        WHERE m.sent_at >= since AND m.expires_at > now()
+    ) x
+    WHERE x.r <= newest
+    ORDER BY x.sent_at
+$$;
+
+-- Deletes at most `max_rows` expired messages, oldest expiry first, and says how many: a
+-- caller repeats while a chunk was full, so a mass expiry never becomes one statement that
+-- outlives its timeout and rolls back every time.
+CREATE FUNCTION realtime.expire_persisted(max_rows integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM realtime.persisted_messages
+        WHERE id IN (SELECT id FROM realtime.persisted_messages
+                     WHERE expires_at < now() ORDER BY expires_at LIMIT max_rows)
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM gone
+$$;
+
+REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.persisted_history(text[], boolean[], timestamptz, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.expire_persisted(integer) FROM PUBLIC;

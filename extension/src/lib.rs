@@ -45,6 +45,11 @@ extension_sql_file!(
 );
 extension_sql_file!("../../sql/persisted.sql", name = "persisted");
 extension_sql_file!(
+    "../../sql/tables.sql",
+    name = "tables",
+    requires = [visible::selectable]
+);
+extension_sql_file!(
     "../../sql/presence.sql",
     name = "presence",
     requires = [presence::queue_presence]

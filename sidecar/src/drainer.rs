@@ -26,9 +26,7 @@ const DRAIN_SQL: &str =
      FROM realtime.drain($1, $2, $3, $4, $5, $6)";
 
 /// The tables some channel listens to, as the oids `realtime.drain` decodes changes of.
-const TABLES_SQL: &str = "SELECT coalesce(array_agg(c.oid), '{}') AS oids \
-     FROM unnest($1::text[], $2::text[]) AS u(s, t) \
-     JOIN pg_namespace n ON n.nspname = u.s JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = u.t";
+const TABLES_SQL: &str = "SELECT realtime.table_oids($1, $2) AS oids";
 
 /// Runs until `shutdown` turns true; then confirms the position and returns.
 pub async fn run(

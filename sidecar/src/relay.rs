@@ -12,18 +12,9 @@ use serde_json::json;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 
-const RELAY_SQL: &str = "SELECT count(realtime.relay(o, t, e, p, j::json, b)) \
-     FROM unnest($1::int8[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::bytea[]) AS u(o, t, e, p, j, b)";
-
-/// A batch with persisted messages: those are also written to realtime.persisted_messages
-/// with their expiry, under the id the queue gets too, in the same statement (so a message
-/// is kept if and only if it was relayed). Batches without any use the statement above.
-const RELAY_PERSIST_SQL: &str = "WITH m AS (SELECT gen_random_uuid() AS id, u.* \
-     FROM unnest($1::int8[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::bytea[], $7::int4[]) \
-     AS u(o, t, e, p, j, b, ttl)), \
-     kept AS (INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, binary_payload, expires_at) \
-     SELECT id, t, p, e, j::json, b, clock_timestamp() + ttl * interval '1 second' FROM m WHERE ttl IS NOT NULL) \
-     SELECT count(realtime.relay(o, t, e, p, j::json, b, id, ttl IS NOT NULL)) FROM m";
+/// A batch in one statement; its persisted messages are kept in the same statement
+/// (`sql/persisted.sql`).
+const RELAY_SQL: &str = "SELECT realtime.relay_batch($1, $2, $3, $4, $5, $6, $7)";
 
 /// Why a broadcast was not relayed.
 #[derive(Clone, Debug, PartialEq)]
@@ -192,21 +183,13 @@ async fn relay(
         })
         .collect();
     let ttls: Vec<Option<i32>> = batch.iter().map(|m| m.persist).collect();
-    if ttls.iter().any(Option::is_some) {
-        client
-            .execute(
-                RELAY_PERSIST_SQL,
-                &[&origins, &topics, &events, &privates, &json, &binary, &ttls],
-            )
-            .await?;
-    } else {
-        client
-            .execute(
-                RELAY_SQL,
-                &[&origins, &topics, &events, &privates, &json, &binary],
-            )
-            .await?;
-    }
+    let kept = ttls.iter().any(Option::is_some).then_some(ttls);
+    client
+        .execute(
+            RELAY_SQL,
+            &[&origins, &topics, &events, &privates, &json, &binary, &kept],
+        )
+        .await?;
     Ok(())
 }
 

@@ -45,16 +45,18 @@ const SQL: &str = "SELECT seq, kind, topic, event, payload::text AS payload, bin
 /// longer holds them.
 const PERSISTED_SQL: &str =
     "SELECT id::text AS id, topic, private, event, payload::text AS payload, \
-     binary_payload, (extract(epoch FROM sent_at) * 1000000)::int8 AS committed_us FROM ( \
-     SELECT m.*, row_number() OVER (PARTITION BY m.topic, m.private ORDER BY m.sent_at DESC) AS r \
-     FROM realtime.persisted_messages m JOIN unnest($1::text[], $2::bool[]) AS k(t, p) \
-     ON m.topic = k.t AND m.private = k.p \
-     WHERE m.sent_at >= to_timestamp($3::float8 / 1000) AND m.expires_at > now()) x WHERE r <= $4";
+     binary_payload, (extract(epoch FROM sent_at) * 1000000)::int8 AS committed_us \
+     FROM realtime.persisted_history($1, $2, to_timestamp($3::float8 / 1000), $4)";
 
 /// Persisted messages past their ttl are deleted this often (by every sidecar: the delete
 /// is idempotent and cheap on the expiry index).
 const EXPIRE_EVERY: Duration = Duration::from_secs(60);
-const EXPIRE_SQL: &str = "DELETE FROM realtime.persisted_messages WHERE expires_at < now()";
+const EXPIRE_SQL: &str = "SELECT realtime.expire_persisted($1) AS gone";
+/// Most expired rows deleted in one statement, and most statements in one round: a mass
+/// expiry is worked off in bounded chunks over the rounds, never one delete that outlives
+/// its statement timeout and rolls back each time.
+const EXPIRE_CHUNK: i32 = 10_000;
+const EXPIRE_CHUNKS_PER_ROUND: usize = 10;
 
 const EPOCH_SQL: &str =
     "SELECT (extract(epoch FROM epoch) * 1000000)::int8 AS epoch FROM realtime.stats()";
@@ -203,10 +205,25 @@ pub async fn run(
 type Served = Result<(), (String, Vec<Request>)>;
 
 async fn expire_persisted(client: &Client, cfg: &Config, metrics: &Metrics) {
-    match tokio::time::timeout(cfg.db_call_deadline(), client.execute(EXPIRE_SQL, &[])).await {
-        Ok(Ok(n)) => metrics.persisted_expired_total.increment(n),
-        Ok(Err(e)) => tracing::warn!(error = %e, "deleting expired persisted messages failed"),
-        Err(_) => tracing::warn!("deleting expired persisted messages did not answer in time"),
+    for _ in 0..EXPIRE_CHUNKS_PER_ROUND {
+        let call = client.query_one(EXPIRE_SQL, &[&EXPIRE_CHUNK]);
+        match tokio::time::timeout(cfg.db_call_deadline(), call).await {
+            Ok(Ok(row)) => {
+                let gone: i32 = row.get("gone");
+                metrics.persisted_expired_total.increment(gone as u64);
+                if gone < EXPIRE_CHUNK {
+                    return;
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "deleting expired persisted messages failed");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!("deleting expired persisted messages did not answer in time");
+                return;
+            }
+        }
     }
 }
 
@@ -223,7 +240,7 @@ async fn add_persisted(
     let topics: Vec<&str> = keys.iter().map(|k| k.topic.as_str()).collect();
     let private: Vec<bool> = keys.iter().map(|k| k.private).collect();
     let since = since_ms as f64;
-    let newest = i64::from(super::ask::MAX_REPLAY);
+    let newest = super::ask::MAX_REPLAY as i32;
     let params: [&(dyn ToSql + Sync); 4] = [&topics, &private, &since, &newest];
     let rows = tokio::time::timeout(cfg.db_call_deadline(), client.query(PERSISTED_SQL, &params))
         .await

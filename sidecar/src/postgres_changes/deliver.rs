@@ -434,14 +434,8 @@ fn shape(
     d.to_string()
 }
 
-const TABLE_SQL: &str = "SELECT c.oid, c.relrowsecurity AS rls, \
-     ARRAY(SELECT a.attname::text FROM pg_index i \
-           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
-           WHERE i.indrelid = c.oid AND i.indisprimary ORDER BY a.attnum) AS primary_key, \
-     s.role, s.columns, s.error \
-     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace, \
-     LATERAL realtime.selectable(c.oid, $3::text[]) s \
-     WHERE n.nspname = $1 AND c.relname = $2";
+const TABLE_SQL: &str =
+    "SELECT oid, rls, primary_key, role, columns, error FROM realtime.table_access($1, $2, $3)";
 
 const VISIBLE_SQL: &str = "SELECT identity, record, error \
      FROM realtime.visible($1::oid::regclass, $2::text[], $3::text[], $4::text[], $5::int4[])";
@@ -643,7 +637,7 @@ mod tests {
         let (tx, rx) = crate::outbound::channel(64);
         let link = crate::reach::Link::new(conn, Vsn::V1, conn as i64, tx);
         let s = Subscriber {
-            reach: link.reach(&format!("realtime:c{conn}"), None),
+            reach: link.reach(&crate::frame::channel_topic(&format!("c{conn}")), None),
             bindings: parse_bindings(Some(&bindings)).unwrap(),
             role: role.into(),
             claims: claims.into(),
