@@ -4,10 +4,15 @@
 #   scripts/regress.sh       PostgreSQL 15, the system's
 #   scripts/regress.sh 17    PostgreSQL 17, in the Debian 13 root of scripts/install-pg17.sh:
 #                            that server's own pg_regress runs inside the root
+#   scripts/regress.sh 15 NAME...   only these files of the main suite, after
+#                            create_extension (a file that uses another's fixtures, as
+#                            tables uses authorize's roles, names it too: authorize tables)
 # Expects the extension to be installed for that version. Prints "N passed, N failed" last.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 version=${1:-15}
+shift $(( $# > 0 ? 1 : 0 ))
+only=("$@")
 
 case "$version" in
 15)
@@ -64,12 +69,17 @@ run_suite() {
     fi
 }
 
-run_suite main "$pgxs/src/test/regress/pg_regress" \
-    --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/schedule"
-run_suite isolation "$pgxs/src/test/isolation/pg_isolation_regress" \
-    --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/isolation_schedule"
-run_suite not_preloaded "$pgxs/src/test/regress/pg_regress" \
-    --schedule="$inputdir/not_preloaded_schedule"
+if [ ${#only[@]} -gt 0 ]; then
+    run_suite main "$pgxs/src/test/regress/pg_regress" \
+        --temp-config="$inputdir/postgresql.conf" create_extension "${only[@]}"
+else
+    run_suite main "$pgxs/src/test/regress/pg_regress" \
+        --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/schedule"
+    run_suite isolation "$pgxs/src/test/isolation/pg_isolation_regress" \
+        --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/isolation_schedule"
+    run_suite not_preloaded "$pgxs/src/test/regress/pg_regress" \
+        --schedule="$inputdir/not_preloaded_schedule"
+fi
 
 passed=$(cat "$host_out"/*.log | grep -cE '^(ok|test) .*\.\.\. ok|^ok [0-9]+ ')
 failed=$(cat "$host_out"/*.log | grep -cE '\.\.\. FAILED|^not ok ')
