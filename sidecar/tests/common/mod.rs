@@ -394,3 +394,13 @@ pub fn without_meta(payload: &Value) -> Value {
     }
     p
 }
+
+/// Sends a public message from the database (`realtime.send`).
+pub async fn send(db: &tokio_postgres::Client, payload: Value, event: &str, topic: &str) {
+    db.execute(
+        "SELECT realtime.send($1::text::jsonb, $2, $3, false)",
+        &[&payload.to_string(), &event, &topic],
+    )
+    .await
+    .unwrap();
+}

@@ -1,0 +1,117 @@
+//! Health end to end: heartbeats, metrics and health endpoints, a stuck drain reported
+//! and recovered from, bad configuration refused at startup.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+#[tokio::test]
+async fn heartbeat_is_answered() {
+    let sidecar = Sidecar::start("t_heartbeat", &[]).await;
+    for vsn in ["1.0.0", "2.0.0"] {
+        let mut c = Client::connect(sidecar.port, vsn).await;
+        let r = c.push(None, "phoenix", "heartbeat", json!({})).await;
+        let reply = c.reply(&r).await;
+        assert_eq!(reply, json!({"status": "ok", "response": {}}));
+    }
+}
+
+#[tokio::test]
+async fn metrics_and_health_are_served() {
+    let sidecar = Sidecar::start("t_metrics", &[]).await;
+    let (status, body) = http(sidecar.port, "GET", "/healthz", &[], "")
+        .await
+        .unwrap();
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (status, body) = http(sidecar.port, "GET", "/metrics", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    for name in [
+        "realtime_connections ",
+        "realtime_deliveries_total ",
+        "realtime_db_up 1",
+        "realtime_commit_to_dispatch_seconds",
+    ] {
+        assert!(body.contains(name), "metrics lack {name}");
+    }
+    let (status, _) = http(sidecar.port, "GET", "/nope", &[], "").await.unwrap();
+    assert_eq!(status, 404);
+}
+
+/// Bad configuration is refused at startup with a message naming the setting.
+#[tokio::test]
+async fn bad_configuration_is_refused_at_startup() {
+    for (k, v, says) in [
+        (
+            "API_JWT_SECRET",
+            "short",
+            "API_JWT_SECRET must be at least 32 bytes",
+        ),
+        (
+            "IDLE_TIMEOUT_SECS",
+            "0",
+            "IDLE_TIMEOUT_SECS must be between",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_realtime-sidecar"))
+            .env("API_JWT_SECRET", SECRET)
+            .env("DATABASE_URL", sidecar_dsn())
+            .env(k, v)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{k}={v}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{k}={v}: {err}");
+    }
+}
+
+/// A drain call that stops answering (here: its backend is stopped with SIGSTOP) makes
+/// /healthz answer 503 with the reason, and the sidecar replaces the connection and
+/// resumes once the database answers again.
+#[tokio::test]
+async fn healthz_reports_a_stuck_drain_and_the_sidecar_recovers() {
+    let sidecar = Sidecar::start("t_stuck_drain", &[]).await;
+    let db = db().await;
+    let pid: i32 = db
+        .query_one(
+            "SELECT active_pid FROM realtime.consumers() WHERE name = 't_stuck_drain'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (status, body) = http(sidecar.port, "GET", "/healthz", &[], "")
+            .await
+            .unwrap();
+        if status == 503 {
+            break body;
+        }
+        assert!(std::time::Instant::now() < deadline, "/healthz stayed 200");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    signal("-CONT");
+    assert!(
+        body.starts_with("drain stuck: the database has not answered for"),
+        "{body}"
+    );
+    sidecar.wait_healthy().await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public("realtime:after-stuck").await;
+    send(&db, json!({"back": true}), "ev", "after-stuck").await;
+    let m = c.next_json(10).await.expect("delivery resumes");
+    assert_eq!(m["payload"]["payload"]["back"], true);
+}
