@@ -2,10 +2,10 @@
 //! by the test (`state::testing`).
 
 use super::*;
-use crate::history;
 use crate::authorizer::{AuthRequest, Verdict};
 use crate::command;
 use crate::db_worker::DbFailure;
+use crate::history;
 use crate::hub::{Payload, QueueMessage};
 use crate::presence::members::Desired;
 use crate::state::testing::{self, Backends};
