@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine, as root: installs what it needs,
 # checks formatting and lints, installs the extension into the system PostgreSQL 15, runs
-# the Rust unit and end-to-end tests and the realtime-js tests against a throwaway cluster,
+# the Rust unit and end-to-end tests, the realtime-js tests (with Chromium and behind nginx)
+# and the supabase-py client tests against a throwaway cluster,
 # then the pg_regress, isolation and not-preloaded suites.
 # The last line is "N passed, N failed" over everything.
 set -euo pipefail
@@ -54,6 +55,10 @@ echo "== realtime-js end-to-end tests and the demo page in headless Chromium"
 (cd sidecar/web && npm ci --no-audit --no-fund --loglevel=error && npm run -s build)
 (cd sidecar/e2e && npm ci --no-audit --no-fund --loglevel=error)
 SIDECAR_BIN="$root/target/debug/realtime-sidecar" npm --prefix sidecar/e2e test 2>&1 | tee "$log/node.log"
+echo "== supabase-py's realtime client (sidecar/e2e/python, in the venv scripts/install-deps.sh made)"
+python_status=0
+(cd sidecar/e2e/python && SIDECAR_BIN="$root/target/debug/realtime-sidecar" .venv/bin/pytest -q) 2>&1 |
+    tee "$log/python.log" || python_status=$?
 
 scripts/cluster.sh stop "$cluster"
 trap - EXIT
@@ -97,6 +102,13 @@ failed=$(( $(sum '[0-9]+ failed;' "$log/cargo.log") + $(sum '^# fail [0-9]+' "$l
 read -r reg_passed reg_failed < <(sed -nE 's/^regress: ([0-9]+) passed, ([0-9]+) failed$/\1 \2/p' "$log/regress.log")
 passed=$((passed + ${reg_passed:-0}))
 failed=$((failed + ${reg_failed:-1}))
+# pytest's closing line: "N passed, N failed, N error in S" (each part only when not zero).
+py_summary=$(tail -n 1 "$log/python.log")
+py_passed=$(sum '[0-9]+ passed' <(echo "$py_summary"))
+py_failed=$(( $(sum '[0-9]+ failed' <(echo "$py_summary")) + $(sum '[0-9]+ errors?' <(echo "$py_summary")) ))
+[ "$python_status" -eq 0 ] || [ "$py_failed" -gt 0 ] || py_failed=1
+passed=$((passed + py_passed))
+failed=$((failed + py_failed))
 [ "$regress_status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
