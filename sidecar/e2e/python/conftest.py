@@ -83,13 +83,23 @@ class Sidecar:
             self.process.wait(timeout=30)
 
 
+def drop_consumer(name):
+    """Frees a consumer slot: slots live as long as the server, and the suite's cluster has
+    a bounded number of them (a slot left by an earlier run would also resume from its old
+    position)."""
+    with psycopg.connect(os.environ["PG_REALTIME_TEST_DSN"], autocommit=True) as conn:
+        conn.execute("SELECT realtime.drop_consumer(%s)", (name,))
+
+
 @pytest.fixture(scope="module")
 def sidecar(request):
-    """A sidecar for the test file, with a consumer slot named after it."""
+    """A sidecar for the test file, with a fresh consumer slot named after it, freed after."""
     s = Sidecar("py_" + request.module.__name__.removeprefix("test_"))
+    drop_consumer(s.consumer)
     s.start()
     yield s
     s.stop()
+    drop_consumer(s.consumer)
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ async def test_track_untrack_and_sync_across_two_clients(sidecar):
         # Each change reached the app through its sync callback, never a member listed twice.
         assert both in syncs_a and both in syncs_b
         assert syncs_a[-1] == {"alice": [{"status": "online"}]}
-        # Tracking again with a new meta replaces, not adds to, bob's entry.
+        # Bob tracks again, with a new meta: both see him back, listed once.
         await b.track({"status": "back"})
         again = {"alice": [{"status": "online"}], "bob": [{"status": "back"}]}
-        await wait_for(lambda: members(a) == again, "alice sees bob back with his new meta")
+        await wait_for(lambda: members(a) == again and members(b) == again, "both see bob back with his new meta")
