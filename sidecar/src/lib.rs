@@ -117,6 +117,7 @@ pub mod broadcast;
 pub mod channels;
 pub mod command;
 pub mod config;
+pub mod cors;
 pub mod db_thread;
 pub mod db_worker;
 pub mod drainer;
