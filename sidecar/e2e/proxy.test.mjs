@@ -144,7 +144,7 @@ test('realtime-js over wss:// through nginx: heartbeats keep a quiet socket open
       'the quiet period');
     assert.equal(opened - before, 1, 'no reconnect: the socket stayed open');
     assert.equal(channel.state, 'joined');
-    assert.ok(beats.filter((s) => s === 'ok').length >= 10, `heartbeats answered through the proxy: ${beats}`);
+    assert.ok(beats.filter((s) => s === 'ok').length >= 3 * PROXY_TIMEOUT_S, `heartbeats answered through the proxy: ${beats}`);
     assert.ok(!beats.includes('timeout'), `no heartbeat timed out: ${beats}`);
     // The same socket still delivers.
     await db.query(`SELECT realtime.send('{"n": 1}', 'late', $1, false)`, [topic]);

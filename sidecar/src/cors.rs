@@ -33,7 +33,8 @@ impl AllowedOrigins {
             return Ok(AllowedOrigins::Any);
         }
         let mut origins = Vec::new();
-        for entry in s.split(',').map(str::trim) {
+        // Schemes and hosts are case-insensitive, and browsers send them in lower case.
+        for entry in s.split(',').map(|e| e.trim().to_ascii_lowercase()) {
             let Some((scheme, host)) = entry.split_once("://") else {
                 return Err(format!(
                     "{entry:?} is not an origin: write * or scheme://host[:port], comma-separated"
@@ -48,7 +49,7 @@ impl AllowedOrigins {
                     "{entry:?} is not an origin: write http(s)://host[:port] without a path"
                 ));
             }
-            origins.push(entry.to_ascii_lowercase());
+            origins.push(entry);
         }
         Ok(AllowedOrigins::Only(origins))
     }
@@ -90,7 +91,7 @@ impl AllowedOrigins {
         let headers = request
             .get(ACCESS_CONTROL_REQUEST_HEADERS)
             .cloned()
-            .unwrap_or(HeaderValue::from_static(DEFAULT_HEADERS));
+            .unwrap_or_else(|| HeaderValue::from_static(DEFAULT_HEADERS));
         response.insert(ACCESS_CONTROL_ALLOW_HEADERS, headers);
         response.insert(
             ACCESS_CONTROL_ALLOW_METHODS,

@@ -143,8 +143,8 @@ async fn rest_route(req: Request<Incoming>, shared: &Shared, path: &str) -> Resp
     let cors = &shared.cfg.cors_allowed_origins;
     let origin = req.headers().get(ORIGIN).cloned();
     let api = api_path(path);
-    let mut resp = match req.method() {
-        &Method::OPTIONS => {
+    let mut resp = match *req.method() {
+        Method::OPTIONS => {
             let mut r = Response::new(Full::new(Bytes::new()));
             if cors.preflight(req.headers(), r.headers_mut()) {
                 *r.status_mut() = StatusCode::NO_CONTENT;
@@ -155,8 +155,8 @@ async fn rest_route(req: Request<Incoming>, shared: &Shared, path: &str) -> Resp
             return r;
         }
         // realtime-js posts under its socket URL's path: `/realtime/v1/api/broadcast...`.
-        &Method::POST if api == "/api/broadcast" => outcome(rest::broadcast(req, shared).await),
-        &Method::POST => match rest::Single::from_path(api, &url::query_params(&req)) {
+        Method::POST if api == "/api/broadcast" => outcome(rest::broadcast(req, shared).await),
+        Method::POST => match rest::Single::from_path(api, &url::query_params(&req)) {
             Some(single) => outcome(rest::broadcast_one(req, shared, single).await),
             None => json_error(StatusCode::NOT_FOUND, "Not found"),
         },
