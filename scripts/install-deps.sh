@@ -11,6 +11,9 @@ command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm
 packages+=(chromium)
 # pgbench/profile.py samples with perf (cpu-clock: this VM has no hardware counters).
 packages+=(linux-perf)
+# The supabase-py client tests run in a venv of Debian's Python; the TLS proxy test puts
+# Debian's nginx in front of the sidecar, with a certificate openssl makes.
+packages+=(python3-venv nginx openssl)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -32,3 +35,17 @@ if ! grep -q '^pg15 *= *"/usr/bin/pg_config"' "$HOME/.pgrx/config.toml" 2>/dev/n
 fi
 # PostgreSQL 17 (a Debian 13 root; about 75 s the first time), registered with pgrx.
 "$(dirname "$0")/install-pg17.sh"
+
+# The supabase-py client tests' venv, with every package pinned in its requirements file;
+# installed again only when that file changed since the last install.
+venv=sidecar/e2e/python/.venv
+requirements=sidecar/e2e/python/requirements.txt
+cd "$(dirname "$0")/.."
+if ! cmp -s "$requirements" "$venv/installed-requirements.txt"; then
+    echo "installing the Python client tests' packages into $venv"
+    rm -rf "$venv"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$requirements"
+    "$venv/bin/pip" check
+    cp "$requirements" "$venv/installed-requirements.txt"
+fi

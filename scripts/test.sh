@@ -2,8 +2,9 @@
 # The whole test suite, from a fresh Debian 12 machine, as root: installs what it needs,
 # checks formatting and lints, installs the extension into the system PostgreSQL 15 and into
 # PostgreSQL 17 (the Debian 13 root of scripts/install-pg17.sh), runs the Rust unit and
-# end-to-end tests and the realtime-js tests against a throwaway PostgreSQL 15 cluster, then
-# the pg_regress, isolation and not-preloaded suites on 15 and on 17.
+# end-to-end tests, the realtime-js tests (with Chromium and behind nginx) and the
+# supabase-py client tests against a throwaway PostgreSQL 15 cluster, then the pg_regress,
+# isolation and not-preloaded suites on 15 and on 17.
 # The last line is "N passed, N failed" over everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +56,10 @@ echo "== realtime-js end-to-end tests and the demo page in headless Chromium"
 (cd sidecar/web && npm ci --no-audit --no-fund --loglevel=error && npm run -s build)
 (cd sidecar/e2e && npm ci --no-audit --no-fund --loglevel=error)
 SIDECAR_BIN="$root/target/debug/realtime-sidecar" npm --prefix sidecar/e2e test 2>&1 | tee "$log/node.log"
+echo "== supabase-py's realtime client (sidecar/e2e/python, in the venv scripts/install-deps.sh made)"
+python_status=0
+(cd sidecar/e2e/python && SIDECAR_BIN="$root/target/debug/realtime-sidecar" .venv/bin/pytest -q) 2>&1 |
+    tee "$log/python.log" || python_status=$?
 
 scripts/cluster.sh stop "$cluster"
 trap - EXIT
@@ -94,7 +99,9 @@ for version in 15 17; do
     scripts/regress.sh "$version" 2>&1 | tee "$log/regress$version.log" || regress_status=1
 done
 
-sum() { grep -oE "$1" "$2" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}'; }
+# The numbers in the matches of $1 in file $2, added up; 0 when nothing matches (no `set -e`
+# exit then: pytest's closing line names "failed" only when something failed).
+sum() { grep -oE "$1" "$2" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}' || true; }
 passed=$(( $(sum '[0-9]+ passed;' "$log/cargo.log") + $(sum '^# pass [0-9]+' "$log/node.log") ))
 failed=$(( $(sum '[0-9]+ failed;' "$log/cargo.log") + $(sum '^# fail [0-9]+' "$log/node.log") ))
 for version in 15 17; do
@@ -105,6 +112,13 @@ for version in 15 17; do
     # A suite that printed no count did not run: count it as a failure.
     failed=$((failed + ${reg_failed:-1}))
 done
+# pytest's closing line: "N passed, N failed, N error in S" (each part only when not zero).
+py_summary=$(tail -n 1 "$log/python.log")
+py_passed=$(sum '[0-9]+ passed' <(echo "$py_summary"))
+py_failed=$(( $(sum '[0-9]+ failed' <(echo "$py_summary")) + $(sum '[0-9]+ errors?' <(echo "$py_summary")) ))
+[ "$python_status" -eq 0 ] || [ "$py_failed" -gt 0 ] || py_failed=1
+passed=$((passed + py_passed))
+failed=$((failed + py_failed))
 [ "$regress_status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -7,8 +7,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { chromium } from 'playwright-core';
-import { anonClaims, database, jwt, startSidecar } from './harness.mjs';
+import { anonClaims, database, jwt, launchChromium, startSidecar } from './harness.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const SECRET = 'demo-page-test-secret-with-enough-length';
@@ -27,11 +26,7 @@ before(async () => {
   ({ process: sidecar, port } = await startSidecar(SECRET, 'demo_page_e2e', { WEB_ROOT: webRoot }));
   db = await database();
   await db.query(fs.readFileSync(path.join(here, '../../scripts/demo.sql'), 'utf8'));
-  browser = await chromium.launch({
-    executablePath: '/usr/bin/chromium',
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-      '--disable-component-update', '--disable-sync'],
-  });
+  browser = await launchChromium();
 });
 
 after(async () => {

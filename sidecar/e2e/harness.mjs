@@ -5,6 +5,7 @@ import { spawn } from 'node:child_process';
 import crypto from 'node:crypto';
 import net from 'node:net';
 import pg from 'pg';
+import { chromium } from 'playwright-core';
 
 /// An HS256 JWT for `claims`, signed with `secret`.
 export function jwt(secret, claims) {
@@ -15,13 +16,24 @@ export function jwt(secret, claims) {
 
 export const anonClaims = () => ({ role: 'anon', exp: Math.floor(Date.now() / 1000) + 3600 });
 
-function freePort() {
-  return new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
+/// A free port: one the system picks, or the first free one of E2E_PORTS (LOW-HIGH) when set
+/// (a developer sharing the machine keeps to a range of their own).
+export async function freePort() {
+  const tryPort = (p) =>
+    new Promise((resolve) => {
+      const s = net.createServer();
+      s.once('error', () => resolve(null));
+      s.listen(p, '127.0.0.1', () => {
+        const { port } = s.address();
+        s.close(() => resolve(port));
+      });
     });
-  });
+  const [low, high] = (process.env.E2E_PORTS ?? '0-0').split('-').map(Number);
+  for (let p = low; p <= high; p++) {
+    const port = await tryPort(p);
+    if (port) return port;
+  }
+  throw new Error(`no free port in E2E_PORTS=${process.env.E2E_PORTS}`);
 }
 
 /// Starts the sidecar (SIDECAR_BIN) and waits until it is healthy; returns { process, port }.
@@ -42,6 +54,30 @@ export async function startSidecar(secret, consumer, env = {}, port = undefined)
     } catch {}
     assert.ok(Date.now() < deadline, 'sidecar did not become healthy');
     await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/// Headless Chromium (Debian's package), as the browser tests drive it.
+export function launchChromium() {
+  return chromium.launch({
+    executablePath: '/usr/bin/chromium',
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync'],
+  });
+}
+
+/// Stops sidecars ({ process, consumer }) with SIGTERM, waits for them to exit and frees
+/// their consumer slots: slots outlive their sidecars, and the suite's cluster has a
+/// bounded number of them.
+export async function stopAndDrop(sidecars) {
+  for (const { process: p } of sidecars) p.kill('SIGTERM');
+  await Promise.all(sidecars.map(({ process: p }) =>
+    p.exitCode !== null || p.signalCode !== null ? null : new Promise((resolve) => p.once('exit', resolve))));
+  const db = await database();
+  try {
+    for (const { consumer } of sidecars) await db.query('SELECT realtime.drop_consumer($1)', [consumer]);
+  } finally {
+    await db.end();
   }
 }
 

@@ -89,6 +89,12 @@ pub struct Config {
     /// clients holding sockets open); a REST body gets as long again.
     #[arg(long, env = "HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
     pub http_header_timeout_secs: u64,
+    /// Origins whose pages may call the REST broadcast routes from a browser (the preflight
+    /// is answered and `Access-Control-Allow-Origin` names them): `*` for any, as Supabase,
+    /// or a comma-separated list of `scheme://host[:port]`.
+    #[arg(long, env = "CORS_ALLOWED_ORIGINS", default_value = "*",
+          value_parser = crate::cors::AllowedOrigins::parse)]
+    pub cors_allowed_origins: crate::cors::AllowedOrigins,
     /// Bytes of a socket's `x-` headers carried into `request.headers` for policies; a socket
     /// whose headers are larger is refused at upgrade (they are copied into every request).
     #[arg(long, env = "MAX_POLICY_HEADER_BYTES", default_value_t = 8192)]
@@ -322,6 +328,18 @@ mod tests {
             let err = parse(&[flag, value]).validate().unwrap_err().0;
             assert!(err.starts_with(name), "{flag} {value}: {err}");
         }
+        let mut all = vec![
+            "realtime-sidecar",
+            "--jwt-secret",
+            "a-secret-of-at-least-thirty-two-bytes",
+        ];
+        all.extend(["--cors-allowed-origins", "https://app.example.com/path"]);
+        let err = Config::try_parse_from(all).unwrap_err().to_string();
+        assert!(err.contains("--cors-allowed-origins"), "{err}");
+        assert_eq!(
+            parse(&[]).cors_allowed_origins,
+            crate::cors::AllowedOrigins::Any
+        );
         let bad_dsn = parse(&["--database-url", "host=x port=notaport"]);
         assert!(bad_dsn
             .validate()

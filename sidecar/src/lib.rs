@@ -112,7 +112,7 @@
 //!
 //! # Files
 //!
-//! `server` listener, HTTP and upgrades · `url` query and path decoding · `rest` the REST broadcast · `socket` one
+//! `server` listener, HTTP and upgrades · `url` query and path decoding · `rest` the REST broadcast · `cors` CORS of its routes · `socket` one
 //! connection's loop · `command` a client frame parsed into what it asks · `frame` the wire
 //! format of both serializers · `channels/` the channel lifecycle (the registry, a join's
 //! checks and admission, one channel, its pushes) · `held` pushes held behind a verdict · `join_config` what a
@@ -133,6 +133,7 @@ pub mod broadcast;
 pub mod channels;
 pub mod command;
 pub mod config;
+pub mod cors;
 pub mod db_thread;
 pub mod db_worker;
 pub mod drainer;

@@ -12,7 +12,9 @@ use crate::url;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, UPGRADE};
+use hyper::header::{
+    HeaderValue, CONNECTION, ORIGIN, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, UPGRADE,
+};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -101,6 +103,9 @@ async fn route(
     shared: Arc<Shared>,
 ) -> Result<Resp, std::convert::Infallible> {
     let path = req.uri().path().to_owned();
+    if is_rest_route(api_path(&path)) {
+        return Ok(rest_route(req, &shared, &path).await);
+    }
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/socket/websocket" | "/realtime/v1/websocket") => upgrade(req, shared),
         (&Method::GET, "/healthz") => {
@@ -121,19 +126,44 @@ async fn route(
             "text/plain; version=0.0.4",
             shared.metrics.render(),
         ),
-        // realtime-js posts under its socket URL's path: `/realtime/v1/api/broadcast...`.
-        (&Method::POST, p) if api_path(p) == "/api/broadcast" => {
-            outcome(rest::broadcast(req, &shared).await)
-        }
-        (&Method::POST, p) if api_path(p).starts_with("/api/broadcast/") => {
-            match rest::Single::from_path(api_path(p), &url::query_params(&req)) {
-                Some(single) => outcome(rest::broadcast_one(req, &shared, single).await),
-                None => json_error(StatusCode::NOT_FOUND, "Not found"),
-            }
-        }
         (&Method::GET, p) => static_file(&shared, p).await,
         _ => json_error(StatusCode::NOT_FOUND, "Not found"),
     })
+}
+
+/// The REST broadcast routes (after any prefix): `/api/broadcast` and everything under it.
+fn is_rest_route(api_path: &str) -> bool {
+    api_path == "/api/broadcast" || api_path.starts_with("/api/broadcast/")
+}
+
+/// A request to a REST broadcast route, any method: a browser's preflight is answered here,
+/// and every answer carries the CORS headers for the request's origin, so a page on
+/// another origin can read it (errors included).
+async fn rest_route(req: Request<Incoming>, shared: &Shared, path: &str) -> Resp {
+    let cors = &shared.cfg.cors_allowed_origins;
+    let origin = req.headers().get(ORIGIN).cloned();
+    let api = api_path(path);
+    let mut resp = match *req.method() {
+        Method::OPTIONS => {
+            let mut r = Response::new(Full::new(Bytes::new()));
+            if cors.preflight(req.headers(), r.headers_mut()) {
+                *r.status_mut() = StatusCode::NO_CONTENT;
+                return r;
+            }
+            // Not one of the allowed origins: no allow header, and the browser refuses.
+            *r.status_mut() = StatusCode::FORBIDDEN;
+            return r;
+        }
+        // realtime-js posts under its socket URL's path: `/realtime/v1/api/broadcast...`.
+        Method::POST if api == "/api/broadcast" => outcome(rest::broadcast(req, shared).await),
+        Method::POST => match rest::Single::from_path(api, &url::query_params(&req)) {
+            Some(single) => outcome(rest::broadcast_one(req, shared, single).await),
+            None => json_error(StatusCode::NOT_FOUND, "Not found"),
+        },
+        _ => json_error(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
+    };
+    cors.decorate(origin.as_ref(), resp.headers_mut());
+    resp
 }
 
 /// An API path without the `/realtime/v1` prefix Supabase's clients put before it.
