@@ -6,19 +6,20 @@
 //! when it comes back with a new epoch (it restarted) they are told that messages were lost.
 
 use crate::config::Config;
-use crate::hub::{Hub, Payload, QueueMessage, TopicKey};
+use crate::hub::{Hub, QueueMessage};
 use crate::metrics::Metrics;
-use crate::postgres_changes::deliver::{self, Outgoing};
+use crate::postgres_changes::deliver;
 use crate::postgres_changes::subscribers::Subscribers;
 use crate::presence::view::Views;
 use crate::reason::Notice;
+use crate::rows::{As, Columns, Entry, Read};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
-/// Rows are read by these column names (`DrainColumns`), never by a position written here.
+/// Rows are read by these column names (`rows::Columns`), never by a position written here.
 const DRAIN_SQL: &str =
     "SELECT seq, kind, topic, event, payload::text AS payload, binary_payload, \
      private, (extract(epoch FROM committed_at) * 1000000)::int8 AS committed_us, id::text AS id, \
@@ -147,48 +148,6 @@ async fn within<T>(
     }
 }
 
-/// Where each column of a drain row is, found by name once per prepared statement (a name
-/// lookup per value would scan the columns for every value of every message).
-struct DrainColumns {
-    seq: usize,
-    kind: usize,
-    topic: usize,
-    event: usize,
-    payload: usize,
-    binary_payload: usize,
-    private: usize,
-    committed_us: usize,
-    id: usize,
-    lost_first: usize,
-    lost_last: usize,
-    origin: usize,
-}
-
-impl DrainColumns {
-    fn of(stmt: &tokio_postgres::Statement) -> Result<Self, SessionError> {
-        let at = |name: &'static str| {
-            stmt.columns()
-                .iter()
-                .position(|c| c.name() == name)
-                .ok_or(SessionError::Missing(name))
-        };
-        Ok(DrainColumns {
-            seq: at("seq")?,
-            kind: at("kind")?,
-            topic: at("topic")?,
-            event: at("event")?,
-            payload: at("payload")?,
-            binary_payload: at("binary_payload")?,
-            private: at("private")?,
-            committed_us: at("committed_us")?,
-            id: at("id")?,
-            lost_first: at("lost_first")?,
-            lost_last: at("lost_last")?,
-            origin: at("origin")?,
-        })
-    }
-}
-
 /// How often the queue's statistics (held-back commits, retention) are read into metrics.
 const STATS_EVERY: Duration = Duration::from_secs(1);
 const STATS_SQL: &str = "SELECT pending_bytes, \
@@ -261,7 +220,7 @@ async fn session(
     tracing::info!(consumer = %cfg.consumer, position = pos, "draining");
 
     let stmt = within(setup, "prepare", client.prepare(DRAIN_SQL)).await?;
-    let col = DrainColumns::of(&stmt)?;
+    let col = Columns::of(stmt.columns()).map_err(SessionError::Missing)?;
     let stats = within(setup, "prepare", client.prepare(STATS_SQL)).await?;
     let statements = deliver::Statements::default();
     let lookups = deliver::Db {
@@ -322,39 +281,52 @@ async fn session(
                 return Ok(());
             }
         };
-        let mut rows = rows;
+        // Each row read once into what it is (`rows`).
+        let how = As {
+            epoch: now_epoch,
+            replayed: false,
+            client_ids: false,
+        };
+        let mut entries = rows
+            .iter()
+            .map(|r| col.read(r, how))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(SessionError::Lost)?;
         // A change left undecoded (no channel listened to its table when the call began)
         // that a channel now listens to (it joined meanwhile): stop before it and drain
         // again from there with its table decoded. Once per change, so a table that cannot
         // be resolved does not loop. Looked for only when the channels changed during the
         // call: otherwise every table listened to was decoded.
         let joined_meanwhile = decode_for != Some(to.changes.generation());
-        let undecoded_wanted = |r: &tokio_postgres::Row| {
-            r.get::<_, &str>(col.kind) == "change"
-                && r.get::<_, Option<&str>>(col.payload).is_none()
-                && r.get::<_, i64>(col.seq) != redrained
-                && r.get::<_, Option<&str>>(col.topic)
-                    .is_some_and(|t| to.changes.any_named(t))
+        let undecoded_wanted = |r: &Read| match r.entry {
+            Entry::Change {
+                data: None,
+                table: Some(t),
+                ..
+            } => r.seq != redrained && to.changes.any_named(t),
+            _ => false,
         };
         let cut = joined_meanwhile
-            .then(|| rows.iter().position(undecoded_wanted))
+            .then(|| entries.iter().position(undecoded_wanted))
             .flatten();
         if let Some(cut) = cut {
-            redrained = rows[cut].get(col.seq);
-            rows.truncate(cut);
+            redrained = entries[cut].seq;
+            entries.truncate(cut);
             decode_for = None;
             metrics.drain_redrains_total.increment(1);
         }
-        if rows.is_empty() {
+        if entries.is_empty() {
             continue;
         }
         metrics.drain_batches_total.increment(1);
         // Row changes are authorized for their channels first (a database round trip per
         // changed table), then everything is handed out in queue order.
-        let datas: Vec<&str> = rows
+        let datas: Vec<&str> = entries
             .iter()
-            .filter(|r| r.get::<_, &str>(col.kind) == "change")
-            .map(|r| r.get::<_, Option<&str>>(col.payload).unwrap_or("null"))
+            .filter_map(|r| match r.entry {
+                Entry::Change { data, .. } => Some(data.unwrap_or("null")),
+                _ => None,
+            })
             .collect();
         let started = Instant::now();
         let mut prepared = if datas.is_empty() {
@@ -373,82 +345,64 @@ async fn session(
             );
         }
         let now_us = unix_micros();
-        // Consecutive broadcasts are handed out together (`Hub::dispatch_batch`); anything
-        // else in the batch first hands out those before it, so each connection still gets
-        // everything in queue order.
-        let mut broadcasts: Vec<QueueMessage> = Vec::new();
-        for row in &rows {
-            let seq: i64 = row.get(col.seq);
-            let kind: &str = row.get(col.kind);
-            if kind != "message" && !broadcasts.is_empty() {
-                hub.dispatch_batch(&broadcasts);
-                broadcasts.clear();
-            }
-            if kind == "gap" {
-                let (first, last): (i64, i64) = (row.get(col.lost_first), row.get(col.lost_last));
-                metrics.drain_gaps_total.increment(1);
-                metrics
-                    .drain_lost_messages_total
-                    .increment((last - first + 1) as u64);
-                tracing::warn!(
-                    first,
-                    last,
-                    "messages were evicted before this sidecar read them"
-                );
-                hub.system_all(&Notice::MessagesLost { first, last });
-                pos = seq;
-                continue;
-            }
-            if kind == "filtered" {
-                // Messages for other sidecars' topics were read through up to here
-                // (`interest`): nothing to hand out, but the position moves past them.
-                pos = seq;
-                continue;
-            }
-            let committed_us: i64 = row.get(col.committed_us);
+        let dispatched = |committed_us: i64| {
             metrics
                 .commit_to_dispatch
                 .record((now_us - committed_us).max(0) as f64 / 1e6);
             metrics.drain_messages_total.increment(1);
+        };
+        // Consecutive broadcasts are handed out together (`Hub::dispatch_batch`); anything
+        // else in the batch first hands out those before it, so each connection still gets
+        // everything in queue order.
+        let mut broadcasts: Vec<QueueMessage> = Vec::new();
+        for Read { seq, entry } in entries {
             pos = seq;
-            if kind == "presence" {
-                // A presence diff (extension/src/presence.rs): never a broadcast; it moves
-                // this sidecar's view of its topic, if a channel here watches it.
-                let key = TopicKey {
-                    topic: row.get(col.topic),
-                    private: row.get(col.private),
-                };
-                let diff: Option<&str> = row.get(col.payload);
-                to.presence.apply(&key, diff.unwrap_or("null"));
-                continue;
+            if !matches!(entry, Entry::Message { .. }) && !broadcasts.is_empty() {
+                hub.dispatch_batch(&broadcasts);
+                broadcasts.clear();
             }
-            if kind == "change" {
-                // A row change goes to Postgres Changes channels only, never to a
-                // broadcast topic (one named after its table would get it).
-                let frames: Vec<Outgoing> = prepared.next().unwrap_or_default();
-                for f in frames {
-                    f.send(metrics);
+            match entry {
+                Entry::Gap { first, last } => {
+                    metrics.drain_gaps_total.increment(1);
+                    metrics
+                        .drain_lost_messages_total
+                        .increment((last - first + 1) as u64);
+                    tracing::warn!(
+                        first,
+                        last,
+                        "messages were evicted before this sidecar read them"
+                    );
+                    hub.system_all(&Notice::MessagesLost { first, last });
                 }
-                continue;
+                // Messages for other sidecars' topics were read through up to here
+                // (`interest`): nothing to hand out, but the position moves past them.
+                Entry::Filtered | Entry::End => {}
+                Entry::Presence {
+                    committed_us,
+                    key,
+                    diff,
+                } => {
+                    // A presence diff (extension/src/presence.rs): never a broadcast; it
+                    // moves this sidecar's view of its topic, if a channel here watches it.
+                    dispatched(committed_us);
+                    to.presence.apply(&key, diff.unwrap_or("null"));
+                }
+                Entry::Change { committed_us, .. } => {
+                    // A row change goes to Postgres Changes channels only, never to a
+                    // broadcast topic (one named after its table would get it).
+                    dispatched(committed_us);
+                    for f in prepared.next().unwrap_or_default() {
+                        f.send(metrics);
+                    }
+                }
+                Entry::Message {
+                    committed_us,
+                    message,
+                } => {
+                    dispatched(committed_us);
+                    broadcasts.push(message);
+                }
             }
-            let payload = Payload::from_columns(row.get(col.binary_payload), row.get(col.payload));
-            let origin: Option<i64> = row.get(col.origin);
-            broadcasts.push(QueueMessage {
-                topic: row.get(col.topic),
-                event: row.get(col.event),
-                payload,
-                private: row.get(col.private),
-                // Client broadcasts carry no meta.id, as in Supabase.
-                id: if origin.is_some() {
-                    None
-                } else {
-                    row.get(col.id)
-                },
-                origin,
-                epoch: now_epoch,
-                seq,
-                replayed: false,
-            });
         }
         hub.dispatch_batch(&broadcasts);
         metrics.last_seq.set(pos as f64);

@@ -122,7 +122,7 @@
 //! channel's pushes, wishes, the worker, the views) · `gate` a rejoining channel's
 //! live frames held until its history is sent · `hub` topics and fan-out · `reach` the one way to a
 //! joined channel's socket, held by every registry · `outbound` a connection's outbound queue ·
-//! `drainer` the queue side · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `relay` batched
+//! `drainer` the queue side · `rows` a drain or history row read once into what it is · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `relay` batched
 //! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what the
 //! database workers share (a connection kept up with backoff; the batched-worker shape of
 //! the authorizer, the check and the relay) · `db_thread` the thread the round trips joins wait on run on · `reason`
@@ -157,6 +157,7 @@ pub mod reach;
 pub mod reason;
 pub mod relay;
 pub mod rest;
+pub mod rows;
 pub mod server;
 pub mod shutdown;
 pub mod socket;

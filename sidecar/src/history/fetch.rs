@@ -16,6 +16,7 @@ use crate::hub::{Payload, QueueMessage, TopicKey};
 use crate::metrics::Metrics;
 use crate::outbound::Sent;
 use crate::reach::Reach;
+use crate::rows::{self, As, Columns, Entry};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -325,15 +326,30 @@ async fn read(
                     .map_or_else(|| e.to_string(), |d| d.message().to_owned())
             })?;
         let mut messages = 0;
-        for row in rows {
-            let seq: i64 = row.get("seq");
-            match row.get::<_, &str>("kind") {
-                "end" => out.through = seq,
-                "gap" => out.gaps.push((row.get("lost_first"), row.get("lost_last"))),
-                _ => {
+        let how = As {
+            epoch,
+            replayed: true,
+            client_ids: !relayed,
+        };
+        let col = match rows.first() {
+            Some(r) => Columns::of(r.columns())
+                .map_err(|c| format!("realtime.history returned no column \"{c}\""))?,
+            None => break,
+        };
+        for row in &rows {
+            let rows::Read { seq, entry } = col.read(row, how)?;
+            match entry {
+                Entry::End => out.through = seq,
+                Entry::Gap { first, last } => out.gaps.push((first, last)),
+                Entry::Message {
+                    committed_us,
+                    message,
+                } => {
                     messages += 1;
-                    out.found.push(found(&row, epoch, relayed));
+                    out.found.push(found(committed_us, message));
                 }
+                // A history holds none of these (`extension/src/history.rs`).
+                Entry::Filtered | Entry::Presence { .. } | Entry::Change { .. } => {}
             }
         }
         if newest.is_some() || messages < PAGE {
@@ -343,33 +359,16 @@ async fn read(
     Ok(out)
 }
 
-/// A message row of `realtime.history`. A replay (`relayed` false) returns only the
-/// database's messages and persisted client broadcasts: all keep their id, as Supabase's
-/// replay gives each its row's id; a resume's client broadcasts carry none, as live.
-fn found(row: &tokio_postgres::Row, epoch: i64, relayed: bool) -> Found {
-    let payload = Payload::from_columns(row.get("binary_payload"), row.get("payload"));
-    let origin: Option<i64> = row.get("origin");
+/// A message of `realtime.history` (`rows::As` says which ids it keeps: a replay's all,
+/// as Supabase's replay gives each its row's id; a resume's client broadcasts none, as live).
+fn found(committed_us: i64, message: QueueMessage) -> Found {
     let key = TopicKey {
-        private: row.get("private"),
-        topic: row.get("topic"),
+        private: message.private,
+        topic: message.topic.clone(),
     };
     Found {
-        committed_us: row.get("committed_us"),
-        message: QueueMessage {
-            topic: key.topic.clone(),
-            event: row.get("event"),
-            payload,
-            private: key.private,
-            id: if origin.is_some() && relayed {
-                None
-            } else {
-                row.get("id")
-            },
-            origin,
-            epoch,
-            seq: row.get("seq"),
-            replayed: true,
-        },
+        committed_us,
+        message,
         key,
         frames: [OnceLock::new(), OnceLock::new()],
     }
