@@ -8,6 +8,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
 import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
@@ -18,11 +19,13 @@ import { anonClaims, close, database, freePort, jwt, startSidecar, stopAndDrop, 
 const SECRET = 'proxy-test-secret-with-enough-length-for-hs256';
 const apikey = jwt(SECRET, anonClaims());
 const PROXY_TIMEOUT_S = 2;
+const PER_ADDRESS = 5;
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'pg_realtime_proxy.'));
 let sidecar;
 let nginx;
 let proxyPort;
+let directPort;
 let ca;
 let db;
 
@@ -98,7 +101,12 @@ before(async () => {
     '-addext', 'subjectAltName=IP:127.0.0.1', '-keyout', `${dir}/key.pem`, '-out', `${dir}/cert.pem`], { stdio: 'ignore' });
   ca = fs.readFileSync(`${dir}/cert.pem`);
   let sidecarPort;
-  ({ process: sidecar, port: sidecarPort } = await startSidecar(SECRET, 'proxy_e2e'));
+  // The operator names the proxy, so the per-address limits see each client through it.
+  ({ process: sidecar, port: sidecarPort } = await startSidecar(SECRET, 'proxy_e2e', {
+    TRUSTED_PROXIES: '127.0.0.1',
+    MAX_REST_EVENTS_PER_SECOND_PER_ADDRESS: String(PER_ADDRESS),
+  }));
+  directPort = sidecarPort;
   proxyPort = await freePort();
   fs.writeFileSync(`${dir}/nginx.conf`, nginxConf(proxyPort, `127.0.0.1:${sidecarPort}`));
   execFileSync('/usr/sbin/nginx', ['-t', '-q', '-e', `${dir}/error.log`, '-c', `${dir}/nginx.conf`, '-p', dir]);
@@ -184,4 +192,38 @@ test('REST through nginx: httpSend and the batch route over https reach a subscr
     await close(listener);
     await close(sender);
   }
+});
+
+/// POSTs `n` messages to the batch route from the loopback address `from`, through nginx
+/// (https) or straight at the sidecar (http), with extra headers; resolves to the status.
+function postFrom(from, { direct = false, n = 1, headers = {} } = {}) {
+  const body = JSON.stringify({ messages: Array.from({ length: n }, (_, i) => ({ topic: 'addr', event: 'e', payload: { i } })) });
+  const url = direct ? `http://127.0.0.1:${directPort}/api/broadcast` : `https://127.0.0.1:${proxyPort}/realtime/v1/api/broadcast`;
+  const options = {
+    method: 'POST', localAddress: from, ca,
+    headers: { authorization: `Bearer ${apikey}`, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...headers },
+  };
+  return new Promise((resolve, reject) => {
+    const req = (direct ? http : https).request(url, options, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode));
+    });
+    req.setTimeout(10000, () => req.destroy(new Error(`no answer from ${url}`)));
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+test('per-address limits see each client through the named proxy, and never a forged address', async () => {
+  // Through nginx, 127.0.0.2 spends its own budget...
+  assert.equal(await postFrom('127.0.0.2', { n: PER_ADDRESS }), 202);
+  assert.equal(await postFrom('127.0.0.2'), 429);
+  // ...and claiming another address in X-Forwarded-For does not help: nginx appends the
+  // address it saw, and only that is believed.
+  assert.equal(await postFrom('127.0.0.2', { headers: { 'x-forwarded-for': '198.51.100.1' } }), 429);
+  // Another client behind the same proxy has a budget of its own.
+  assert.equal(await postFrom('127.0.0.3', { n: PER_ADDRESS }), 202);
+  // A client connecting straight to the sidecar cannot pass for another one with the header.
+  assert.equal(await postFrom('127.0.0.4', { direct: true, n: PER_ADDRESS, headers: { 'x-forwarded-for': '198.51.100.2' } }), 202);
+  assert.equal(await postFrom('127.0.0.4', { direct: true, headers: { 'x-forwarded-for': '198.51.100.3' } }), 429);
 });

@@ -95,6 +95,53 @@ pub struct Config {
     #[arg(long, env = "CORS_ALLOWED_ORIGINS", default_value = "*",
           value_parser = crate::cors::AllowedOrigins::parse)]
     pub cors_allowed_origins: crate::cors::AllowedOrigins,
+    /// Proxies whose `X-Forwarded-For` names the client (addresses or CIDR blocks,
+    /// comma-separated). Empty, the default: every client is its connection's peer, and the
+    /// header is ignored (any client can write one).
+    #[arg(long, env = "TRUSTED_PROXIES", default_value = "",
+          value_parser = crate::address::TrustedProxies::parse)]
+    pub trusted_proxies: crate::address::TrustedProxies,
+    /// WebSocket connections one client address (an IPv6 /64) may hold; more are refused at
+    /// upgrade with "ConnectionRateLimitReached: Too many connections from this address", so
+    /// one address cannot take the sidecar's MAX_CONNECTIONS.
+    #[arg(long, env = "MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 1000)]
+    pub max_connections_per_address: usize,
+    /// REST broadcast requests being served at once; more are answered 429 "Too many
+    /// requests" before their body is read.
+    #[arg(long, env = "MAX_REST_REQUESTS_IN_FLIGHT", default_value_t = 256)]
+    pub max_rest_requests_in_flight: usize,
+    /// REST broadcast requests one client address may have in flight (429 "Too many
+    /// requests"); a `service_role` token is not bound by it.
+    #[arg(
+        long,
+        env = "MAX_REST_REQUESTS_IN_FLIGHT_PER_ADDRESS",
+        default_value_t = 16
+    )]
+    pub max_rest_requests_in_flight_per_address: usize,
+    /// Messages in one REST request (429 "Too many messages to broadcast, please reduce the
+    /// batch size"); at most half the relay's queue, which is REST's share of it.
+    #[arg(long, env = "MAX_REST_MESSAGES_PER_REQUEST", default_value_t = 1000)]
+    pub max_rest_messages_per_request: usize,
+    /// REST messages per second this sidecar accepts from everyone together (429 "You have
+    /// exceeded your rate limit", or the batch text when the batch is what does not fit).
+    #[arg(long, env = "MAX_REST_EVENTS_PER_SECOND", default_value_t = 10_000)]
+    pub max_rest_events_per_second: u32,
+    /// REST messages per second from one client address (an IPv6 /64); 429 as above. Not
+    /// for `service_role` tokens.
+    #[arg(
+        long,
+        env = "MAX_REST_EVENTS_PER_SECOND_PER_ADDRESS",
+        default_value_t = 1000
+    )]
+    pub max_rest_events_per_second_per_address: u32,
+    /// REST messages per second from one user (the JWT's `sub`, from any address); 429 as
+    /// above. Anonymous tokens have no `sub`: their address bounds them.
+    #[arg(
+        long,
+        env = "MAX_REST_EVENTS_PER_SECOND_PER_USER",
+        default_value_t = 1000
+    )]
+    pub max_rest_events_per_second_per_user: u32,
     /// Bytes of a socket's `x-` headers carried into `request.headers` for policies; a socket
     /// whose headers are larger is refused at upgrade (they are copied into every request).
     #[arg(long, env = "MAX_POLICY_HEADER_BYTES", default_value_t = 8192)]
@@ -162,7 +209,49 @@ impl Config {
                 self.jwt_secret.len()
             )));
         }
-        let ranges: [(&str, u64, u64, u64); 14] = [
+        let ranges: [(&str, u64, u64, u64); 21] = [
+            (
+                "MAX_CONNECTIONS_PER_ADDRESS",
+                self.max_connections_per_address as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "MAX_REST_REQUESTS_IN_FLIGHT",
+                self.max_rest_requests_in_flight as u64,
+                1,
+                1_000_000,
+            ),
+            (
+                "MAX_REST_REQUESTS_IN_FLIGHT_PER_ADDRESS",
+                self.max_rest_requests_in_flight_per_address as u64,
+                1,
+                1_000_000,
+            ),
+            (
+                "MAX_REST_MESSAGES_PER_REQUEST",
+                self.max_rest_messages_per_request as u64,
+                1,
+                (crate::relay::QUEUE / 2) as u64,
+            ),
+            (
+                "MAX_REST_EVENTS_PER_SECOND",
+                self.max_rest_events_per_second as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "MAX_REST_EVENTS_PER_SECOND_PER_ADDRESS",
+                self.max_rest_events_per_second_per_address as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "MAX_REST_EVENTS_PER_SECOND_PER_USER",
+                self.max_rest_events_per_second_per_user as u64,
+                1,
+                10_000_000,
+            ),
             ("DRAIN_LINGER_MS", self.drain_linger_ms as u64, 0, 10_000),
             (
                 "MAX_RECORD_BYTES",
@@ -324,6 +413,16 @@ mod tests {
             ("--authorization-ttl-secs", "0", "AUTHORIZATION_TTL_SECS"),
             ("--max-outbound-frames", "0", "MAX_OUTBOUND_FRAMES"),
             ("--db-statement-timeout-ms", "1", "DB_STATEMENT_TIMEOUT_MS"),
+            (
+                "--max-rest-messages-per-request",
+                "5001",
+                "MAX_REST_MESSAGES_PER_REQUEST",
+            ),
+            (
+                "--max-connections-per-address",
+                "0",
+                "MAX_CONNECTIONS_PER_ADDRESS",
+            ),
         ] {
             let err = parse(&[flag, value]).validate().unwrap_err().0;
             assert!(err.starts_with(name), "{flag} {value}: {err}");
@@ -340,6 +439,14 @@ mod tests {
             parse(&[]).cors_allowed_origins,
             crate::cors::AllowedOrigins::Any
         );
+        let mut all = vec![
+            "realtime-sidecar",
+            "--jwt-secret",
+            "a-secret-of-at-least-thirty-two-bytes",
+        ];
+        all.extend(["--trusted-proxies", "127.0.0.1, proxy.internal"]);
+        let err = Config::try_parse_from(all).unwrap_err().to_string();
+        assert!(err.contains("proxy.internal"), "{err}");
         let bad_dsn = parse(&["--database-url", "host=x port=notaport"]);
         assert!(bad_dsn
             .validate()

@@ -112,7 +112,7 @@
 //!
 //! # Files
 //!
-//! `server` listener, HTTP and upgrades · `url` query and path decoding · `rest` the REST broadcast · `cors` CORS of its routes · `socket` one
+//! `server` listener, HTTP and upgrades · `url` query and path decoding · `rest` the REST broadcast · `rest_limits` its bounds · `cors` CORS of its routes · `address` who a client is on the network (trusted proxies) · `tally` per-key rates and counts in flight · `socket` one
 //! connection's loop · `command` a client frame parsed into what it asks · `frame` the wire
 //! format of both serializers · `channels/` the channel lifecycle (the registry, a join's
 //! checks and admission, one channel, its pushes) · `held` pushes held behind a verdict · `join_config` what a
@@ -128,6 +128,7 @@
 //! the authorizer, the check and the relay) · `db_thread` the thread the round trips joins wait on run on · `reason`
 //! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` · `config` · `state` · `shutdown`.
 
+pub mod address;
 pub mod authorizer;
 pub mod broadcast;
 pub mod channels;
@@ -157,11 +158,13 @@ pub mod reach;
 pub mod reason;
 pub mod relay;
 pub mod rest;
+pub mod rest_limits;
 pub mod rows;
 pub mod server;
 pub mod shutdown;
 pub mod socket;
 pub mod state;
+pub mod tally;
 pub mod url;
 
 use std::future::Future;
@@ -177,7 +180,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let (trigger, shutdown) = tokio::sync::watch::channel(false);
     let metrics = Arc::new(metrics::Metrics::default());
     let hub = Arc::new(hub::Hub::new(metrics.clone()));
-    let (relay_tx, relay_rx) = tokio::sync::mpsc::channel(10_000);
+    let (relay_tx, relay_rx) = tokio::sync::mpsc::channel(relay::QUEUE);
     // Bounded: a flood of joins waits here (backpressure) rather than timing out.
     let (authorize_tx, authorize_rx) = tokio::sync::mpsc::channel(20_000);
     let (check_tx, check_rx) = tokio::sync::mpsc::channel(20_000);
@@ -203,6 +206,8 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         history: history_tx.clone(),
         changes: changes.clone(),
         presence: presence.clone(),
+        rest_limits: rest_limits::RestLimits::new(&cfg, relay::QUEUE),
+        connections_by_address: tally::InFlight::default(),
         instance,
     });
     tracing::info!(%addr, consumer = %cfg.consumer, "listening");

@@ -57,6 +57,8 @@ pub enum Refusal {
     MissingApiKey,
     /// At upgrade, past MAX_CONNECTIONS (HTTP 429).
     ConnectionRateLimitReached,
+    /// At upgrade, past MAX_CONNECTIONS_PER_ADDRESS (HTTP 429).
+    TooManyConnectionsFromAddress,
     TopicNameRequired,
     /// The topic breaks `realtime.send`'s rules.
     InvalidTopic(InvalidTopic),
@@ -105,6 +107,9 @@ impl Refusal {
             Refusal::MissingApiKey => "MissingAPIKey: API key is missing".into(),
             Refusal::ConnectionRateLimitReached => {
                 "ConnectionRateLimitReached: Too many connected users".into()
+            }
+            Refusal::TooManyConnectionsFromAddress => {
+                "ConnectionRateLimitReached: Too many connections from this address".into()
             }
             Refusal::TopicNameRequired => "TopicNameRequired: You must provide a topic name".into(),
             Refusal::InvalidTopic(why) => why.text(),

@@ -16,6 +16,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// (`sql/persisted.sql`).
 const RELAY_SQL: &str = "SELECT realtime.relay_batch($1, $2, $3, $4, $5, $6, $7)";
 
+/// Broadcasts waiting for the relay at most; WebSocket pushes beyond it are refused, REST
+/// requests may hold half of it (`rest_limits`).
+pub const QUEUE: usize = 10_000;
+
 /// Why a broadcast was not relayed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Failure {

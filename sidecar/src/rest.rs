@@ -5,11 +5,13 @@
 //! (so every sidecar delivers them in one order) and the request is answered 202 once they
 //! have committed.
 
+use crate::address::AddressKey;
 use crate::authorizer::{self, Identity, Verdict};
 use crate::hub::Payload;
 use crate::persist::{self, PersistError};
 use crate::reason::Refusal;
 use crate::relay::{self, AckTo, Failure};
+use crate::rest_limits::{Admitted, Sender};
 use crate::state::Shared;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -91,9 +93,32 @@ pub(crate) fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
     Ok(out)
 }
 
+/// Who sends, for the policies and for the limits.
+struct Caller {
+    who: Arc<Identity>,
+    /// The JWT's `sub`, which the per-user rate counts by.
+    sub: Option<String>,
+    backend: bool,
+    address: AddressKey,
+}
+
+impl Caller {
+    fn sender(&self) -> Sender<'_> {
+        Sender {
+            address: self.address,
+            sub: self.sub.as_deref(),
+            backend: self.backend,
+        }
+    }
+}
+
 /// Who sends: the bearer token (or the apikey), verified, with every request header (Supabase
 /// passes them all to policies of REST calls).
-fn identity(req: &Request<Incoming>, shared: &Shared) -> Result<Arc<Identity>, Outcome> {
+fn identity(
+    req: &Request<Incoming>,
+    shared: &Shared,
+    address: AddressKey,
+) -> Result<Caller, Outcome> {
     let headers = req.headers();
     let bearer = headers
         .get("authorization")
@@ -125,11 +150,30 @@ fn identity(req: &Request<Incoming>, shared: &Shared) -> Result<Arc<Identity>, O
             Some(json!({ "message": why.text() })),
         ));
     }
-    Ok(Arc::new(Identity {
-        role: claims.role.clone(),
-        claims: claims.all.to_string(),
-        headers: headers_json,
-    }))
+    Ok(Caller {
+        who: Arc::new(Identity {
+            role: claims.role.clone(),
+            claims: claims.all.to_string(),
+            headers: headers_json,
+        }),
+        sub: claims.sub.clone(),
+        backend: claims.role == "service_role",
+        address,
+    })
+}
+
+/// The caller, admitted: a place among the requests in flight (before the body is read).
+fn admit(
+    req: &Request<Incoming>,
+    shared: &Shared,
+    address: AddressKey,
+) -> Result<(Caller, Admitted), Outcome> {
+    let caller = identity(req, shared, address)?;
+    let admitted = shared
+        .rest_limits
+        .admit(&caller.sender())
+        .map_err(|r| r.outcome())?;
+    Ok((caller, admitted))
 }
 
 /// The request body, bounded in size and in time (a body that trickles in is cut off like
@@ -186,6 +230,15 @@ async fn check_writes<'a>(
 type ToRelay = (String, String, bool, Payload, Option<i32>);
 
 async fn relay_all(shared: &Shared, messages: Vec<ToRelay>) -> Outcome {
+    // REST's half of the relay, held until every message of the request is settled.
+    let _room = match shared
+        .rest_limits
+        .relay_room(messages.len(), shared.cfg.http_header_timeout())
+        .await
+    {
+        Ok(room) => room,
+        Err(refused) => return refused.outcome(),
+    };
     let mut waits = Vec::with_capacity(messages.len());
     for (topic, event, private, payload, persist) in messages {
         let (tx, rx) = oneshot::channel();
@@ -231,9 +284,9 @@ async fn relay_all(shared: &Shared, messages: Vec<ToRelay>) -> Outcome {
 }
 
 /// `POST /api/broadcast`: a batch of messages.
-pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
-    let who = match identity(&req, shared) {
-        Ok(who) => who,
+pub async fn broadcast(req: Request<Incoming>, shared: &Shared, address: AddressKey) -> Outcome {
+    let (caller, _admitted) = match admit(&req, shared, address) {
+        Ok(admitted) => admitted,
         Err(outcome) => return outcome,
     };
     let body = match body(req, shared).await {
@@ -244,6 +297,10 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared) -> Outcome {
         Ok(m) => m,
         Err(outcome) => return outcome,
     };
+    if let Err(refused) = shared.rest_limits.charge(&caller.sender(), messages.len()) {
+        return refused.outcome();
+    }
+    let who = caller.who;
     let private = messages
         .iter()
         .filter(|m| m.private)
@@ -299,9 +356,14 @@ impl Single {
 /// `POST /api/broadcast/:topic/events/:event[?private=true]`: one message, its body the
 /// payload (JSON, or raw bytes with `application/octet-stream`), as realtime-js's
 /// `channel.httpSend` posts it. Answered 202 once committed.
-pub async fn broadcast_one(req: Request<Incoming>, shared: &Shared, single: Single) -> Outcome {
-    let who = match identity(&req, shared) {
-        Ok(who) => who,
+pub async fn broadcast_one(
+    req: Request<Incoming>,
+    shared: &Shared,
+    address: AddressKey,
+    single: Single,
+) -> Outcome {
+    let (caller, _admitted) = match admit(&req, shared, address) {
+        Ok(admitted) => admitted,
         Err(outcome) => return outcome,
     };
     let persist = match single
@@ -350,8 +412,11 @@ pub async fn broadcast_one(req: Request<Incoming>, shared: &Shared, single: Sing
             Err(e) => return invalid_error(&format!("the body is not valid JSON: {e}")),
         }
     };
+    if let Err(refused) = shared.rest_limits.charge(&caller.sender(), 1) {
+        return refused.outcome();
+    }
     let topics = std::iter::once(single.topic.as_str()).filter(|_| single.private);
-    if let Err(outcome) = check_writes(shared, &who, topics).await {
+    if let Err(outcome) = check_writes(shared, &caller.who, topics).await {
         return outcome;
     }
     relay_all(

@@ -2,6 +2,7 @@
 //! metrics endpoints, and the static demo page. Connect-time failures are HTTP errors with a
 //! JSON body, as Supabase's.
 
+use crate::address::{self, AddressKey};
 use crate::frame::Vsn;
 use crate::reason::Refusal;
 use crate::rest;
@@ -21,7 +22,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use socket2::{Domain, Socket, Type};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -45,9 +46,9 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     let mut shutdown = shared.shutdown.clone();
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((s, _)) => s,
+                Ok((s, peer)) => (s, peer.ip()),
                 Err(e) => {
                     // Out of file descriptors, usually: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -62,7 +63,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         tokio::spawn(async move {
             let metrics = shared.metrics.clone();
             let header_timeout = shared.cfg.http_header_timeout();
-            let svc = service_fn(move |req| route(req, shared.clone()));
+            let svc = service_fn(move |req| route(req, shared.clone(), peer));
             // A client that opens a socket and never finishes its request headers (slowloris)
             // is dropped after the timeout instead of holding one of this process's files.
             let conn = http1::Builder::new()
@@ -101,13 +102,22 @@ fn json_error(status: StatusCode, message: &str) -> Resp {
 async fn route(
     req: Request<Incoming>,
     shared: Arc<Shared>,
+    peer: IpAddr,
 ) -> Result<Resp, std::convert::Infallible> {
     let path = req.uri().path().to_owned();
+    // Who the per-address limits count this request against.
+    let client = AddressKey::of(address::client(
+        peer,
+        req.headers(),
+        &shared.cfg.trusted_proxies,
+    ));
     if is_rest_route(api_path(&path)) {
-        return Ok(rest_route(req, &shared, &path).await);
+        return Ok(rest_route(req, &shared, &path, client).await);
     }
     Ok(match (req.method(), path.as_str()) {
-        (&Method::GET, "/socket/websocket" | "/realtime/v1/websocket") => upgrade(req, shared),
+        (&Method::GET, "/socket/websocket" | "/realtime/v1/websocket") => {
+            upgrade(req, shared, client)
+        }
         (&Method::GET, "/healthz") => {
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -139,7 +149,12 @@ fn is_rest_route(api_path: &str) -> bool {
 /// A request to a REST broadcast route, any method: a browser's preflight is answered here,
 /// and every answer carries the CORS headers for the request's origin, so a page on
 /// another origin can read it (errors included).
-async fn rest_route(req: Request<Incoming>, shared: &Shared, path: &str) -> Resp {
+async fn rest_route(
+    req: Request<Incoming>,
+    shared: &Shared,
+    path: &str,
+    client: AddressKey,
+) -> Resp {
     let cors = &shared.cfg.cors_allowed_origins;
     let origin = req.headers().get(ORIGIN).cloned();
     let api = api_path(path);
@@ -155,9 +170,11 @@ async fn rest_route(req: Request<Incoming>, shared: &Shared, path: &str) -> Resp
             return r;
         }
         // realtime-js posts under its socket URL's path: `/realtime/v1/api/broadcast...`.
-        Method::POST if api == "/api/broadcast" => outcome(rest::broadcast(req, shared).await),
+        Method::POST if api == "/api/broadcast" => {
+            outcome(rest::broadcast(req, shared, client).await)
+        }
         Method::POST => match rest::Single::from_path(api, &url::query_params(&req)) {
-            Some(single) => outcome(rest::broadcast_one(req, shared, single).await),
+            Some(single) => outcome(rest::broadcast_one(req, shared, client, single).await),
             None => json_error(StatusCode::NOT_FOUND, "Not found"),
         },
         _ => json_error(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
@@ -207,7 +224,7 @@ async fn static_file(shared: &Shared, path: &str) -> Resp {
     }
 }
 
-fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
+fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>, client: AddressKey) -> Resp {
     let refuse = |status, message: &str| {
         shared.metrics.connections_refused.increment(1);
         json_error(status, message)
@@ -275,6 +292,18 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
     // The connection's place is taken before the 101 is sent, in one atomic step: counting
     // it later, when the socket task starts, let a burst of upgrades overshoot the limit.
     let m = &shared.metrics;
+    // One address may not take the whole process: its connections are counted apart, for as
+    // long as each lives.
+    let Some(from_address) = shared
+        .connections_by_address
+        .enter(client, cfg.max_connections_per_address)
+    else {
+        m.connections_over_limit_total.increment(1);
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            &Refusal::TooManyConnectionsFromAddress.text(),
+        );
+    };
     if m.connections.fetch_add(1, Relaxed) >= shared.cfg.max_connections as i64 {
         m.connections.fetch_sub(1, Relaxed);
         m.connections_over_limit_total.increment(1);
@@ -286,6 +315,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>) -> Resp {
     let on_upgrade = hyper::upgrade::on(&mut req);
     let shared2 = shared.clone();
     tokio::spawn(async move {
+        let _from_address = from_address;
         match on_upgrade.await {
             Ok(upgraded) => {
                 let ws = WebSocketStream::from_raw_socket(

@@ -32,6 +32,10 @@ pub struct Shared {
     pub presence: Arc<crate::presence::Presence>,
     /// The topics and tables this sidecar's channels hold, kept in the database (`interest`).
     pub interest: Arc<crate::interest::Interest>,
+    /// The REST routes' bounds: in flight, per request, per second (`rest_limits`).
+    pub rest_limits: crate::rest_limits::RestLimits,
+    /// WebSocket connections per client address (MAX_CONNECTIONS_PER_ADDRESS).
+    pub connections_by_address: crate::tally::InFlight<crate::address::AddressKey>,
     /// Random per process: the high half of this sidecar's relay origins.
     pub instance: u32,
 }
@@ -111,6 +115,8 @@ pub mod testing {
             presence,
             changes: Arc::default(),
             interest: crate::interest::Interest::new(cfg.filter_topics),
+            rest_limits: crate::rest_limits::RestLimits::new(&cfg, 64),
+            connections_by_address: crate::tally::InFlight::default(),
             hub: Arc::new(Hub::new(metrics.clone())),
             verifier: Verifier::new(SECRET),
             cfg,

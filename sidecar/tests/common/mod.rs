@@ -205,7 +205,29 @@ pub async fn http(
     headers: &[(&str, &str)],
     body: &str,
 ) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
+    http_from("127.0.0.1", port, method, path, headers, body).await
+}
+
+/// A connection to the sidecar on 127.0.0.1 from the loopback address `from` (any
+/// 127.0.0.x), so that tests can be several clients to the per-address limits.
+pub async fn tcp_from(from: &str, port: u16) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(from.parse().unwrap(), 0))?;
+    socket
+        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+}
+
+/// `http`, from the loopback address `from`.
+pub async fn http_from(
+    from: &str,
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    let mut s = tcp_from(from, port).await?;
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
@@ -251,6 +273,25 @@ impl Client {
             .await
             .expect("websocket connect");
         Self::over(ws, vsn)
+    }
+
+    /// A client connecting from the loopback address `from`; the upgrade's refusal (its
+    /// HTTP status and body) when the sidecar refuses it.
+    pub async fn connect_from(from: &str, port: u16, vsn: &str) -> Result<Client, (u16, String)> {
+        let stream = tcp_from(from, port).await.expect("tcp connect");
+        match tokio_tungstenite::client_async(
+            url(port, vsn, &anon_key()),
+            MaybeTlsStream::Plain(stream),
+        )
+        .await
+        {
+            Ok((ws, _)) => Ok(Self::over(ws, vsn)),
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err((
+                r.status().as_u16(),
+                String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).into_owned(),
+            )),
+            Err(e) => panic!("websocket connect: {e}"),
+        }
     }
 
     /// A client whose kernel receive buffer is small and fixed (no autotuning), so that not

@@ -1,0 +1,174 @@
+//! Who a client is on the network: the address a per-address limit counts against.
+//!
+//! A connection's peer is the client, unless the peer is a proxy the operator named in
+//! `TRUSTED_PROXIES`; then the client is the last address of `X-Forwarded-For` that is not
+//! itself a trusted proxy (each proxy appends the address it saw, so the entries left of the
+//! last untrusted one are the client's own claims and are never believed). A header from a
+//! peer that is not trusted is ignored: any client can write one.
+//!
+//! IPv6 addresses count by their /64, the block one subscriber line gets: counting single
+//! addresses would let one client take a fresh address per request.
+
+use hyper::HeaderMap;
+use ipnet::IpNet;
+use std::net::{IpAddr, Ipv6Addr};
+use std::str::FromStr;
+
+/// The proxies whose `X-Forwarded-For` is believed (`TRUSTED_PROXIES`: addresses or CIDR
+/// blocks, comma-separated; empty, the default: none).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TrustedProxies(Vec<IpNet>);
+
+impl TrustedProxies {
+    /// Parses the setting; the error names the entry that is neither an address nor a block.
+    pub fn parse(s: &str) -> Result<TrustedProxies, String> {
+        let mut nets = Vec::new();
+        for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let net = IpNet::from_str(entry)
+                .or_else(|_| IpAddr::from_str(entry).map(IpNet::from))
+                .map_err(|_| format!("{entry:?} is not an IP address or a CIDR block"))?;
+            nets.push(net);
+        }
+        Ok(TrustedProxies(nets))
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = unmapped(ip);
+        self.0.iter().any(|n| n.contains(&ip))
+    }
+}
+
+/// The client's address for a request that came from `peer`.
+pub fn client(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpAddr {
+    let peer = unmapped(peer);
+    if !trusted.contains(peer) {
+        return peer;
+    }
+    // Every X-Forwarded-For header, in order, is one list; read it from the right.
+    let hops: Vec<IpAddr> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|h| h.trim().parse::<IpAddr>().map(unmapped))
+        .collect::<Result<_, _>>()
+        // A list the proxy could not have written: the proxy is the client we know.
+        .unwrap_or_default();
+    hops.iter()
+        .rev()
+        .find(|ip| !trusted.contains(**ip))
+        // Every hop a trusted proxy: the first one is where the request entered.
+        .or(hops.first())
+        .copied()
+        .unwrap_or(peer)
+}
+
+/// What a per-address limit counts by: an IPv4 address, or an IPv6 address's /64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AddressKey(IpAddr);
+
+impl AddressKey {
+    pub fn of(ip: IpAddr) -> AddressKey {
+        match unmapped(ip) {
+            IpAddr::V6(v6) => {
+                let s = v6.segments();
+                AddressKey(IpAddr::V6(Ipv6Addr::new(
+                    s[0], s[1], s[2], s[3], 0, 0, 0, 0,
+                )))
+            }
+            v4 => AddressKey(v4),
+        }
+    }
+}
+
+impl std::fmt::Display for AddressKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            IpAddr::V6(_) => write!(f, "{}/64", self.0),
+            v4 => write!(f, "{v4}"),
+        }
+    }
+}
+
+/// An IPv4 client seen through an IPv6 socket (`::ffff:a.b.c.d`) is the IPv4 client.
+fn unmapped(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(xff: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in xff {
+            h.append("x-forwarded-for", v.parse().unwrap());
+        }
+        h
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_forwarded_for_header_from_an_untrusted_peer_is_ignored() {
+        let none = TrustedProxies::default();
+        let h = headers(&["203.0.113.9"]);
+        assert_eq!(client(ip("198.51.100.7"), &h, &none), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn behind_a_trusted_proxy_the_last_untrusted_hop_is_the_client() {
+        let trusted = TrustedProxies::parse("127.0.0.1, 10.0.0.0/8").unwrap();
+        // The client claims 1.1.1.1; the edge proxy saw 203.0.113.9; an inner proxy 10.1.2.3.
+        let h = headers(&["1.1.1.1, 203.0.113.9", "10.1.2.3"]);
+        assert_eq!(client(ip("127.0.0.1"), &h, &trusted), ip("203.0.113.9"));
+        // No header: the proxy itself.
+        assert_eq!(
+            client(ip("127.0.0.1"), &HeaderMap::new(), &trusted),
+            ip("127.0.0.1")
+        );
+        // A garbled list is not believed at all.
+        let bad = headers(&["203.0.113.9, not-an-address"]);
+        assert_eq!(client(ip("127.0.0.1"), &bad, &trusted), ip("127.0.0.1"));
+        // Every hop trusted: the first.
+        let inner = headers(&["10.9.9.9, 10.1.2.3"]);
+        assert_eq!(client(ip("127.0.0.1"), &inner, &trusted), ip("10.9.9.9"));
+        // An IPv4 peer seen through an IPv6 socket.
+        assert_eq!(
+            client(ip("::ffff:127.0.0.1"), &h, &trusted),
+            ip("203.0.113.9")
+        );
+    }
+
+    #[test]
+    fn ipv6_counts_by_its_64_block() {
+        assert_eq!(
+            AddressKey::of(ip("2001:db8:1:2:aaaa::1")),
+            AddressKey::of(ip("2001:db8:1:2:bbbb::9"))
+        );
+        assert_ne!(
+            AddressKey::of(ip("2001:db8:1:2::1")),
+            AddressKey::of(ip("2001:db8:1:3::1"))
+        );
+        assert_eq!(
+            AddressKey::of(ip("2001:db8:1:2::1")).to_string(),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(AddressKey::of(ip("192.0.2.1")).to_string(), "192.0.2.1");
+    }
+
+    #[test]
+    fn the_setting_names_what_it_cannot_read() {
+        assert!(TrustedProxies::parse("").unwrap().0.is_empty());
+        let err = TrustedProxies::parse("127.0.0.1, proxy.local").unwrap_err();
+        assert!(err.contains("proxy.local"), "{err}");
+        assert!(TrustedProxies::parse("::1, 192.168.0.0/16")
+            .unwrap()
+            .contains(ip("192.168.3.4")));
+    }
+}

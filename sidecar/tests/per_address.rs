@@ -1,0 +1,242 @@
+//! Per-address limits and the REST bounds end to end, each client a loopback address of its
+//! own (127.0.0.x): one address flooding REST or holding connections is refused with
+//! Supabase's texts while another address is served; `X-Forwarded-For` counts only from a
+//! trusted proxy; a user is one budget across addresses; a `service_role` backend is not
+//! bound per address.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+const RATE_EXCEEDED: &str = r#"{"message":"You have exceeded your rate limit"}"#;
+const BATCH_TOO_LARGE: &str =
+    r#"{"message":"Too many messages to broadcast, please reduce the batch size"}"#;
+
+fn batch(topic: &str, n: usize) -> String {
+    let messages: Vec<Value> = (0..n)
+        .map(|i| json!({"topic": topic, "event": "e", "payload": {"i": i}}))
+        .collect();
+    json!({ "messages": messages }).to_string()
+}
+
+/// Posts `n` messages to `topic` from address `from` with the token and extra headers.
+async fn post(
+    port: u16,
+    from: &str,
+    token: &str,
+    extra: &[(&str, &str)],
+    topic: &str,
+    n: usize,
+) -> (u16, String) {
+    let auth = format!("Bearer {token}");
+    let mut headers = vec![
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    headers.extend_from_slice(extra);
+    http_from(
+        from,
+        port,
+        "POST",
+        "/api/broadcast",
+        &headers,
+        &batch(topic, n),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn one_address_flooding_rest_is_refused_and_another_address_is_served() {
+    let sidecar = Sidecar::start(
+        "t_rest_flood",
+        &[
+            ("MAX_REST_EVENTS_PER_SECOND_PER_ADDRESS", "20"),
+            ("MAX_REST_MESSAGES_PER_REQUEST", "25"),
+        ],
+    )
+    .await;
+    let mut watcher = Client::connect_from("127.0.0.4", sidecar.port, "1.0.0")
+        .await
+        .unwrap();
+    watcher.join_public("realtime:flood-other").await;
+    let anon = anon_key();
+    let p = sidecar.port;
+    // A request over the per-request bound, then the address's second spent, then one more.
+    assert_eq!(
+        post(p, "127.0.0.2", &anon, &[], "flood", 26).await,
+        (429, BATCH_TOO_LARGE.into())
+    );
+    assert_eq!(post(p, "127.0.0.2", &anon, &[], "flood", 20).await.0, 202);
+    assert_eq!(
+        post(p, "127.0.0.2", &anon, &[], "flood", 1).await,
+        (429, RATE_EXCEEDED.into())
+    );
+    // Another visitor with the same anon key is served, and its message arrives.
+    assert_eq!(
+        post(p, "127.0.0.3", &anon, &[], "flood-other", 1).await.0,
+        202
+    );
+    let m = watcher
+        .next_json(10)
+        .await
+        .expect("the other address's message");
+    assert_eq!(m["payload"]["payload"], json!({"i": 0}));
+}
+
+#[tokio::test]
+async fn forwarded_for_counts_only_behind_a_trusted_proxy() {
+    let sidecar = Sidecar::start(
+        "t_rest_forwarded",
+        &[
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("MAX_REST_EVENTS_PER_SECOND_PER_ADDRESS", "5"),
+        ],
+    )
+    .await;
+    let anon = anon_key();
+    let p = sidecar.port;
+    let via = |client: &'static str| [("X-Forwarded-For", client)];
+    // Behind the trusted proxy each forwarded client has its own budget.
+    let proxy = "127.0.0.1";
+    assert_eq!(
+        post(p, proxy, &anon, &via("203.0.113.1"), "t", 5).await.0,
+        202
+    );
+    assert_eq!(
+        post(p, proxy, &anon, &via("203.0.113.1"), "t", 1).await,
+        (429, RATE_EXCEEDED.into())
+    );
+    // The client's own claim left of the proxy's entry is not believed.
+    assert_eq!(
+        post(p, proxy, &anon, &via("203.0.113.2, 203.0.113.1"), "t", 1)
+            .await
+            .0,
+        429
+    );
+    assert_eq!(
+        post(p, proxy, &anon, &via("203.0.113.2"), "t", 5).await.0,
+        202
+    );
+    // From a peer that is no trusted proxy the header is ignored: a new "client" each time
+    // is still the one address.
+    assert_eq!(
+        post(p, "127.0.0.2", &anon, &via("203.0.113.8"), "t", 5)
+            .await
+            .0,
+        202
+    );
+    assert_eq!(
+        post(p, "127.0.0.2", &anon, &via("203.0.113.9"), "t", 1).await,
+        (429, RATE_EXCEEDED.into())
+    );
+}
+
+#[tokio::test]
+async fn a_user_is_one_budget_across_addresses_and_a_backend_is_not_bound_per_address() {
+    let sidecar = Sidecar::start(
+        "t_rest_users",
+        &[
+            ("MAX_REST_EVENTS_PER_SECOND_PER_USER", "3"),
+            ("MAX_REST_EVENTS_PER_SECOND_PER_ADDRESS", "4"),
+            ("MAX_REST_EVENTS_PER_SECOND", "100"),
+        ],
+    )
+    .await;
+    let p = sidecar.port;
+    let alice = user_token("a11ce000-0000-4000-8000-000000000001");
+    assert_eq!(post(p, "127.0.0.2", &alice, &[], "u", 3).await.0, 202);
+    assert_eq!(
+        post(p, "127.0.0.3", &alice, &[], "u", 1).await,
+        (429, RATE_EXCEEDED.into())
+    );
+    // A backend's service_role token from one address: past the per-address rate, served.
+    let service = token(json!({"role": "service_role", "exp": now() + 3600}));
+    for _ in 0..3 {
+        assert_eq!(post(p, "127.0.0.5", &service, &[], "u", 4).await.0, 202);
+    }
+    // ...and still counted in the total.
+    assert_eq!(
+        post(p, "127.0.0.5", &service, &[], "u", 100).await,
+        (429, BATCH_TOO_LARGE.into())
+    );
+}
+
+#[tokio::test]
+async fn one_address_cannot_take_every_connection() {
+    let sidecar = Sidecar::start(
+        "t_conn_per_address",
+        &[("MAX_CONNECTIONS_PER_ADDRESS", "3")],
+    )
+    .await;
+    let p = sidecar.port;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(Client::connect_from("127.0.0.2", p, "1.0.0").await.unwrap());
+    }
+    let Err((status, body)) = Client::connect_from("127.0.0.2", p, "1.0.0").await else {
+        panic!("a fourth connection from one address was accepted");
+    };
+    assert_eq!(status, 429);
+    assert!(
+        body.contains("ConnectionRateLimitReached: Too many connections from this address"),
+        "{body}"
+    );
+    // Another address connects and joins.
+    let mut other = Client::connect_from("127.0.0.3", p, "2.0.0").await.unwrap();
+    other.join_public("realtime:per-address").await;
+    // A closed connection gives its place back.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if Client::connect_from("127.0.0.2", p, "1.0.0").await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the freed place never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn rest_requests_in_flight_are_bounded_per_address() {
+    let sidecar = Sidecar::start(
+        "t_rest_in_flight",
+        &[("MAX_REST_REQUESTS_IN_FLIGHT_PER_ADDRESS", "2")],
+    )
+    .await;
+    let p = sidecar.port;
+    let anon = anon_key();
+    // Two requests whose bodies never finish arriving hold the address's two places.
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        let mut s = tcp_from("127.0.0.2", p).await.unwrap();
+        let head = format!(
+            "POST /api/broadcast HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {anon}\r\n\
+             Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"messages\""
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        slow.push(s);
+    }
+    // The third waits for nothing: refused at once (well before the body timeout).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        // The slow requests' places are taken when the server has read their headers.
+        let answer = post(p, "127.0.0.2", &anon, &[], "f", 1).await;
+        if answer.0 == 429 || Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(refused, (429, r#"{"message":"Too many requests"}"#.into()));
+    assert_eq!(post(p, "127.0.0.3", &anon, &[], "f", 1).await.0, 202);
+    // Their clients gone, the places are given back.
+    drop(slow);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while post(p, "127.0.0.2", &anon, &[], "f", 1).await.0 != 202 {
+        assert!(Instant::now() < deadline, "the places never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
