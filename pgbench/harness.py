@@ -117,6 +117,12 @@ def metric(port, name):
     return float(re.search(rf"^{name} (\S+)$", body, re.M).group(1))
 
 
+# The load generators are thousands of clients from one or a few loopback addresses: the
+# per-address connection limit, which stops one real address from taking a sidecar, would
+# refuse them.
+ONE_ADDRESS = {"MAX_CONNECTIONS_PER_ADDRESS": "10000000"}
+
+
 class Sidecar:
     """`with Sidecar(port, dsn, consumer, secret, **env) as s:` the release sidecar, healthy
     (bounded wait) on entry, SIGTERMed on exit."""
@@ -124,7 +130,7 @@ class Sidecar:
     def __init__(self, port, dsn, consumer, secret, **env):
         self.port = fixed_port(port)
         self.env = dict(os.environ, PORT=str(port), API_JWT_SECRET=secret, DATABASE_URL=dsn, CONSUMER_NAME=consumer,
-                        LOG_LEVEL="warn", **env)
+                        LOG_LEVEL="warn", **dict(ONE_ADDRESS, **env))
 
     def __enter__(self):
         # The sidecar logs to stdout; the runners' stdout is their table.
@@ -302,7 +308,7 @@ class Sidecars:
         self.n, self.port, self.routed = n, fixed_port(port), routed
         if routed:
             fixed_port(port + n - 1)
-        self.env = dict(os.environ, API_JWT_SECRET=secret, DATABASE_URL=dsn, LOG_LEVEL="warn", **env)
+        self.env = dict(os.environ, API_JWT_SECRET=secret, DATABASE_URL=dsn, LOG_LEVEL="warn", **dict(ONE_ADDRESS, **env))
         self.processes = []
 
     def port_of(self, i):
