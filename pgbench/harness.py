@@ -118,9 +118,8 @@ def metric(port, name):
 
 
 # The load generators are thousands of clients from one or a few loopback addresses: the
-# per-address connection limit, which stops one real address from taking a sidecar, would
-# refuse them.
-ONE_ADDRESS = {"MAX_CONNECTIONS_PER_ADDRESS": "10000000"}
+# per-address limits, which stop one real address from taking a sidecar, would refuse them.
+ONE_ADDRESS = {"MAX_CONNECTIONS_PER_ADDRESS": "10000000", "MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS": "10000000"}
 
 
 class Sidecar:

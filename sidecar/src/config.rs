@@ -162,10 +162,27 @@ pub struct Config {
         default_value_t = 30
     )]
     pub max_client_presence_events_per_second: u32,
-    /// Tracks this sidecar accepts per second across its clients; past it a tracking
-    /// channel is closed with "Too many presence messages per second".
+    /// Tracks this sidecar accepts per second across its clients; past it the tracks of the
+    /// addresses that spent more than their share are refused with "Too many presence
+    /// messages per second" (the channel stays; a bystander is still served).
     #[arg(long, env = "MAX_PRESENCE_EVENTS_PER_SECOND", default_value_t = 10_000)]
     pub max_presence_events_per_second: u32,
+    /// Tracks one connection may make per second over all its channels; past it a track is
+    /// refused with "Too many presence messages from this connection per second".
+    #[arg(
+        long,
+        env = "MAX_CONNECTION_PRESENCE_EVENTS_PER_SECOND",
+        default_value_t = 100
+    )]
+    pub max_connection_presence_events_per_second: u32,
+    /// Tracks one client address (an IPv6 /64) may make per second; past it a track is
+    /// refused with "Too many presence messages from this address per second".
+    #[arg(
+        long,
+        env = "MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS",
+        default_value_t = 1000
+    )]
+    pub max_presence_events_per_second_per_address: u32,
     /// Largest presence meta (a track's payload, as JSON); a larger track closes the
     /// channel with "Track message size exceeded". Every watcher of the topic gets it.
     #[arg(long, env = "MAX_PRESENCE_META_BYTES", default_value_t = 16_384)]

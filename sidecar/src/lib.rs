@@ -186,11 +186,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let (check_tx, check_rx) = tokio::sync::mpsc::channel(20_000);
     let (history_tx, history_rx) = tokio::sync::mpsc::channel(20_000);
     let changes = Arc::new(postgres_changes::subscribers::Subscribers::default());
-    let presence = Arc::new(presence::Presence::new(
-        metrics.clone(),
-        cfg.max_presence_meta_bytes,
-        cfg.max_presence_events_per_second,
-    ));
+    let presence = Arc::new(presence::Presence::new(metrics.clone(), &cfg));
     let instance = state::instance_id();
     let interest = interest::Interest::new(cfg.filter_topics);
     let shared = Arc::new(state::Shared {

@@ -95,6 +95,12 @@ pub enum Refusal {
     PresenceWriteDenied {
         topic: String,
     },
+    /// A track past MAX_CONNECTION_PRESENCE_EVENTS_PER_SECOND (`presence::budget`).
+    PresenceConnectionBudget,
+    /// A track past MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS.
+    PresenceAddressBudget,
+    /// A track of one of the heaviest addresses once MAX_PRESENCE_EVENTS_PER_SECOND is spent.
+    PresenceSidecarBudget,
     /// A `track` or `untrack` the database refused (its reason).
     UnableToTrackPresence(String),
     UnknownEvent(String),
@@ -147,6 +153,15 @@ impl Refusal {
                 "Unauthorized: You do not have permissions to track presence on this Channel topic: {topic}"
             ),
             Refusal::UnableToTrackPresence(why) => format!("UnableToTrackPresence: {why}"),
+            Refusal::PresenceConnectionBudget => {
+                "Too many presence messages from this connection per second".into()
+            }
+            Refusal::PresenceAddressBudget => {
+                "Too many presence messages from this address per second".into()
+            }
+            // Supabase's text (PresenceRateLimitReached); here the push is refused, and the
+            // channel kept, since a bystander may be the one who tracks when it is spent.
+            Refusal::PresenceSidecarBudget => "Too many presence messages per second".into(),
             Refusal::UnknownEvent(event) => {
                 format!("UnknownEvent: this server does not handle event \"{event}\"")
             }
@@ -191,8 +206,6 @@ pub enum ChannelClosed {
     TokenRefused(JwtError),
     /// The channel sent more presence pushes per second than MAX_CLIENT_PRESENCE_EVENTS_PER_SECOND.
     ClientPresenceRateLimit,
-    /// The sidecar took more tracks per second than MAX_PRESENCE_EVENTS_PER_SECOND.
-    TooManyPresenceMessages,
     /// A track's meta is over MAX_PRESENCE_META_BYTES.
     TrackTooLarge,
 }
@@ -210,11 +223,8 @@ impl ChannelClosed {
             }
             ChannelClosed::TokenRefused(e) => e.reason(),
             // Supabase's texts (their log names: ClientPresenceRateLimitReached,
-            // PresenceRateLimitReached, PayloadSizeExceeded).
+            // PayloadSizeExceeded).
             ChannelClosed::ClientPresenceRateLimit => "Client presence rate limit exceeded".into(),
-            ChannelClosed::TooManyPresenceMessages => {
-                "Too many presence messages per second".into()
-            }
             ChannelClosed::TrackTooLarge => "Track message size exceeded".into(),
         }
     }

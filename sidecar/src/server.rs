@@ -324,7 +324,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>, client: AddressKey) 
                     Some(ws_config),
                 )
                 .await;
-                socket::serve(ws, shared2, vsn, claims, headers).await;
+                socket::serve(ws, shared2, vsn, claims, headers, client).await;
             }
             Err(e) => {
                 shared2.metrics.connections.fetch_sub(1, Relaxed);

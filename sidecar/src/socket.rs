@@ -8,6 +8,7 @@
 //! rate limit, or server shutdown, each with a close reason (`reason::Disconnect`), and
 //! leaves every channel on the way out.
 
+use crate::address::AddressKey;
 use crate::channels::Channels;
 use crate::command::{self, Frame};
 use crate::frame::{self, Vsn};
@@ -35,11 +36,12 @@ pub async fn serve<S>(
     vsn: Vsn,
     socket_claims: Claims,
     headers: String,
+    address: AddressKey,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (tx, rx) = outbound::channel(shared.cfg.max_outbound_frames);
-    let mut conn = Channels::new(shared.clone(), vsn, socket_claims, headers, tx);
+    let mut conn = Channels::new(shared.clone(), vsn, socket_claims, headers, tx, address);
     let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
     let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);
     // `connections` was counted at upgrade (server.rs); it is given back when this ends.

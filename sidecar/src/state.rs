@@ -104,11 +104,7 @@ pub mod testing {
         let (relay, relay_rx) = mpsc::channel(64);
         let (check, check_rx) = mpsc::channel(64);
         let (history, history_rx) = mpsc::channel(64);
-        let presence = Arc::new(crate::presence::Presence::new(
-            metrics.clone(),
-            cfg.max_presence_meta_bytes,
-            cfg.max_presence_events_per_second,
-        ));
+        let presence = Arc::new(crate::presence::Presence::new(metrics.clone(), &cfg));
         let shared = Shared {
             check,
             history,

@@ -276,3 +276,82 @@ async fn live_ref(db: &tokio_postgres::Client, topic: &str) -> String {
     assert_eq!(rows.len(), 1, "live members of {topic}");
     rows[0].get(0)
 }
+
+/// One address tracking as fast as it can spent the sidecar's presence budget; its tracks
+/// were refused with the reason while a bystander's track on another address is served,
+/// and nobody's channel is closed (the sidecar's limit once closed whoever tracked next).
+#[tokio::test]
+async fn a_presence_flood_from_one_address_is_refused_and_a_bystander_still_tracks() {
+    let sidecar = Sidecar::start(
+        "t_presence_budget",
+        &[
+            ("MAX_PRESENCE_EVENTS_PER_SECOND", "20"),
+            ("MAX_CLIENT_PRESENCE_EVENTS_PER_SECOND", "1000"),
+        ],
+    )
+    .await;
+    let config = json!({"presence": {"key": "", "enabled": true}});
+    let mut flood = Client::connect_from("127.0.0.2", sidecar.port, "1.0.0")
+        .await
+        .unwrap();
+    let mut bystander = Client::connect_from("127.0.0.3", sidecar.port, "1.0.0")
+        .await
+        .unwrap();
+    assert_eq!(
+        flood.join("realtime:flood", config.clone()).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        bystander.join("realtime:calm", config).await["status"],
+        "ok"
+    );
+    let mut refs = Vec::new();
+    for i in 0..40 {
+        refs.push(
+            flood
+                .push(
+                    Some("1"),
+                    "realtime:flood",
+                    "presence",
+                    track(json!({"i": i})),
+                )
+                .await,
+        );
+    }
+    // Every flood track is answered: the first ones ok, the rest refused with the reason.
+    let mut answers = std::collections::HashMap::new();
+    while answers.len() < refs.len() {
+        let m = flood.next_json(10).await.expect("every track answered");
+        assert_ne!(
+            m["event"], "phx_close",
+            "the flooder's channel is not closed"
+        );
+        if m["event"] == "phx_reply" && refs.contains(&m["ref"].as_str().unwrap().to_owned()) {
+            answers.insert(m["ref"].as_str().unwrap().to_owned(), m["payload"].clone());
+        }
+    }
+    let refused: Vec<_> = answers
+        .values()
+        .filter(|p| p["status"] == "error")
+        .collect();
+    assert!(!refused.is_empty(), "the flood spent the budget");
+    for p in &refused {
+        assert_eq!(
+            p["response"]["reason"],
+            "Too many presence messages per second"
+        );
+    }
+    // The bystander, on its own address, tracks while the flooder is refused.
+    let r = bystander
+        .push(
+            Some("1"),
+            "realtime:calm",
+            "presence",
+            track(json!({"calm": true})),
+        )
+        .await;
+    let frames = until(&mut bystander, "phx_reply").await;
+    let reply = frames.iter().find(|f| f["ref"] == json!(r)).unwrap();
+    assert_eq!(reply["payload"]["status"], "ok", "{reply}");
+    assert!(frames.iter().all(|f| f["event"] != "phx_close"));
+}

@@ -20,6 +20,7 @@ mod pushes;
 #[cfg(test)]
 mod tests;
 
+use crate::address::AddressKey;
 pub use channel::Channel;
 use join::PendingJoin;
 
@@ -102,6 +103,8 @@ pub struct Channels {
     pending_joins: HashMap<String, PendingJoin>,
     /// Source of check generations, unique within the connection.
     next_generation: u64,
+    /// This connection to presence's budgets: its address and its tracks this second.
+    presence_source: crate::presence::budget::Source,
 }
 
 impl Channels {
@@ -112,6 +115,7 @@ impl Channels {
         socket_claims: Claims,
         headers: String,
         tx: outbound::Sender,
+        address: AddressKey,
     ) -> Self {
         let id = NEXT_ID.fetch_add(1, Relaxed);
         let link = Link::new(id, vsn, shared.origin(id), tx);
@@ -127,6 +131,7 @@ impl Channels {
             waits: Waits::default(),
             pending_joins: HashMap::new(),
             next_generation: 1,
+            presence_source: crate::presence::budget::Source::new(address),
         }
     }
 

@@ -104,7 +104,8 @@ impl Channels {
             return;
         };
         let p = &self.shared.presence;
-        let outcome = ch.presence.push(p, &ch.reach, &ch.key, &m, push);
+        let source = &mut self.presence_source;
+        let outcome = ch.presence.push(p, &ch.reach, &ch.key, &m, push, source);
         match outcome {
             Outcome::Handed => {}
             Outcome::Refused(why) => self.refuse(&m, why),

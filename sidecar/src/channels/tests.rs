@@ -20,6 +20,10 @@ struct Conn {
     be: Backends,
 }
 
+fn local() -> crate::address::AddressKey {
+    crate::address::AddressKey::of(std::net::Ipv4Addr::LOCALHOST.into())
+}
+
 fn claims(sub: &str) -> Claims {
     let all = json!({"role": "authenticated", "sub": sub, "exp": jwt::now() + 3600});
     Claims {
@@ -38,7 +42,7 @@ fn conn() -> Conn {
 fn conn_with(flags: &[&str]) -> Conn {
     let (shared, be) = testing::shared(flags);
     let (tx, hub_rx) = crate::outbound::channel(16);
-    let c = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
+    let c = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx, local());
     Conn {
         c,
         ready: Default::default(),
@@ -633,7 +637,8 @@ async fn bad_presence_pushes_get_error_replies_and_the_rate_limit_closes_the_cha
 }
 
 #[tokio::test]
-async fn a_revoked_presence_read_stops_presence_and_the_sidecar_limit_closes_a_tracking_channel() {
+async fn a_revoked_presence_read_stops_presence_and_the_sidecar_limit_refuses_the_heaviest_tracks()
+{
     let mut t = conn_with(&["--max-presence-events-per-second", "2"]);
     t.send(presence_join("realtime:room", true, true)).unwrap();
     t.authorize(2, reader(true)).await;
@@ -652,7 +657,8 @@ async fn a_revoked_presence_read_stops_presence_and_the_sidecar_limit_closes_a_t
     .await;
     assert!(t.c.get("realtime:room").is_some());
     assert!(p.views.members(&key).is_none());
-    // The sidecar takes 2 tracks a second: the third closes its channel.
+    // The sidecar takes 2 tracks a second, both from this (the only) address: the third is
+    // refused with Supabase's text, and no channel is closed for it.
     t.send(presence_join("realtime:a", false, false)).unwrap();
     t.send(presence_join("realtime:b", false, false)).unwrap();
     t.written();
@@ -660,16 +666,26 @@ async fn a_revoked_presence_read_stops_presence_and_the_sidecar_limit_closes_a_t
     t.send(track("realtime:b", "6", json!({}))).unwrap();
     t.send(track("realtime:a", "7", json!({"n": 2}))).unwrap();
     let w = t.written();
-    assert_eq!(w[0].2["message"], "Too many presence messages per second");
-    assert_eq!(w[1].1, "phx_close");
-    assert!(t.c.get("realtime:a").is_none() && t.c.get("realtime:b").is_some());
+    // (Accepted tracks are answered once the presence worker wrote them: none runs here.)
+    let refusal = w
+        .iter()
+        .find(|f| f.1 == "phx_reply")
+        .expect("the third track is answered");
+    assert_eq!(refusal.0, "realtime:a");
+    assert_eq!(refusal.2["status"], "error");
+    assert_eq!(
+        refusal.2["response"]["reason"],
+        "Too many presence messages per second"
+    );
+    assert!(w.iter().all(|f| f.1 != "phx_close"));
+    assert!(t.c.get("realtime:a").is_some() && t.c.get("realtime:b").is_some());
 }
 
 #[tokio::test]
 async fn too_many_joins_a_second_close_the_socket() {
     let (shared, _be) = testing::shared(&["--max-joins-per-second", "2"]);
     let (tx, _hub_rx) = crate::outbound::channel(16);
-    let mut c = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx);
+    let mut c = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx, local());
     let mut send = |topic: &str| {
         let f = command::from_text(Vsn::V2, &join(topic, false).to_string()).unwrap();
         c.handle(f)

@@ -5,6 +5,7 @@
 //! client's `track` and `untrack` pushes with their limits, and what leaving does (the
 //! member leaves).
 
+use super::budget::Source;
 use super::members::{Desired, MemberId};
 use super::Presence;
 use crate::frame::Inbound;
@@ -172,6 +173,7 @@ impl ChannelPresence {
         key: &TopicKey,
         m: &Inbound,
         push: PresencePush,
+        source: &mut Source,
     ) -> Outcome {
         let id = MemberId {
             conn: reach.conn,
@@ -206,8 +208,8 @@ impl ChannelPresence {
                 if meta.len() > p.max_meta_bytes {
                     return Outcome::Close(ChannelClosed::TrackTooLarge);
                 }
-                if !p.allow_event() {
-                    return Outcome::Close(ChannelClosed::TooManyPresenceMessages);
+                if let Err(why) = p.budgets.admit(source) {
+                    return Outcome::Refused(why);
                 }
                 // A track enables presence on the channel (Supabase then syncs the state).
                 self.enabled = true;

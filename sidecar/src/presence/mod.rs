@@ -38,7 +38,9 @@
 //! - MAX_CLIENT_PRESENCE_EVENTS_PER_SECOND per channel: "Client presence rate limit
 //!   exceeded" (`ClientPresenceRateLimitReached`). Default 30, so cursors and typing
 //!   indicators work; Supabase's 5 per 30 seconds does not let them.
-//! - MAX_PRESENCE_EVENTS_PER_SECOND per sidecar: "Too many presence messages per second".
+//! - MAX_CONNECTION_PRESENCE_EVENTS_PER_SECOND, MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS
+//!   and MAX_PRESENCE_EVENTS_PER_SECOND (the sidecar's): budgets that refuse the heaviest
+//!   sources' tracks with a reason and close nobody's channel (`budget`).
 //! - MAX_PRESENCE_META_BYTES per meta: "Track message size exceeded".
 //!
 //! # Files
@@ -48,6 +50,7 @@
 //! lease · `view` each sidecar's rebuildable view of the watched topics and the diffs sent
 //! from it.
 
+pub mod budget;
 pub mod channel;
 pub mod lease;
 pub mod members;
@@ -55,7 +58,7 @@ pub mod view;
 pub mod worker;
 
 use crate::metrics::Metrics;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Presence's shared state in one sidecar.
 pub struct Presence {
@@ -63,25 +66,22 @@ pub struct Presence {
     pub members: Arc<members::Members>,
     pub metrics: Arc<Metrics>,
     pub max_meta_bytes: usize,
-    max_events_per_second: u32,
-    /// Tracks accepted this second, across the sidecar.
-    rate: Mutex<crate::rate::Rate>,
+    /// Tracks per second per connection, per address and in total.
+    pub budgets: budget::Budgets,
 }
 
 impl Presence {
-    pub fn new(metrics: Arc<Metrics>, max_meta_bytes: usize, max_events_per_second: u32) -> Self {
+    pub fn new(metrics: Arc<Metrics>, cfg: &crate::config::Config) -> Self {
         Presence {
             views: Arc::new(view::Views::new(metrics.clone())),
             members: Arc::default(),
             metrics,
-            max_meta_bytes,
-            max_events_per_second,
-            rate: Mutex::default(),
+            max_meta_bytes: cfg.max_presence_meta_bytes,
+            budgets: budget::Budgets::new(
+                cfg.max_connection_presence_events_per_second,
+                cfg.max_presence_events_per_second_per_address,
+                cfg.max_presence_events_per_second,
+            ),
         }
-    }
-
-    /// Counts a track against the sidecar's presence limit.
-    pub fn allow_event(&self) -> bool {
-        self.rate.lock().unwrap().allow(self.max_events_per_second)
     }
 }
