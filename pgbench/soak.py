@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The soak: a thousand ordinary subscribers beside twenty attackers, against the same run
+without the attackers, on one throwaway cluster and one sidecar with its default limits.
+
+Ordinary (each group from its own loopback address, so none is near a per-address limit):
+  broadcast   600 clients on 20 topics, the database sending 200 msg/s (realtime.send)
+  changes     300 clients on 30 rooms of an RLS table, 30 inserts/s, Postgres Changes with
+              a filter, as role authenticated
+  presence    100 members of one room (10 observing) filling, then 20 churners toggling
+Attackers (pgbench/loadgen/src/bin/attackers.rs; each from its own address, at fixed
+rates, anonymous except the bulk writer and the persisting user): NUL in a binding's table
+and schema, never-matching bindings by the thousand, a join naming 17,000 tables, a 200 KB
+presence key, a presence flood, NUL events over WebSocket and REST, invalid JSON in 2.0.0
+binary pushes, REST floods of 18,000 messages a request (a full 1 MB body), resumes from seq 0 of a 20 MB
+history never read, a slow reader on the busiest topic, 100 KB join_refs, a connection hog,
+a 10,000-row insert under a 2 ms-a-row policy every 15 s, a user persisting 200 1 KB
+messages a second, a connection rejoining 150 channels a second.
+
+Measured per run: each ordinary group's commit-to-receive p50/p99 and what it lost (for
+presence: push-to-diff at the observers and what they never saw), the sidecar's peak RSS
+and CPU, Postgres's CPU, and the load generators' CPU (ordinary and attackers apart).
+Prints markdown (the JSON lines on stderr). Run as root after scripts/install-extension.sh;
+builds the sidecar and the load generators (release)."""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import harness
+from harness import HERE
+
+SECRET = "soak-benchmark-secret-with-enough-length-for-hs256"
+ATTACKERS = f"{harness.ROOT}/target/release/attackers"
+PRESENCE_LOAD = f"{harness.ROOT}/target/release/presence-load"
+
+
+def run_all(commands, timeout):
+    """Runs the commands at once; returns (last stdout line parsed, CPU seconds) of each."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in commands]
+    results = [None] * len(procs)
+
+    def collect(i, p):
+        out = p.stdout.read()
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        results[i] = (out, usage.ru_utime + usage.ru_stime)
+
+    threads = [threading.Thread(target=collect, args=(i, p)) for i, p in enumerate(procs)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + timeout
+    for t in threads:
+        t.join(max(1, deadline - time.time()))
+    for p in procs:
+        if p.returncode is None:
+            p.kill()
+    out = []
+    for (text, cpu), p, c in zip(results, procs, commands):
+        if p.returncode != 0:
+            raise RuntimeError(f"{c[0]} failed ({p.returncode})")
+        out.append((json.loads(text.strip().splitlines()[-1]), cpu))
+    return out
+
+
+def one_run(a, pg, epoch, attackers):
+    label = "with 20 attackers" if attackers else "without attackers"
+    url = f"ws://127.0.0.1:{a.http_port}"
+    # The defaults, stated: the ordinary groups each come from one address.
+    env = {"MAX_CONNECTIONS_PER_ADDRESS": "1000", "MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS": "1000"}
+    with harness.Sidecar(a.http_port, pg.dsn, f"soak_{int(attackers)}", SECRET, **env) as sidecar:
+        pid = sidecar.process.pid
+        commands = [
+            harness.loadgen_cmd(url, pg.dsn, SECRET, "--clients", 600, "--topics", 20, "--topic-prefix", "bench-",
+                                "--publisher", "send", "--rate", 200, "--seconds", a.seconds, "--vsn", "2.0.0",
+                                "--source-ip", "127.0.0.50", "--label", "broadcast"),
+            harness.loadgen_cmd(url, pg.dsn, SECRET, "--clients", 300, "--topics", 30, "--publisher", "changes",
+                                "--postgres-changes", "--rate", 30, "--seconds", a.seconds, "--vsn", "2.0.0",
+                                "--source-ip", "127.0.0.51", "--label", "changes"),
+            [PRESENCE_LOAD, "--urls", url, "--jwt-secret", SECRET, "--topic", f"soak-room-{int(attackers)}",
+             "--members", "100", "--observers", "10", "--fill-seconds", "2", "--churners", "20",
+             "--churn-rate", "20", "--churn-seconds", str(max(a.seconds - 5, 1)), "--pids", str(pid),
+             "--source-ips", "127.0.0.52"],
+        ]
+        if attackers:
+            commands.append([ATTACKERS, "--port", str(a.http_port), "--jwt-secret", SECRET, "--dsn", pg.dsn,
+                             "--seconds", str(a.seconds), "--epoch", str(epoch), "--busy-topic", "bench-0"])
+        with harness.Usage([pid], f"{pg.dir}/pg/data") as u:
+            results = run_all(commands, timeout=a.seconds + 300)
+    r = {"label": label, **u.result}
+    (b, b_cpu), (c, c_cpu), (p, p_cpu) = results[:3]
+    r.update(broadcast=b, changes=c, presence=p, ordinary_loadgen_cpu_s=b_cpu + c_cpu + p_cpu)
+    if attackers:
+        r["attackers"], r["attackers_cpu_s"] = results[3][0]["attackers"], results[3][1]
+    print(json.dumps(r), file=sys.stderr)
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--pg-port", type=int, default=24396)
+    ap.add_argument("--http-port", type=int, default=24397)
+    a = ap.parse_args()
+
+    harness.build()
+    with harness.Cluster(a.pg_port, "max_connections = 100", "realtime.queue_size = 128MB",
+                         "realtime.max_consumers = 8") as pg:
+        pg.psql("-v", "users=300", "-v", "rooms=30", "-f", f"{HERE}/changes_setup.sql")
+        pg.psql("-f", f"{HERE}/soak_setup.sql")
+        epoch = int(pg.psql("-c", "SELECT (extract(epoch FROM epoch) * 1000000)::int8 FROM realtime.stats()").strip())
+        runs = [one_run(a, pg, epoch, attackers) for attackers in (False, True)]
+
+    print(f"Machine: {harness.machine()}; {datetime.date.today()}; {a.seconds} s a run, one after the other on one "
+          f"cluster; one sidecar with its default limits; sidecar, Postgres and every load generator on the same 2 "
+          f"cores.\n")
+    print("| run | broadcast p50 / p99 ms | lost | changes p50 / p99 ms | lost | presence p50 / p99 ms | unseen | "
+          "sidecar peak RSS | sidecar CPU | Postgres CPU | ordinary load gen. CPU | attackers' CPU |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in runs:
+        b, c, churn = r["broadcast"], r["changes"], r["presence"].get("churn") or {}
+        each = churn.get("each_observer", {})
+        print(f"| {r['label']} | {b['p50_ms']:.1f} / {b['p99_ms']:.1f} | {b['lost']:,} | "
+              f"{c['p50_ms']:.1f} / {c['p99_ms']:.1f} | {c['lost']:,} | "
+              f"{each.get('p50_ms', float('nan')):.1f} / {each.get('p99_ms', float('nan')):.1f} | "
+              f"{churn.get('unseen', 'n/a')} | {r['server_peak_rss_mb']:.0f} MB | {r['server_cpu_pct']:.0f}% | "
+              f"{r['pg_cpu_pct']:.0f}% | {r['ordinary_loadgen_cpu_s']:.1f} s | "
+              f"{r.get('attackers_cpu_s', 0):.1f} s |")
+    base, hit = runs
+    ratio = lambda k: hit[k]["p99_ms"] / max(base[k]["p99_ms"], 1e-9)
+    print(f"\np99 with attackers against without: broadcast {ratio('broadcast'):.2f}x, "
+          f"Postgres Changes {ratio('changes'):.2f}x.\n")
+    print("| attacker | address | sent | accepted | refused (reason: count) | connect failures |")
+    print("|---|---|---:|---:|---|---:|")
+    for t in hit["attackers"]:
+        refused = "; ".join(f"{k}: {v:,}" for k, v in sorted(t["refused"].items(), key=lambda kv: -kv[1])[:4])
+        print(f"| {t['attacker']} | {t['address']} | {t['sent']:,} | {t['accepted']:,} | {refused or '-'} | "
+              f"{t['connect_failures']:,} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+-- The soak (soak.py): what the attackers of pgbench/loadgen/src/bin/attackers.rs aim at,
+-- beside changes_setup.sql's table of the ordinary Postgres Changes subscribers.
+-- The bulk writer's table: published, with a SELECT policy that costs about 2 ms a row.
+CREATE FUNCTION soak_slow_visible() RETURNS boolean LANGUAGE sql VOLATILE AS
+    $$ SELECT pg_sleep(0.002) IS NOT NULL $$;
+CREATE TABLE soak_costly (id bigserial PRIMARY KEY, n int NOT NULL);
+ALTER TABLE soak_costly ENABLE ROW LEVEL SECURITY;
+GRANT SELECT ON soak_costly TO authenticated;
+CREATE POLICY slow_read ON soak_costly FOR SELECT TO authenticated USING (soak_slow_visible());
+ALTER PUBLICATION supabase_realtime ADD TABLE soak_costly;
+-- The persisting user may read and write its private topic.
+CREATE POLICY soak_persist_read ON realtime.messages FOR SELECT TO authenticated
+    USING ((SELECT realtime.topic()) = 'soak-persist');
+CREATE POLICY soak_persist_write ON realtime.messages FOR INSERT TO authenticated
+    WITH CHECK ((SELECT realtime.topic()) = 'soak-persist');
+-- A long retained history for the resumes from seq 0: 20,000 messages of about 1 KB.
+SELECT realtime.send(jsonb_build_object('i', g, 'pad', repeat('h', 1000)), 'h', 'soak-history', false)
+FROM generate_series(1, 20000) g;
