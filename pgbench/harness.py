@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,8 @@ class Cluster:
 
     def __exit__(self, *exc):
         subprocess.run([f"{ROOT}/scripts/cluster.sh", "stop", f"{self.dir}/pg"])
+        # Each cluster is about 100 MB: 122 of them once filled /tmp with 7 GB.
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def psql(self, *args):
         return as_pg(["psql", *self.conn, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", *args])
