@@ -78,6 +78,7 @@ python3 pgbench/scenarios.py --scale smoke --seconds 2 > "$log/scenarios.md"
 python3 pgbench/routed.py --seconds 2 --topics 100 --clients 200 --processes 1,2 --goal-clients 0 > "$log/routed.md"
 python3 pgbench/peers.py --seconds 2 --subscribers 20 --rates 100 --k6-vus 5 --k6-rate 20 > "$log/peers.md"
 python3 pgbench/connections.py --clients 300 --centrifugo-clients 100 --seconds 3 > "$log/connections.md"
+python3 pgbench/soak.py --seconds 3 > "$log/soak.md"
 python3 pgbench/profile.py trigger --seconds 1 --clients 2 --drainer sidecar --callgraph --callers LWLockRelease > "$log/profile.md"
 python3 pgbench/profile.py fanout --seconds 1 --subscribers 20 --rate 100 >> "$log/profile.md"
 python3 pgbench/profile.py kafkorama --seconds 1 --subscribers 20 --topics 10 >> "$log/profile.md"
@@ -85,7 +86,7 @@ python3 pgbench/profile.py joins --seconds 1 --clients 50 >> "$log/profile.md"
 python3 pgbench/profile.py authorize --seconds 1 --batch 100 >> "$log/profile.md"
 python3 pgbench/profile.py drain --messages 20000 >> "$log/profile.md"
 python3 pgbench/profile.py consumers --seconds 1 --clients 2 --lingers 0,2 >> "$log/profile.md"
-cat "$log"/{trigger_cost,capture_cost,fanout,authorize,visible,changes,joins,resume,presence,scenarios,routed,peers,connections,profile}.md
+cat "$log"/{trigger_cost,capture_cost,fanout,authorize,visible,changes,joins,resume,presence,scenarios,routed,peers,connections,soak,profile}.md
 
 echo "== expected outputs hold no wall-clock text (the suite once passed only on Saturdays)"
 if grep -n -E '\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\b' regress/expected/*.out; then
