@@ -10,12 +10,12 @@
 //!    through (`asked`), by primary key. Supabase asks one query per subscriber per change.
 //!    DELETEs are not checked, as in Supabase, and with RLS their old_record keeps only the
 //!    primary key.
-//! 3. Before that, when some binding filters with `like`, `ilike`, `match` or `imatch`, one
+//! 3. Before 2, when some binding filters with `like`, `ilike`, `match` or `imatch`, one
 //!    `realtime.match_patterns` call for the table: Postgres's own `LIKE`, `ILIKE`, `~` and
 //!    `~*` judge each distinct pattern against the values it is asked about, each pattern
-//!    under a time budget of its own (`FILTER_PATTERN_TIMEOUT_MS`). A pattern that fails (over its budget)
-//!    withholds the change from the channels whose binding holds it, and tells them; the
-//!    other channels and the rest of the batch go on.
+//!    under a time budget of its own (`FILTER_PATTERN_TIMEOUT_MS`). A pattern that fails
+//!    (over its budget) withholds the change from the channels whose binding holds it, and
+//!    tells them; the other channels and the rest of the batch go on.
 //! 4. Each channel gets the change with the columns its role may read (and its `select`),
 //!    once, with the ids of all its bindings that matched. A record over
 //!    MAX_RECORD_BYTES keeps only its small values and carries Supabase's 413.
@@ -444,7 +444,7 @@ async fn match_patterns(
         if let Some(why) = failure {
             metrics.change_check_failures_total.increment(1);
             if told.insert((sub.reach.conn, sub.reach.topic.clone())) {
-                tracing::warn!(schema, table, error = %why, "a match filter could not be evaluated; withheld");
+                tracing::warn!(schema, table, error = %why, "a pattern filter could not be evaluated; withheld");
                 let notice = Notice::FilterFailed {
                     schema: schema.into(),
                     table: table.into(),
