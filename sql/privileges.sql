@@ -29,3 +29,4 @@ REVOKE EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, byt
 REVOKE EXECUTE ON FUNCTION realtime.authorize(text[], text[], text[], text[], text[], text[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.visible(regclass, text[], text[], text[], integer[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.selectable(regclass, text[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.match_patterns(text[], text[], text[], integer[], integer) FROM PUBLIC;

@@ -7,8 +7,8 @@
 -- (filters: the binding's conditions, all of which must hold; table absent: a binding on a
 -- whole schema, checked change by change at delivery instead), and receives, for each
 -- binding (1-based `item`), its error or, per condition, its values as the column's type
--- renders them in JSON (null for like, ilike and is, whose value is no value of the
--- column): the sidecar compares changed records with those, so `eq.2026-01-01` matches the
+-- renders them in JSON (null for like, ilike, match, imatch and is, whose value is no value
+-- of the column): the sidecar compares changed records with those, so `eq.2026-01-01` matches the
 -- record's "2026-01-01T00:00:00+00:00".
 --
 -- A filter or a select on a column the role may not SELECT is refused: a filter evaluated
@@ -90,10 +90,21 @@ BEGIN
                 END LOOP;
                 SELECT t.typcategory INTO category FROM pg_type t WHERE t.oid = typ;
                 one := NULL;
-                IF f ->> 'op' IN ('like', 'ilike') THEN
+                IF f ->> 'op' IN ('like', 'ilike', 'match', 'imatch') THEN
                     IF category <> 'S' THEN
                         error := format('%s applies to text; column %I of %s is of type %s', f ->> 'op',
                                         f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
+                    ELSIF f ->> 'op' IN ('match', 'imatch') THEN
+                        -- The pattern is compiled here, by the regex engine that evaluates it
+                        -- at delivery, so an invalid one refuses the join instead of failing
+                        -- every change (Supabase's check and text). Its length is capped by
+                        -- the sidecar before it gets here; compiling a capped pattern is
+                        -- bounded by the caller's statement_timeout.
+                        BEGIN
+                            PERFORM '' ~ (f -> 'values' ->> 0);
+                        EXCEPTION WHEN invalid_regular_expression OR program_limit_exceeded THEN
+                            error := format('invalid regular expression for %s filter: %s', f ->> 'op', SQLERRM);
+                        END;
                     END IF;
                 ELSIF f ->> 'op' = 'is' THEN
                     IF f -> 'values' ->> 0 <> 'null' AND category <> 'B' THEN
@@ -108,13 +119,11 @@ BEGIN
                     one := '[]';
                     FOR v IN SELECT jsonb_array_elements_text(f -> 'values') LOOP
                         BEGIN
-                            -- isdistinct.null compares with NULL itself.
-                            IF f ->> 'op' = 'isdistinct' AND lower(v) = 'null' THEN
-                                rendered := 'null';
-                            ELSE
-                                EXECUTE format('SELECT to_jsonb(%L::%s)', v, format_type(typ, col.atttypmod))
-                                    INTO rendered;
-                            END IF;
+                            -- isdistinct.null is the value 'null' of the column's type, as in
+                            -- Supabase's check_equality_op (the text "null"; refused for an
+                            -- integer): use is.null for NULL.
+                            EXECUTE format('SELECT to_jsonb(%L::%s)', v, format_type(typ, col.atttypmod))
+                                INTO rendered;
                         EXCEPTION WHEN data_exception THEN
                             error := format('filter value %L is not a valid %s: %s', v,
                                             format_type(col.atttypid, col.atttypmod), SQLERRM);

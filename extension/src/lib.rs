@@ -14,6 +14,7 @@ mod history;
 mod identity;
 mod interest;
 mod message;
+mod pattern;
 mod payload;
 mod presence;
 mod queue;

@@ -52,17 +52,32 @@ SELECT * FROM realtime.subscribable($$[
 ]$$);
 
 -- Several conditions (all must hold) and the 2026 operators: like and ilike on text, is on
--- booleans (is.null on any column), isdistinct (null compares as NULL itself), each of
--- which may be negated by the sidecar; refused where they do not apply.
+-- booleans (is.null on any column), isdistinct (its value one of the column's type: null is
+-- the text "null", and no integer, as in Supabase's check_equality_op), each of which may be
+-- negated by the sidecar; refused where they do not apply.
 SELECT * FROM realtime.subscribable($$[
   {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [
      {"column": "title", "op": "like", "values": ["%a%"]}, {"column": "done", "op": "is", "values": ["true"]},
-     {"column": "id", "op": "isdistinct", "values": ["null"]}, {"column": "score", "op": "in", "values": ["1", "2.5"]},
+     {"column": "id", "op": "isdistinct", "values": ["3"]}, {"column": "title", "op": "isdistinct", "values": ["null"]},
+     {"column": "score", "op": "in", "values": ["1", "2.5"]},
      {"column": "owner", "op": "is", "values": ["null"]}]},
   {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "id", "op": "ilike", "values": ["1%"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "id", "op": "isdistinct", "values": ["null"]}]},
   {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "title", "op": "is", "values": ["true"]}]},
   {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [
      {"column": "id", "op": "eq", "values": ["1"]}, {"column": "secret", "op": "eq", "values": ["x"]}]}
+]$$);
+
+-- match and imatch: Postgres's regular expressions (~ and ~*) on text, compiled here by the
+-- engine that evaluates them at delivery, so an invalid one refuses the join with
+-- Supabase's text instead of failing every change; refused on a non-text column as like is.
+SELECT * FROM realtime.subscribable($$[
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "title", "op": "match", "values": ["^post-(\\d+)$"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "title", "op": "imatch", "values": ["^(ab)\\1$"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "title", "op": "match", "values": ["(unclosed"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "title", "op": "imatch", "values": ["a{2,1}"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "id", "op": "match", "values": ["1"]}]},
+  {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "secret", "op": "match", "values": ["."]}]}
 ]$$);
 
 -- Regression guard: a domain's CHECK is not run when a filter value is read (this function

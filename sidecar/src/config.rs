@@ -146,6 +146,15 @@ pub struct Config {
     /// whose headers are larger is refused at upgrade (they are copied into every request).
     #[arg(long, env = "MAX_POLICY_HEADER_BYTES", default_value_t = 8192)]
     pub max_policy_header_bytes: usize,
+    /// Longest `match` / `imatch` filter pattern, in characters: a client's regular
+    /// expression is evaluated for every change of its table. A longer one refuses the join.
+    #[arg(long, env = "MAX_FILTER_PATTERN_LENGTH", default_value_t = 256)]
+    pub max_filter_pattern_length: usize,
+    /// Time one `match` / `imatch` pattern may take over a drained batch's values of its
+    /// table; past it the changes it would let through are withheld from its channels (told
+    /// by a `system` message) and everyone else's are delivered.
+    #[arg(long, env = "FILTER_PATTERN_TIMEOUT_MS", default_value_t = 100)]
+    pub filter_pattern_timeout_ms: u64,
     /// statement_timeout of the authorization and relay calls, in milliseconds.
     #[arg(long, env = "DB_STATEMENT_TIMEOUT_MS", default_value_t = 5000)]
     pub db_statement_timeout_ms: u64,
@@ -226,7 +235,8 @@ impl Config {
                 self.jwt_secret.len()
             )));
         }
-        let ranges: [(&str, u64, u64, u64); 21] = [
+        // A slice, not an array of a fixed length: every new setting changed that length.
+        let ranges: &[(&str, u64, u64, u64)] = &[
             (
                 "MAX_CONNECTIONS_PER_ADDRESS",
                 self.max_connections_per_address as u64,
@@ -328,13 +338,25 @@ impl Config {
                 3_600_000,
             ),
             (
+                "FILTER_PATTERN_TIMEOUT_MS",
+                self.filter_pattern_timeout_ms,
+                1,
+                60_000,
+            ),
+            (
+                "MAX_FILTER_PATTERN_LENGTH",
+                self.max_filter_pattern_length as u64,
+                1,
+                65_536,
+            ),
+            (
                 "DB_CONNECT_TIMEOUT_SECS",
                 self.db_connect_timeout_secs,
                 1,
                 3_600,
             ),
         ];
-        for (name, value, low, high) in ranges {
+        for &(name, value, low, high) in ranges {
             if !(low..=high).contains(&value) {
                 return Err(InvalidConfig(format!(
                     "{name} must be between {low} and {high} (it is {value})"

@@ -226,6 +226,7 @@ async fn session(
     let lookups = deliver::Db {
         client: &client,
         deadline: cfg.db_call_deadline(),
+        pattern_budget_ms: cfg.filter_pattern_timeout_ms as i32,
         statements: &statements,
     };
     let batch = cfg.drain_batch as i32;

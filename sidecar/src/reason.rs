@@ -257,6 +257,13 @@ pub enum Notice {
     },
     /// A change could not be decoded (its table dropped or altered before it was drained).
     ChangeLost { table: String, why: String },
+    /// A channel's `match` or `imatch` filter could not be evaluated (over its time budget):
+    /// the changes it would have let through were withheld from that channel.
+    FilterFailed {
+        schema: String,
+        table: String,
+        why: String,
+    },
 }
 
 impl Notice {
@@ -285,6 +292,9 @@ impl Notice {
                 "Changes to {schema}.{table} could not be authorized and were not delivered: {why}"
             ),
             Notice::ChangeLost { table, why } => format!("A change to table {table} was lost: {why}"),
+            Notice::FilterFailed { schema, table, why } => format!(
+                "Changes to {schema}.{table} were not delivered to this channel: its filter could not be evaluated: {why}"
+            ),
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::hub::TopicKey;
 use crate::interest::{self, Held};
 use crate::join_config::{self, JoinConfig};
 use crate::jwt::{self, Claims, JwtError};
+use crate::postgres_changes::binding::pattern_over;
 use crate::postgres_changes::check::{self, Checked};
 use crate::postgres_changes::{self, subscribers, Binding};
 use crate::presence::channel::{self as presence_channel, ChannelPresence};
@@ -70,6 +71,11 @@ impl Channels {
             return Ok(());
         }
         if let Some(why) = config.postgres_changes_error.clone() {
+            self.join_error(&m, Refusal::PostgresChanges(why));
+            return Ok(());
+        }
+        let pattern_limit = self.shared.cfg.max_filter_pattern_length;
+        if let Some(why) = pattern_over(&config.postgres_changes, pattern_limit) {
             self.join_error(&m, Refusal::PostgresChanges(why));
             return Ok(());
         }

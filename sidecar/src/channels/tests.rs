@@ -426,15 +426,28 @@ async fn postgres_changes_joins_are_answered_once_checked_and_registered_until_l
     let with = |bindings: Value| json!(["1", "1", "realtime:db", "phx_join", {"config": {"postgres_changes": bindings}}]);
     // Refused at once: a filter this server does not evaluate.
     t.send(with(
-        json!([{"event": "*", "schema": "public", "table": "todos", "filter": "title=match.a"}]),
+        json!([{"event": "*", "schema": "public", "table": "todos", "filter": "title=regex.a"}]),
     ))
     .unwrap();
     let w = t.written();
     assert!(
         status(&w[0].2)
             .1
-            .starts_with("PostgresChangesFilterNotSupported: binding 1: operator \"match\""),
+            .starts_with("PostgresChangesFilterNotSupported: binding 1: operator \"regex\""),
         "{w:?}"
+    );
+    // And a regular expression over MAX_FILTER_PATTERN_LENGTH (256 by default), before
+    // the database is asked anything.
+    let long = format!("title=imatch.{}", "a".repeat(257));
+    t.send(with(
+        json!([{"event": "*", "schema": "public", "table": "todos"},
+               {"event": "*", "schema": "public", "table": "todos", "filter": long}]),
+    ))
+    .unwrap();
+    let w = t.written();
+    assert_eq!(
+        status(&w[0].2).1,
+        "InvalidPostgresChanges: binding 2: the imatch pattern is 257 characters long; MAX_FILTER_PATTERN_LENGTH allows 256"
     );
     // Refused after the check: what the database said, named.
     t.send(with(

@@ -11,7 +11,11 @@
 //! table, event and filter. Filters are evaluated here, on the change's record, before the
 //! RLS check, as Supabase evaluates them; their values are those the join's check rendered
 //! as the column's type renders them (`check`), so a record's value and a filter's compare
-//! as the same JSON.
+//! as the same JSON. The patterns of `like`, `ilike`, `match` and `imatch` are the
+//! exception: they mean what Postgres's `LIKE`, `ILIKE`, `~` and `~*` make of them (case
+//! folding by the database's locale, POSIX regular expressions in Postgres's flavour), which
+//! no Rust engine reproduces, so the database judges them in the delivery stage's call per
+//! table (`deliver`, `realtime.match_patterns`); here they only need their column in the row.
 
 use serde_json::{json, Map, Value};
 
@@ -55,9 +59,14 @@ pub enum Op {
     IsDistinct,
     /// `IS NULL | TRUE | FALSE | UNKNOWN`.
     Is,
-    /// SQL LIKE: `%` (or PostgREST's `*`) any run of characters, `_` any one, `\` escapes.
+    /// SQL LIKE: `%` any run of characters, `_` any one, `\` escapes (`*` is a character,
+    /// as in Supabase's `check_equality_op`, which hands the pattern to LIKE untouched).
+    /// Judged by the database (`deliver`), as the next three.
     Like,
     Ilike,
+    /// POSIX regular expressions as Postgres's `~` and `~*` read them.
+    Match,
+    Imatch,
 }
 
 impl Op {
@@ -74,7 +83,19 @@ impl Op {
             Op::Is => "is",
             Op::Like => "like",
             Op::Ilike => "ilike",
+            Op::Match => "match",
+            Op::Imatch => "imatch",
         }
+    }
+
+    /// A pattern, judged by the database rather than here.
+    pub fn is_pattern(self) -> bool {
+        matches!(self, Op::Like | Op::Ilike | Op::Match | Op::Imatch)
+    }
+
+    /// A regular expression, whose length is capped (`MAX_FILTER_PATTERN_LENGTH`).
+    pub fn is_regex(self) -> bool {
+        matches!(self, Op::Match | Op::Imatch)
     }
 }
 
@@ -116,6 +137,19 @@ pub enum BindingError {
         at: usize,
         filter: String,
     },
+    /// A like or ilike pattern LIKE itself would refuse.
+    InvalidPattern {
+        at: usize,
+        why: &'static str,
+    },
+    /// A match or imatch pattern over `MAX_FILTER_PATTERN_LENGTH` characters: a client's
+    /// regular expression is evaluated for every change of its table.
+    PatternTooLong {
+        at: usize,
+        op: &'static str,
+        chars: usize,
+        limit: usize,
+    },
     /// The database's check refused it (`check`): no such table, not published, a column
     /// the role may not read, a value of the wrong type...
     Rejected {
@@ -137,7 +171,18 @@ impl BindingError {
                 "InvalidPostgresChanges: binding {at}: event \"{event}\" is not one of *, INSERT, UPDATE, DELETE"
             ),
             BindingError::UnsupportedFilter { at, op } => format!(
-                "PostgresChangesFilterNotSupported: binding {at}: operator \"{op}\" is not supported; use eq, neq, lt, lte, gt, gte, in, isdistinct, is, like or ilike, each optionally negated with not."
+                "PostgresChangesFilterNotSupported: binding {at}: operator \"{op}\" is not supported; use eq, neq, lt, lte, gt, gte, in, isdistinct, is, like, ilike, match or imatch, each optionally negated with not."
+            ),
+            BindingError::InvalidPattern { at, why } => {
+                format!("InvalidPostgresChanges: binding {at}: {why}")
+            }
+            BindingError::PatternTooLong {
+                at,
+                op,
+                chars,
+                limit,
+            } => format!(
+                "InvalidPostgresChanges: binding {at}: the {op} pattern is {chars} characters long; MAX_FILTER_PATTERN_LENGTH allows {limit}"
             ),
             BindingError::Rejected { at, why } => {
                 format!("InvalidPostgresChanges: binding {at}: {why}")
@@ -334,6 +379,8 @@ fn parse_filter(at: usize, f: &str) -> Result<Filter, BindingError> {
         "is" => Op::Is,
         "like" => Op::Like,
         "ilike" => Op::Ilike,
+        "match" => Op::Match,
+        "imatch" => Op::Imatch,
         other => {
             return Err(BindingError::UnsupportedFilter {
                 at,
@@ -358,12 +405,41 @@ fn parse_filter(at: usize, f: &str) -> Result<Filter, BindingError> {
         }
         _ => vec![unquote(value).ok_or_else(invalid)?],
     };
+    if matches!(op, Op::Like | Op::Ilike) && ends_with_escape(&values[0]) {
+        // Postgres's own words; Supabase's check_equality_op raises them at every change.
+        return Err(BindingError::InvalidPattern {
+            at,
+            why: "LIKE pattern must not end with escape character",
+        });
+    }
     Ok(Filter {
         column: column.to_owned(),
         op,
         negate,
         values,
         typed: None,
+    })
+}
+
+/// Whether a LIKE pattern ends with a backslash that escapes nothing.
+fn ends_with_escape(pattern: &str) -> bool {
+    let trailing = pattern.chars().rev().take_while(|&c| c == '\\').count();
+    trailing % 2 == 1
+}
+
+/// The first match or imatch pattern of a join's bindings over `limit` characters, as the
+/// join's refusal.
+pub fn pattern_over(bindings: &[Binding], limit: usize) -> Option<BindingError> {
+    bindings.iter().enumerate().find_map(|(i, b)| {
+        b.filters.iter().find_map(|f| {
+            let chars = f.values.first()?.chars().count();
+            (f.op.is_regex() && chars > limit).then(|| BindingError::PatternTooLong {
+                at: i + 1,
+                op: f.op.name(),
+                chars,
+                limit,
+            })
+        })
     })
 }
 
@@ -503,6 +579,10 @@ impl Filter {
         let Some(v) = row.and_then(|r| r.get(&self.column)) else {
             return false;
         };
+        if self.op.is_pattern() {
+            // Judged by the database (`deliver`), negation included.
+            return true;
+        }
         // SQL's three values: None is NULL, which NOT leaves NULL; only true matches.
         let holds = self.eval(v);
         holds.map(|h| h != self.negate).unwrap_or(false)
@@ -522,9 +602,11 @@ impl Filter {
                 Some((0..self.values.len()).any(|i| ord(i) == Some(Equal)))
             }
             Op::IsDistinct => {
+                // `null` is the column type's value 'null' (Supabase's check_equality_op casts
+                // it): the text "null", never NULL; is.null asks for NULL.
                 let other_null = match &self.typed {
                     Some(typed) => typed[0].is_null(),
-                    None => self.values[0] == "null",
+                    None => false,
                 };
                 Some(match (v.is_null(), other_null) {
                     (true, true) => false,
@@ -537,13 +619,8 @@ impl Filter {
                 "true" => *v == Value::Bool(true),
                 _ => *v == Value::Bool(false),
             }),
-            Op::Like | Op::Ilike => {
-                let Value::String(text) = v else {
-                    return None;
-                };
-                let fold = self.op == Op::Ilike;
-                Some(like(text, &self.values[0], fold))
-            }
+            // Never asked: `matches` leaves them to the database.
+            Op::Like | Op::Ilike | Op::Match | Op::Imatch => None,
             op => {
                 let ord = ord(0)?;
                 Some(match op {
@@ -557,60 +634,6 @@ impl Filter {
             }
         }
     }
-}
-
-/// SQL LIKE (ILIKE when `fold`): `%` and PostgREST's `*` match any run of characters, `_`
-/// any one, a backslash makes the next character literal.
-fn like(text: &str, pattern: &str, fold: bool) -> bool {
-    let lower = |s: &str| if fold { s.to_lowercase() } else { s.to_owned() };
-    let t: Vec<char> = lower(text).chars().collect();
-    enum Tok {
-        Any,
-        One,
-        Lit(char),
-    }
-    let mut p = Vec::new();
-    let mut chars = lower(pattern).chars().collect::<Vec<_>>().into_iter();
-    while let Some(c) = chars.next() {
-        p.push(match c {
-            '%' | '*' => Tok::Any,
-            '_' => Tok::One,
-            '\\' => Tok::Lit(chars.next().unwrap_or('\\')),
-            c => Tok::Lit(c),
-        });
-    }
-    // Greedy matching with one backtrack point per `%`, linear in practice.
-    let (mut ti, mut pi) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        match p.get(pi) {
-            Some(Tok::Any) => {
-                star = Some((pi, ti));
-                pi += 1;
-                continue;
-            }
-            Some(Tok::One) => {
-                ti += 1;
-                pi += 1;
-                continue;
-            }
-            Some(Tok::Lit(c)) if *c == t[ti] => {
-                ti += 1;
-                pi += 1;
-                continue;
-            }
-            _ => {}
-        }
-        match star {
-            Some((sp, st)) => {
-                pi = sp + 1;
-                ti = st + 1;
-                star = Some((sp, st + 1));
-            }
-            None => return false,
-        }
-    }
-    p[pi..].iter().all(|t| matches!(t, Tok::Any))
 }
 
 /// Compares a record's value with a filter's value as the column's type rendered it:
@@ -705,13 +728,19 @@ mod tests {
     fn unsupported_or_malformed_bindings_are_refused_with_a_reason() {
         let err = |v: Value| bindings(v).unwrap_err().text();
         assert_eq!(
-            err(json!([{"event": "*", "schema": "public", "table": "t", "filter": "name=match.^a"}])),
-            "PostgresChangesFilterNotSupported: binding 1: operator \"match\" is not supported; use eq, neq, lt, lte, gt, gte, in, isdistinct, is, like or ilike, each optionally negated with not."
+            err(json!([{"event": "*", "schema": "public", "table": "t", "filter": "name=regex.^a"}])),
+            "PostgresChangesFilterNotSupported: binding 1: operator \"regex\" is not supported; use eq, neq, lt, lte, gt, gte, in, isdistinct, is, like, ilike, match or imatch, each optionally negated with not."
         );
-        assert!(err(
-            json!([{"event": "*", "schema": "public", "filter": "id=eq.1,name=not.imatch.x"}])
+        assert_eq!(
+            err(
+                json!([{"event": "*", "schema": "public", "table": "t", "filter": r"name=like.a\"}])
+            ),
+            "InvalidPostgresChanges: binding 1: LIKE pattern must not end with escape character"
+        );
+        assert!(bindings(
+            json!([{"event": "*", "schema": "public", "filter": r"name=like.a\\\\"}])
         )
-        .contains("\"imatch\""));
+        .is_ok());
         assert!(
             err(json!([{"event": "*", "schema": "public", "filter": "ok=is.maybe"}]))
                 .contains("InvalidPostgresChanges")
@@ -730,6 +759,47 @@ mod tests {
         );
         assert!(err(json!({"event": "*"})).contains("must be a list"));
         assert_eq!(parse_bindings(None), Ok(vec![]));
+    }
+
+    #[test]
+    fn match_and_imatch_are_left_to_the_database_and_capped_in_length() {
+        let b = bindings(json!([
+            {"event": "*", "schema": "public", "table": "todos", "filter": "name=match.^A(b|c)"},
+            {"event": "*", "schema": "public", "table": "todos", "filter": "name=not.imatch.x,id=eq.3"}
+        ]))
+        .unwrap();
+        assert_eq!(
+            (b[0].filters[0].op, b[0].filters[0].negate),
+            (Op::Match, false)
+        );
+        assert_eq!(b[0].filters[0].values, vec!["^A(b|c)"]);
+        assert_eq!(
+            (b[1].filters[0].op, b[1].filters[0].negate),
+            (Op::Imatch, true)
+        );
+        // Only the column's presence and the other conditions are judged here.
+        let rec = json!({"id": 3, "name": "zzz"});
+        let ins = change("INSERT", &rec, &Value::Null);
+        assert!(b[0].matches(&ins) && b[1].matches(&ins));
+        let other = json!({"id": 4, "name": "zzz"});
+        assert!(!b[1].matches(&change("INSERT", &other, &Value::Null)));
+        let no_name = json!({"id": 3});
+        assert!(!b[0].matches(&change("INSERT", &no_name, &Value::Null)));
+        // The cap counts characters, not bytes, and names the setting.
+        assert_eq!(pattern_over(&b, 7), None);
+        assert_eq!(
+            pattern_over(&b, 6).map(|e| e.text()),
+            Some("InvalidPostgresChanges: binding 1: the match pattern is 7 characters long; MAX_FILTER_PATTERN_LENGTH allows 6".into())
+        );
+        let long_like = bindings(
+            json!([{"event": "*", "schema": "public", "filter": format!("name=like.{}", "é".repeat(300))}]),
+        )
+        .unwrap();
+        assert_eq!(
+            pattern_over(&long_like, 6),
+            None,
+            "only regular expressions are capped"
+        );
     }
 
     #[test]
@@ -805,21 +875,66 @@ mod tests {
             .remove(0)
         };
         let holds = |filter: &str| one(filter).matches(&ins);
-        assert!(holds("name=like.Ab%") && holds("name=like.*c*") && holds("name=like.A__c%"));
-        assert!(!holds("name=like.ab%") && holds("name=ilike.ab%"));
-        assert!(holds(r"name=like.%\_c\%d") && !holds(r"name=like.%\_x%"));
+        // Patterns are the database's: here only their column's presence counts.
+        assert!(holds("name=like.x%") && holds("name=not.ilike.%") && !holds("nope=like.%"));
         assert!(holds("done=is.true") && !holds("done=is.false") && holds("gone=is.null"));
         assert!(holds("done=not.is.false") && holds("name=not.is.null"));
         assert!(holds("id=isdistinct.4") && !holds("id=isdistinct.3"));
-        assert!(holds("gone=isdistinct.1") && !holds("gone=isdistinct.null"));
+        // `null` is a value of the column's type (the text "null"), not NULL: Supabase's.
+        assert!(holds("gone=isdistinct.1") && holds("gone=isdistinct.null"));
         assert!(holds("id=not.eq.4") && !holds("id=not.in.(1,3)"));
         // NULL compared stays unknown, and NOT unknown is not true either.
         assert!(!holds("gone=eq.1") && !holds("gone=not.eq.1"));
         assert!(holds("id=gt.1,done=is.true") && !holds("id=gt.1,done=is.false"));
         // The typed values the join's check rendered are what is compared.
-        let mut typed = one("id=isdistinct.null");
-        typed.filters[0].typed = Some(vec![Value::Null]);
+        let mut typed = one("id=isdistinct.3");
+        assert!(!typed.matches(&ins));
+        typed.filters[0].typed = Some(vec![json!(4)]);
         assert!(typed.matches(&ins));
+    }
+
+    /// Supabase's verdicts on the operators evaluated here (`regress/fixtures/
+    /// filter_verdicts.csv`: each row's `supabase` column is what its
+    /// `realtime.check_equality_op` returned for that column type, value, operator, negation
+    /// and filter value; NULL is no delivery). The rows of like, ilike, match and imatch are
+    /// the database's and are compared in `regress/sql/filter_verdicts.sql`.
+    #[test]
+    fn verdicts_are_supabase_s_check_equality_op_s() {
+        let facts = include_str!("../../../regress/fixtures/filter_verdicts.csv");
+        let value = |typ: &str, v: &str| match (typ, v) {
+            (_, "NULL") => Value::Null,
+            ("integer", v) => json!(v.parse::<i64>().unwrap()),
+            ("boolean", v) => json!(v == "true"),
+            (_, v) => json!(v),
+        };
+        let mut checked = 0;
+        for line in facts.lines().skip(1) {
+            let f: Vec<&str> = line.split(',').collect();
+            let [typ, v, op, negate, pattern, supabase] = f[..] else {
+                panic!("{line}")
+            };
+            if matches!(op, "like" | "ilike" | "match" | "imatch") {
+                continue;
+            }
+            let not = if negate == "t" { "not." } else { "" };
+            let filter = format!("v={not}{op}.{pattern}");
+            let mut b = bindings(
+                json!([{"event": "*", "schema": "public", "table": "todos", "filter": filter}]),
+            )
+            .unwrap()
+            .remove(0);
+            let rec = json!({"v": value(typ, v)});
+            let ins = change("INSERT", &rec, &Value::Null);
+            let expected = supabase == "t";
+            assert_eq!(b.matches(&ins), expected, "untyped: {line}");
+            if op != "is" {
+                // As the join's check renders the value for the column's type.
+                b.filters[0].typed = Some(vec![value(typ, pattern)]);
+                assert_eq!(b.matches(&ins), expected, "typed: {line}");
+            }
+            checked += 1;
+        }
+        assert_eq!(checked, 122);
     }
 
     fn change<'a>(kind: &'a str, record: &'a Value, old: &'a Value) -> Change<'a> {

@@ -10,7 +10,13 @@
 //!    through (`asked`), by primary key. Supabase asks one query per subscriber per change.
 //!    DELETEs are not checked, as in Supabase, and with RLS their old_record keeps only the
 //!    primary key.
-//! 3. Each channel gets the change with the columns its role may read (and its `select`),
+//! 3. Before 2, when some binding filters with `like`, `ilike`, `match` or `imatch`, one
+//!    `realtime.match_patterns` call for the table: Postgres's own `LIKE`, `ILIKE`, `~` and
+//!    `~*` judge each distinct pattern against the values it is asked about, each pattern
+//!    under a time budget of its own (`FILTER_PATTERN_TIMEOUT_MS`). A pattern that fails
+//!    (over its budget) withholds the change from the channels whose binding holds it, and
+//!    tells them; the other channels and the rest of the batch go on.
+//! 4. Each channel gets the change with the columns its role may read (and its `select`),
 //!    once, with the ids of all its bindings that matched. A record over
 //!    MAX_RECORD_BYTES keeps only its small values and carries Supabase's 413.
 //!
@@ -44,6 +50,10 @@ pub struct TableInfo {
 /// `realtime.visible` returns them.
 pub type VisibleRow = (i32, Option<i32>, Option<String>);
 
+/// One row of `realtime.match_patterns`: (pattern, subject, verdict) or (pattern, error),
+/// 1-based.
+pub type PatternRow = (i32, Option<i32>, Option<bool>, Option<String>);
+
 /// Why a lookup failed.
 #[derive(Debug)]
 pub enum DbError {
@@ -72,6 +82,16 @@ pub(crate) trait Lookup {
         records: &[String],
         asked: &[i32],
     ) -> Result<Vec<VisibleRow>, DbError>;
+
+    /// Which subjects each pattern matches by its op (`like`, `ilike`, `match`, `imatch`),
+    /// asked only the (pattern, subject) pairs of `asked`.
+    async fn patterns(
+        &self,
+        patterns: &[String],
+        ops: &[&'static str],
+        subjects: &[Option<String>],
+        asked: &[i32],
+    ) -> Result<Vec<PatternRow>, DbError>;
 }
 
 /// One frame for one channel.
@@ -236,6 +256,7 @@ async fn authorize(
         }
         readable.push((cand, cols.clone()));
     }
+    let readable = match_patterns(db, schema, table, parsed, readable, metrics).await?;
     let is_delete = |c: &Candidate| {
         parsed[c.change]
             .as_ref()
@@ -323,6 +344,138 @@ async fn authorize(
         }
     }
     Ok(kept)
+}
+
+/// Keeps, of each candidate's bindings, those whose pattern conditions hold,
+/// as the database judges them in one call for the table (`realtime.match_patterns`). A
+/// binding whose pattern could not be judged (over its time budget, or the call failed) is
+/// dropped and its channel told; a candidate left without bindings is withheld. Err only
+/// when the connection was lost.
+async fn match_patterns(
+    db: &impl Lookup,
+    schema: &str,
+    table: &str,
+    parsed: &[Option<Value>],
+    readable: Vec<(Candidate, Vec<String>)>,
+    metrics: &Metrics,
+) -> Result<Vec<(Candidate, Vec<String>)>, String> {
+    // Distinct patterns, distinct (change, column) values and distinct pairs, numbered once.
+    let mut patterns: Vec<(String, &'static str)> = Vec::new();
+    let mut pattern_at: HashMap<(String, &'static str), i32> = HashMap::new();
+    let mut subjects: Vec<Option<String>> = Vec::new();
+    let mut subject_at: HashMap<(usize, String), i32> = HashMap::new();
+    let mut asked: Vec<i32> = Vec::new();
+    let mut asked_pairs = std::collections::HashSet::new();
+    for (cand, _) in &readable {
+        for &b in &cand.bindings {
+            for f in &cand.sub.bindings[b].filters {
+                if !f.op.is_pattern() {
+                    continue;
+                }
+                let key = (f.values[0].clone(), f.op.name());
+                let p = *pattern_at.entry(key.clone()).or_insert_with(|| {
+                    patterns.push(key);
+                    patterns.len() as i32
+                });
+                let s = *subject_at
+                    .entry((cand.change, f.column.clone()))
+                    .or_insert_with(|| {
+                        subjects.push(subject(parsed[cand.change].as_ref(), &f.column));
+                        subjects.len() as i32
+                    });
+                if asked_pairs.insert((p, s)) {
+                    asked.extend([p, s]);
+                }
+            }
+        }
+    }
+    if patterns.is_empty() {
+        return Ok(readable);
+    }
+    let texts: Vec<String> = patterns.iter().map(|(p, _)| p.clone()).collect();
+    let ops: Vec<&'static str> = patterns.iter().map(|(_, op)| *op).collect();
+    let mut verdicts: HashMap<(i32, i32), Option<bool>> = HashMap::new();
+    let mut failed: HashMap<i32, String> = HashMap::new();
+    match db.patterns(&texts, &ops, &subjects, &asked).await {
+        Ok(rows) => {
+            for (p, s, matched, error) in rows {
+                match (s, error) {
+                    (Some(s), _) => {
+                        verdicts.insert((p, s), matched);
+                    }
+                    (None, Some(why)) => {
+                        failed.insert(p, why);
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        Err(DbError::Failed(why)) => {
+            for p in 1..=patterns.len() as i32 {
+                failed.insert(p, why.clone());
+            }
+        }
+        Err(DbError::Lost(why)) => return Err(why),
+    }
+    let mut kept = Vec::with_capacity(readable.len());
+    let mut told = std::collections::HashSet::new();
+    for (mut cand, cols) in readable {
+        let sub = cand.sub.clone();
+        let mut failure: Option<&str> = None;
+        cand.bindings.retain(|&b| {
+            sub.bindings[b].filters.iter().all(|f| {
+                if !f.op.is_pattern() {
+                    return true;
+                }
+                let p = pattern_at[&(f.values[0].clone(), f.op.name())];
+                if let Some(why) = failed.get(&p) {
+                    failure = Some(why);
+                    return false;
+                }
+                let s = subject_at[&(cand.change, f.column.clone())];
+                // SQL's three values: a NULL value matches neither way.
+                verdicts
+                    .get(&(p, s))
+                    .copied()
+                    .flatten()
+                    .is_some_and(|m| m != f.negate)
+            })
+        });
+        if let Some(why) = failure {
+            metrics.change_check_failures_total.increment(1);
+            if told.insert((sub.reach.conn, sub.reach.topic.clone())) {
+                tracing::warn!(schema, table, error = %why, "a pattern filter could not be evaluated; withheld");
+                let notice = Notice::FilterFailed {
+                    schema: schema.into(),
+                    table: table.into(),
+                    why: why.into(),
+                };
+                sub.reach.system(notice.status(), &notice.text());
+            }
+        }
+        if cand.bindings.is_empty() {
+            metrics.changes_withheld_total.increment(1);
+            continue;
+        }
+        kept.push((cand, cols));
+    }
+    Ok(kept)
+}
+
+/// A column's value in a change's row (the old row for a DELETE, as filters read it) as
+/// text, what Supabase hands `~`: `value #>> '{}'` (a JSON string unquoted, NULL for null).
+fn subject(data: Option<&Value>, column: &str) -> Option<String> {
+    let data = data?;
+    let field = if data.get("type").and_then(Value::as_str) == Some("DELETE") {
+        "old_record"
+    } else {
+        "record"
+    };
+    match data.get(field)?.get(column)? {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
 }
 
 /// Tells each channel once that changes of a table were withheld because they could not
@@ -440,11 +593,16 @@ const TABLE_SQL: &str =
 const VISIBLE_SQL: &str = "SELECT identity, record, error \
      FROM realtime.visible($1::oid::regclass, $2::text[], $3::text[], $4::text[], $5::int4[])";
 
+const PATTERNS_SQL: &str = "SELECT pattern, subject, matched, error \
+     FROM realtime.match_patterns($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4)";
+
 /// The lookups on the drain connection (statements prepared on first use, so a database
 /// without Postgres Changes' functions still drains broadcasts).
 pub struct Db<'a> {
     pub client: &'a tokio_postgres::Client,
     pub deadline: std::time::Duration,
+    /// Each match pattern's time budget within its call (`FILTER_PATTERN_TIMEOUT_MS`).
+    pub pattern_budget_ms: i32,
     pub statements: &'a Statements,
 }
 
@@ -453,6 +611,7 @@ pub struct Db<'a> {
 pub struct Statements {
     table: tokio::sync::OnceCell<tokio_postgres::Statement>,
     visible: tokio::sync::OnceCell<tokio_postgres::Statement>,
+    patterns: tokio::sync::OnceCell<tokio_postgres::Statement>,
 }
 
 impl Db<'_> {
@@ -541,6 +700,33 @@ impl Lookup for Db<'_> {
             .map(|r| (r.get("identity"), r.get("record"), r.get("error")))
             .collect())
     }
+
+    async fn patterns(
+        &self,
+        patterns: &[String],
+        ops: &[&'static str],
+        subjects: &[Option<String>],
+        asked: &[i32],
+    ) -> Result<Vec<PatternRow>, DbError> {
+        let rows = self
+            .query(
+                &self.statements.patterns,
+                PATTERNS_SQL,
+                &[&patterns, &ops, &subjects, &asked, &self.pattern_budget_ms],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get("pattern"),
+                    r.get("subject"),
+                    r.get("matched"),
+                    r.get("error"),
+                )
+            })
+            .collect())
+    }
 }
 
 #[cfg(test)]
@@ -561,6 +747,8 @@ mod tests {
     struct Fake {
         /// Each visible call's (claims, records, asked).
         visible_calls: Mutex<Vec<VisibleCall>>,
+        /// Each patterns call's (patterns, asked).
+        pattern_calls: Mutex<Vec<(Vec<String>, Vec<i32>)>>,
         fail_visible: bool,
     }
 
@@ -623,6 +811,47 @@ mod tests {
                 {
                     rows.push((i, Some(r), None));
                 }
+            }
+            Ok(rows)
+        }
+
+        /// Plays `realtime.match_patterns` with Rust's `starts_with` standing for `~`
+        /// (`^x` only); a pattern "slow" fails as over its budget.
+        async fn patterns(
+            &self,
+            patterns: &[String],
+            ops: &[&'static str],
+            subjects: &[Option<String>],
+            asked: &[i32],
+        ) -> Result<Vec<PatternRow>, DbError> {
+            self.pattern_calls
+                .lock()
+                .unwrap()
+                .push((patterns.to_vec(), asked.to_vec()));
+            let mut rows = Vec::new();
+            for (i, p) in patterns.iter().enumerate() {
+                if p == "slow" {
+                    rows.push((i as i32 + 1, None, None, Some("too slow".to_owned())));
+                }
+            }
+            for pair in asked.chunks(2) {
+                let (p, s) = (pair[0], pair[1]);
+                let pattern = &patterns[p as usize - 1];
+                if pattern == "slow" {
+                    continue;
+                }
+                let prefix = pattern.trim_start_matches('^');
+                let fold = |x: &str| {
+                    if ops[p as usize - 1] == "imatch" {
+                        x.to_lowercase()
+                    } else {
+                        x.to_owned()
+                    }
+                };
+                let verdict = subjects[s as usize - 1]
+                    .as_deref()
+                    .map(|v| fold(v).starts_with(&fold(prefix)));
+                rows.push((p, Some(s), verdict, None));
             }
             Ok(rows)
         }
@@ -825,6 +1054,48 @@ mod tests {
             "A change to table todos was lost: Error 410: the table was dropped before this change was delivered"
         );
         assert_eq!(m.value("realtime_changes_delivered_total"), Some(0.0));
+    }
+
+    #[tokio::test]
+    async fn patterns_are_judged_in_one_call_per_table_and_a_failed_one_withholds_its_channel_only()
+    {
+        let subs = Subscribers::default();
+        let on = |filter: &str| json!([{"event": "*", "schema": "public", "table": "notes", "filter": filter}]);
+        let (m1, _r1) = sub(1, "authenticated", "{}", on("title=match.^t"));
+        let (m2, _r2) = sub(2, "authenticated", "{}", on("title=imatch.^T"));
+        let (m3, _r3) = sub(3, "authenticated", "{}", on("title=not.match.^t"));
+        let (slow, slow_rx) = sub(4, "authenticated", "{}", on("title=match.slow"));
+        let (plain, _r5) = sub(5, "authenticated", "{}", on("id=eq.1"));
+        for s in [m1, m2, m3, slow, plain] {
+            subs.add(s);
+        }
+        let db = Fake::default();
+        let datas = [change("notes", "INSERT", 1)];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let m = Metrics::default();
+        let out = prepare(&db, &subs, &datas, 1 << 20, &m).await.unwrap();
+        let mut got: Vec<u64> = delivered(&out)[0].iter().map(|d| d.0).collect();
+        got.sort();
+        // "t" matches ^t and ^T case-insensitively; not.match excludes it; the slow
+        // pattern's channel is withheld and told; the plain channel is untouched.
+        assert_eq!(got, vec![1, 2, 5]);
+        let calls = db.pattern_calls.lock().unwrap();
+        assert_eq!(calls.len(), 1, "one call for the table");
+        assert_eq!(
+            calls[0].0.len(),
+            3,
+            "distinct patterns: ^t (twice), ^T, slow"
+        );
+        let told: Value = match slow_rx.try_recv().unwrap() {
+            Message::Text(t) => serde_json::from_str(&t).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(told["event"], "system");
+        assert_eq!(
+            told["payload"]["message"],
+            "Changes to public.notes were not delivered to this channel: its filter could not be evaluated: too slow"
+        );
+        assert_eq!(m.value("realtime_changes_withheld_total"), Some(2.0));
     }
 
     #[test]

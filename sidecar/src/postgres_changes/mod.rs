@@ -5,8 +5,9 @@
 //! `supabase_realtime` into the queue at commit (`extension/src/capture.rs`), and a drain
 //! call decodes it into Supabase's `data` (`extension/src/change.rs`). The drainer hands
 //! the batch's changes to `deliver`, which finds the channels whose bindings match
-//! (`subscribers`, `binding`), asks the database in one call per table and batch which of
-//! them may see each row (RLS) and which columns their role may read, and queues each
+//! (`subscribers`, `binding`), asks the database in one call per table and batch which
+//! values their pattern filters match (Postgres's LIKE, ILIKE, ~, ~*), which of them may see
+//! each row (RLS) and which columns their role may read, and queues each
 //! channel its `postgres_changes` event, in queue order with the batch's broadcasts.
 //!
 //! A join's way: the bindings are parsed (`binding`), refused at once when this server
