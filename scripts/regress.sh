@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the pg_regress suite, the isolation specs and the not-preloaded check against
+# Runs the pg_regress suite, the isolation specs, the not-preloaded check and the upgrade
+# test (from every released version) against
 # temporary Postgres instances (as the postgres OS user: Postgres refuses to run as root).
 #   scripts/regress.sh       PostgreSQL 15, the system's
 #   scripts/regress.sh 17    PostgreSQL 17, in the Debian 13 root of scripts/install-pg17.sh:
@@ -7,6 +8,7 @@
 #   scripts/regress.sh 15 NAME...   only these files of the main suite, after
 #                            create_extension (a file that uses another's fixtures, as
 #                            tables uses authorize's roles, names it too: authorize tables)
+#   scripts/regress.sh 15 upgrade   only the upgrade test
 # Expects the extension to be installed for that version. Prints "N passed, N failed" last.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -69,7 +71,10 @@ run_suite() {
     fi
 }
 
-if [ ${#only[@]} -gt 0 ]; then
+if [ "${only[*]}" = upgrade ]; then
+    run_suite upgrade "$pgxs/src/test/regress/pg_regress" \
+        --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/upgrade_schedule"
+elif [ ${#only[@]} -gt 0 ]; then
     run_suite main "$pgxs/src/test/regress/pg_regress" \
         --temp-config="$inputdir/postgresql.conf" create_extension "${only[@]}"
 else
@@ -79,6 +84,9 @@ else
         --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/isolation_schedule"
     run_suite not_preloaded "$pgxs/src/test/regress/pg_regress" \
         --schedule="$inputdir/not_preloaded_schedule"
+    # ALTER EXTENSION UPDATE from every released version, in an instance of its own.
+    run_suite upgrade "$pgxs/src/test/regress/pg_regress" \
+        --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/upgrade_schedule"
 fi
 
 passed=$(cat "$host_out"/*.log | grep -cE '^(ok|test) .*\.\.\. ok|^ok [0-9]+ ')

@@ -43,7 +43,7 @@ scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 64" "max_c
     "realtime.max_topics_per_consumer = 64"
 trap 'scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true' EXIT
 runuser -u postgres -- psql -h "$cluster" -p "$port" -U postgres -X -q -v ON_ERROR_STOP=1 \
-    -c "CREATE EXTENSION pg_realtime" -f scripts/sidecar_login.sql
+    -c "CREATE EXTENSION pg_realtime" -c "CREATE PUBLICATION supabase_realtime" -f scripts/sidecar_login.sql
 # The tests' own connection (fixtures, writes) is the superuser's; every sidecar they start
 # connects as the least-privilege login, so realtime.authorize's role guard is exercised.
 export PG_REALTIME_TEST_DSN="host=$cluster port=$port user=postgres dbname=postgres"
