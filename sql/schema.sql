@@ -69,9 +69,11 @@ BEGIN
         -- Nothing makes them once pg_realtime serves the database, and a probe row with no
         -- partition fails a whole authorization batch: a DEFAULT partition takes every row.
         -- Its name parses as a far date: Supabase's janitor reads partition names as dates
-        -- and drops those of past days.
+        -- and drops those of past days. A restore of a dump has made the table already and
+        -- attaches it later (pg_dump attaches partitions in entries of their own).
         IF (SELECT relkind FROM pg_catalog.pg_class WHERE oid = parent) = 'p'
-           AND (SELECT partdefid FROM pg_catalog.pg_partitioned_table WHERE partrelid = parent) = 0 THEN
+           AND (SELECT partdefid FROM pg_catalog.pg_partitioned_table WHERE partrelid = parent) = 0
+           AND to_regclass('realtime.messages_9999_12_31') IS NULL THEN
             CREATE TABLE realtime.messages_9999_12_31 PARTITION OF realtime.messages DEFAULT;
             ALTER EXTENSION pg_realtime DROP TABLE realtime.messages_9999_12_31;
             EXECUTE format('ALTER TABLE realtime.messages_9999_12_31 OWNER TO %s',
@@ -131,7 +133,8 @@ BEGIN
     REVOKE ALL ON realtime.replaced_functions FROM PUBLIC;
     FOREACH f IN ARRAY array_remove(replaced, NULL) LOOP
         INSERT INTO realtime.replaced_functions
-        SELECT p.oid::regprocedure::text, p.proowner::regrole::name, p.proacl, pg_catalog.pg_get_functiondef(p.oid)
+        SELECT format('realtime.%I(%s)', p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid)),
+               p.proowner::regrole::name, p.proacl, pg_catalog.pg_get_functiondef(p.oid)
         FROM pg_catalog.pg_proc p WHERE p.oid = f;
         EXECUTE format('DROP FUNCTION %s', f);
     END LOOP;

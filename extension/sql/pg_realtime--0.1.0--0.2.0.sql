@@ -26,9 +26,7 @@ AS 'MODULE_PATHNAME', 'depend_on_wrapper';
 SELECT realtime.depend_on(o.catalog, o.object)
 FROM (VALUES ('pg_catalog.pg_class'::regclass, 'realtime.messages'::regclass::oid),
              ('pg_catalog.pg_proc'::regclass, 'realtime.topic()'::regprocedure::oid),
-             ('pg_catalog.pg_class'::regclass,
-              (SELECT partdefid FROM pg_catalog.pg_partitioned_table
-               WHERE partrelid = 'realtime.messages'::regclass AND partdefid <> 0))
+             ('pg_catalog.pg_class'::regclass, to_regclass('realtime.messages_9999_12_31')::oid)
      ) AS o(catalog, object)
 WHERE o.object IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
