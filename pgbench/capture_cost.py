@@ -30,6 +30,7 @@ CREATE EXTENSION pg_realtime;
 CREATE TABLE c_plain (id bigserial PRIMARY KEY, room int, author text, body text, score numeric, created_at timestamptz);
 CREATE TABLE c_captured (LIKE c_plain INCLUDING ALL);
 CREATE TABLE c_logical (LIKE c_plain INCLUDING ALL);
+CREATE PUBLICATION supabase_realtime;
 ALTER PUBLICATION supabase_realtime ADD TABLE c_captured;
 CREATE PUBLICATION bench_logical FOR TABLE c_logical;
 """

@@ -3,6 +3,8 @@
 -- Member u (uuid as pgbench/loadgen's member_uuid) belongs to room (u - 1) % :rooms, the
 -- room whose filter (`k=eq.<room>`) the load generator's client u - 1 subscribes with.
 CREATE EXTENSION IF NOT EXISTS pg_realtime;
+-- A Supabase project has it; the extension does not make it.
+DO $$ BEGIN CREATE PUBLICATION supabase_realtime; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
 \ir supabase_auth.sql
 CREATE TABLE change_members (user_id uuid, k int, PRIMARY KEY (user_id, k));
 INSERT INTO change_members

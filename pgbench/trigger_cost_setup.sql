@@ -75,4 +75,5 @@ SELECT realtime.create_consumer('bench');
 -- Postgres Changes capture (profiled by `profile.py trigger --variant t_captured`; its own
 -- benchmark is capture_cost.py): a table in publication supabase_realtime.
 CREATE TABLE t_captured (LIKE t_plain INCLUDING ALL);
+CREATE PUBLICATION supabase_realtime;
 ALTER PUBLICATION supabase_realtime ADD TABLE t_captured;

@@ -25,6 +25,10 @@ CREATE TABLE IF NOT EXISTS demo_tasks (
 );
 DO $$
 BEGIN
+    -- A Supabase project has it; the extension does not make it.
+    IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'supabase_realtime') THEN
+        CREATE PUBLICATION supabase_realtime;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_publication_tables
                    WHERE pubname = 'supabase_realtime' AND tablename = 'demo_tasks') THEN
         ALTER PUBLICATION supabase_realtime ADD TABLE demo_tasks;

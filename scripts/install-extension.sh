@@ -5,6 +5,9 @@
 #                                         scripts/install-pg17.sh; set PG17_PG_CONFIG to
 #                                         another PostgreSQL 17's pg_config to install there
 # Stop any cluster that preloads it first: replacing a loaded library can crash it.
+# Besides the current version's script and the upgrade scripts (extension/sql/, which pgrx
+# installs), it installs the frozen full script of every released version
+# (extension/released/), so CREATE EXTENSION pg_realtime VERSION 'OLD' works on this library.
 set -euo pipefail
 scripts=$(cd "$(dirname "$0")" && pwd)
 . "$scripts/pg17-root.sh"
@@ -13,9 +16,12 @@ export PATH="$HOME/.cargo/bin:$PATH"
 for version in "${@:-15}"; do
     case "$version" in
     # pg15 is the crate's default feature.
-    15) cargo pgrx install --release --pg-config /usr/bin/pg_config ;;
-    17) cargo pgrx install --release --no-default-features --features pg17 \
-            --pg-config "$PG17_PG_CONFIG" ;;
+    15) pg_config=/usr/bin/pg_config
+        cargo pgrx install --release --pg-config "$pg_config" ;;
+    17) pg_config=$PG17_PG_CONFIG
+        cargo pgrx install --release --no-default-features --features pg17 \
+            --pg-config "$pg_config" ;;
     *) echo "usage: $0 [15] [17]" >&2; exit 2 ;;
     esac
+    install -m 644 released/pg_realtime--*.sql "$("$pg_config" --sharedir)/extension/"
 done

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs the pg_regress suite, the isolation specs and the not-preloaded check against
+# Runs the pg_regress suite, the isolation specs, the not-preloaded check, the lifecycle
+# tests (upgrade from every released version, dump and restore) and the suite on a database
+# Supabase made, against
 # temporary Postgres instances (as the postgres OS user: Postgres refuses to run as root).
 #   scripts/regress.sh       PostgreSQL 15, the system's
 #   scripts/regress.sh 17    PostgreSQL 17, in the Debian 13 root of scripts/install-pg17.sh:
@@ -7,6 +9,8 @@
 #   scripts/regress.sh 15 NAME...   only these files of the main suite, after
 #                            create_extension (a file that uses another's fixtures, as
 #                            tables uses authorize's roles, names it too: authorize tables)
+#   scripts/regress.sh 15 lifecycle only the upgrade and dump/restore tests
+#   scripts/regress.sh 15 supabase  only the suite on a database Supabase made
 # Expects the extension to be installed for that version. Prints "N passed, N failed" last.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,6 +25,7 @@ case "$version" in
     out=$(mktemp -d /tmp/pg_realtime_regress.XXXXXX)
     host_out=$out
     inputdir="$root/regress"
+    host_inputdir=$inputdir
     owner=postgres:
     as_postgres() {
         # pgrx adds Rust backtraces to error details when RUST_BACKTRACE is set.
@@ -41,6 +46,7 @@ case "$version" in
     out=${host_out#"$PG17_ROOT"}
     cp -r "$root/regress" "$host_out/input"
     inputdir="$out/input"
+    host_inputdir="$host_out/input"
     # The root's postgres user is not the host's: chown by its numeric ids.
     owner=$(awk -F: '$1 == "postgres" { print $3 ":" $4 }' "$PG17_ROOT/etc/passwd")
     as_postgres() {
@@ -61,15 +67,41 @@ run_suite() {
     local name=$1 tool=$2
     shift 2
     mkdir -p "$host_out/$name" && chown "$owner" "$host_out/$name"
-    as_postgres "$tool" --bindir="$bindir" --inputdir="$inputdir" --outputdir="$out/$name" \
-        --temp-instance="$out/$name/tmp_check" "$@" 2>&1 | tee "$host_out/$name.log"
+    # A suite given a --host runs against that server; any other, in a temporary instance.
+    local instance=(--temp-instance="$out/$name/tmp_check")
+    case " $* " in *" --host="*) instance=() ;; esac
+    # PG_REALTIME_BINDIR: where the tests' shell commands find pg_dump and pg_restore.
+    as_postgres env PG_REALTIME_BINDIR="$bindir" "$tool" --bindir="$bindir" --inputdir="$inputdir" --outputdir="$out/$name" \
+        "${instance[@]}" "$@" 2>&1 | tee "$host_out/$name.log"
     if [ "${PIPESTATUS[0]}" -ne 0 ]; then
         status=1
         cat "$host_out/$name/regression.diffs" 2>/dev/null
     fi
 }
 
-if [ ${#only[@]} -gt 0 ]; then
+# The Supabase suite runs against a cluster made like Supabase's image (bootstrap superuser
+# supabase_admin, `postgres` an ordinary role the fixture demotes), which pg_regress's temp
+# instance (bootstrap superuser postgres) cannot be: it is made here, sockets only.
+run_supabase_suite() {
+    local dir=$out/supabase_cluster port=5432
+    mkdir -p "$host_out/supabase_cluster" && chown "$owner" "$host_out/supabase_cluster"
+    as_postgres "$bindir/initdb" -D "$dir/data" -U supabase_admin --auth=trust >/dev/null
+    {
+        cat "$host_inputdir/postgresql.conf"
+        printf "listen_addresses = ''\nport = %s\nunix_socket_directories = '%s'\n" "$port" "$dir"
+    } >> "$host_out/supabase_cluster/data/postgresql.conf"
+    as_postgres "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+    run_suite supabase "$pgxs/src/test/regress/pg_regress" --host="$dir" --port="$port" \
+        --user=supabase_admin --dbname=supabase_regression --schedule="$inputdir/supabase_schedule"
+    as_postgres "$bindir/pg_ctl" -D "$dir/data" -m fast stop >/dev/null
+}
+
+if [ "${only[*]}" = lifecycle ]; then
+    run_suite lifecycle "$pgxs/src/test/regress/pg_regress" \
+        --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/lifecycle_schedule"
+elif [ "${only[*]}" = supabase ]; then
+    run_supabase_suite
+elif [ ${#only[@]} -gt 0 ]; then
     run_suite main "$pgxs/src/test/regress/pg_regress" \
         --temp-config="$inputdir/postgresql.conf" create_extension "${only[@]}"
 else
@@ -79,6 +111,10 @@ else
         --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/isolation_schedule"
     run_suite not_preloaded "$pgxs/src/test/regress/pg_regress" \
         --schedule="$inputdir/not_preloaded_schedule"
+    # ALTER EXTENSION UPDATE from every released version, dump and restore.
+    run_suite lifecycle "$pgxs/src/test/regress/pg_regress" \
+        --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/lifecycle_schedule"
+    run_supabase_suite
 fi
 
 passed=$(cat "$host_out"/*.log | grep -cE '^(ok|test) .*\.\.\. ok|^ok [0-9]+ ')

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Reproduces, with the installed pg_realtime, the two failures of a Supabase user's first
-# steps: (1) CREATE EXTENSION pg_realtime in a database Supabase made
+# Reproduced, with pg_realtime 0.1.0, the two failures of a Supabase user's first steps (from
+# 0.2.0 on each step succeeds: regress/sql/supabase_install.sql, dump_restore.sql and
+# supabase_dump.sql test it): (1) CREATE EXTENSION pg_realtime in a database Supabase made
 # (regress/fixtures/supabase), as the superuser and as the demoted `postgres`; (2) a backup
 # of a pg_realtime database (a policy on realtime.messages, one persisted message) taken with
 # pg_dump -Fc and restored with pg_restore into a new database of a cluster that preloads

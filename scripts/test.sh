@@ -3,8 +3,9 @@
 # checks formatting and lints, installs the extension into the system PostgreSQL 15 and into
 # PostgreSQL 17 (the Debian 13 root of scripts/install-pg17.sh), runs the Rust unit and
 # end-to-end tests, the realtime-js tests (with Chromium and behind nginx) and the
-# supabase-py client tests against a throwaway PostgreSQL 15 cluster, then the pg_regress,
-# isolation and not-preloaded suites on 15 and on 17.
+# supabase-py client tests against a throwaway PostgreSQL 15 cluster (and realtime-js against
+# a database Supabase made, switched to pg_realtime), then the pg_regress, isolation,
+# not-preloaded, lifecycle (upgrade, dump and restore) and Supabase suites on 15 and on 17.
 # The last line is "N passed, N failed" over everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,9 +42,16 @@ cluster="$log/cluster"
 port=${TEST_PG_PORT:-24350}
 scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 64" "max_connections = 200" "realtime.queue_size = 32MB" \
     "realtime.max_topics_per_consumer = 64"
-trap 'scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true' EXIT
+# A second one made like Supabase's image, holding a database Supabase made, switched to
+# pg_realtime (sidecar/e2e/supabase_database.test.mjs).
+supabase_cluster="$log/supabase_cluster"
+supabase_port=${TEST_SUPABASE_PG_PORT:-24351}
+trap 'scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true; scripts/supabase-cluster.sh stop "$supabase_cluster" >/dev/null 2>&1 || true' EXIT
+scripts/supabase-cluster.sh start "$supabase_cluster" "$supabase_port"
+export PG_REALTIME_SUPABASE_DSN="host=$supabase_cluster port=$supabase_port user=supabase_admin dbname=postgres"
+export PG_REALTIME_SUPABASE_SIDECAR_DSN="host=$supabase_cluster port=$supabase_port user=realtime_sidecar dbname=postgres"
 runuser -u postgres -- psql -h "$cluster" -p "$port" -U postgres -X -q -v ON_ERROR_STOP=1 \
-    -c "CREATE EXTENSION pg_realtime" -f scripts/sidecar_login.sql
+    -c "CREATE EXTENSION pg_realtime" -c "CREATE PUBLICATION supabase_realtime" -f scripts/sidecar_login.sql
 # The tests' own connection (fixtures, writes) is the superuser's; every sidecar they start
 # connects as the least-privilege login, so realtime.authorize's role guard is exercised.
 export PG_REALTIME_TEST_DSN="host=$cluster port=$port user=postgres dbname=postgres"
@@ -62,6 +70,7 @@ python_status=0
     tee "$log/python.log" || python_status=$?
 
 scripts/cluster.sh stop "$cluster"
+scripts/supabase-cluster.sh stop "$supabase_cluster"
 trap - EXIT
 
 echo "== benchmark smoke (seconds long, so the runners do not rot; figures not kept)"

@@ -3,20 +3,11 @@
 -- publication `supabase_realtime`, as Supabase apps declare them:
 --     ALTER PUBLICATION supabase_realtime ADD TABLE public.todos;
 
--- Supabase projects have this publication, empty at first; so does a database here.
--- (Capture does not use logical decoding: Postgres's warning that wal_level is not
--- `logical` does not concern it and is kept from the CREATE EXTENSION output.)
-DO $$
-DECLARE
-    level text := current_setting('client_min_messages');
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = 'supabase_realtime') THEN
-        PERFORM set_config('client_min_messages', 'error', true);
-        CREATE PUBLICATION supabase_realtime;
-        PERFORM set_config('client_min_messages', level, true);
-    END IF;
-END
-$$;
+-- A Supabase project has this publication from the start; elsewhere the app creates it once
+-- (`CREATE PUBLICATION supabase_realtime;`). The extension does not: a publication cannot be
+-- an extension's member, so pg_dump dumps it and a restore's CREATE PUBLICATION would fail
+-- after CREATE EXTENSION had made it. Capture does not use logical decoding, so
+-- wal_level need not be `logical` (Postgres warns at CREATE PUBLICATION if it is not).
 
 -- Creates the capture trigger on every published table that lacks it and drops it from
 -- every table no longer published. Run by the event trigger below after any DDL that can

@@ -22,6 +22,9 @@ CREATE TABLE realtime.persisted_messages (
 CREATE INDEX persisted_messages_topic_sent_at ON realtime.persisted_messages (topic, private, sent_at);
 CREATE INDEX persisted_messages_expires_at ON realtime.persisted_messages (expires_at);
 REVOKE ALL ON realtime.persisted_messages FROM PUBLIC;
+-- Persisted broadcasts are the app's data: pg_dump carries their rows (the table is the
+-- extension's, made again by CREATE EXTENSION at a restore).
+SELECT pg_catalog.pg_extension_config_dump('realtime.persisted_messages', '');
 
 -- The sidecar's statements on the table, kept here beside it (and in the regress suite):
 -- relaying a batch of client broadcasts, the persisted ones written in the same statement

@@ -1,18 +1,6 @@
 -- Hand-written part of the pg_realtime extension script, run after the generated functions.
 
--- Supabase's grants, for the roles that exist here (a Supabase database has all three).
-DO $$
-DECLARE
-    r text;
-BEGIN
-    FOREACH r IN ARRAY ARRAY['anon', 'authenticated', 'service_role'] LOOP
-        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
-            EXECUTE format('GRANT USAGE ON SCHEMA realtime TO %I', r);
-            EXECUTE format('GRANT SELECT, INSERT, UPDATE ON realtime.messages TO %I', r);
-        END IF;
-    END LOOP;
-END
-$$;
+-- Grants on realtime.messages and the schema: sql/schema.sql, on what it creates.
 
 -- Draining moves a consumer's position and sees every message, private or not; relaying
 -- speaks for a client connection: only roles granted these functions (the sidecar's) may

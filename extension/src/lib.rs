@@ -3,6 +3,7 @@
 //! `capture.rs` for how the row changes of published tables join them (Postgres Changes),
 //! `authorize.rs` and `visible.rs` for the batched RLS checks sidecars ask for.
 
+mod app_objects;
 mod args;
 mod authorize;
 mod capture;
@@ -54,6 +55,11 @@ extension_sql_file!(
     "../../sql/presence.sql",
     name = "presence",
     requires = [presence::queue_presence]
+);
+extension_sql_file!(
+    "../../sql/app_objects.sql",
+    name = "app_objects",
+    requires = [app_objects::depend_on]
 );
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 

@@ -1,6 +1,11 @@
 -- The extension installs the Supabase-compatible SQL surface in schema realtime.
 CREATE EXTENSION pg_realtime;
 
+-- It makes no publication (a restore of a dump would meet it; see sql/capture.sql): the app
+-- creates supabase_realtime once, as a Supabase project has it.
+SELECT count(*) AS publications FROM pg_publication;
+CREATE PUBLICATION supabase_realtime;
+
 SELECT p.oid::regprocedure AS function, p.prorettype::regtype AS returns
 FROM pg_proc p WHERE p.pronamespace = 'realtime'::regnamespace ORDER BY p.proname;
 

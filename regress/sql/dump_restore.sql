@@ -1,0 +1,57 @@
+-- A backup of a database using pg_realtime restores the app's authorization and data:
+-- CREATE EXTENSION, a policy on realtime.messages, a published table, one persisted
+-- broadcast; pg_dump -Fc; pg_restore --exit-on-error into a new database of this cluster,
+-- which preloads the extension. Everything is there afterwards, and the restore met no error
+-- (it stops at the first): the extension makes no publication the dump would make again,
+-- and the app's objects it uses (realtime.messages, realtime.topic()) are restored before
+-- CREATE EXTENSION, which adopts them (sql/schema.sql).
+\getenv abs_builddir PG_ABS_BUILDDIR
+\set dump :abs_builddir '/dump_restore.dump'
+\setenv DUMP_FILE :dump
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'authenticated') THEN
+        CREATE ROLE authenticated NOLOGIN;
+    END IF;
+END
+$$;
+CREATE DATABASE dump_source;
+CREATE DATABASE dump_target;
+\c dump_source
+CREATE EXTENSION pg_realtime;
+CREATE PUBLICATION supabase_realtime;
+CREATE TABLE public.todos (id int PRIMARY KEY, room text);
+ALTER PUBLICATION supabase_realtime ADD TABLE public.todos;
+CREATE POLICY members_read ON realtime.messages FOR SELECT TO authenticated
+    USING ((SELECT realtime.topic()) = 'room:1');
+-- What the sidecar writes for a client broadcast sent with persist.
+INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, expires_at)
+VALUES ('55555555-5555-4555-8555-555555555555', 'room:1', true, 'chat', '{"text": "kept"}', now() + interval '1 day');
+
+\! "$PG_REALTIME_BINDIR/pg_dump" -Fc -d dump_source -f "$DUMP_FILE" && echo dumped
+\! "$PG_REALTIME_BINDIR/pg_restore" --exit-on-error -d dump_target "$DUMP_FILE" && echo restored
+
+\c dump_target
+SELECT extversion = (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_realtime') AS current_version
+FROM pg_extension WHERE extname = 'pg_realtime';
+SELECT policyname, roles, qual FROM pg_policies WHERE schemaname = 'realtime';
+SELECT id, topic, private, event, payload FROM realtime.persisted_messages;
+-- Supabase's grants the extension gave (the API roles exist: upgrade.sql made them).
+SELECT r AS role, has_schema_privilege(r, 'realtime', 'USAGE') AS schema_usage,
+       has_table_privilege(r, 'realtime.messages', 'SELECT, INSERT, UPDATE') AS messages
+FROM unnest(ARRAY['anon', 'authenticated', 'service_role']) r;
+SELECT relrowsecurity FROM pg_class WHERE oid = 'realtime.messages'::regclass;
+SELECT pubname, tablename FROM pg_publication_tables;
+SELECT tgname, tgfoid::regprocedure FROM pg_trigger WHERE tgrelid = 'public.todos'::regclass AND NOT tgisinternal;
+SELECT pg_describe_object(refclassid, refobjid, refobjsubid) AS depends_on
+FROM pg_depend WHERE classid = 'pg_extension'::regclass
+  AND objid = (SELECT oid FROM pg_extension WHERE extname = 'pg_realtime') ORDER BY 1;
+-- The restored database works: a send reaches the queue.
+SELECT realtime.create_consumer('restored') >= 0 AS created;
+SELECT realtime.send('{"a": 1}', 'ev', 'room:1', true);
+SELECT kind, topic, event, private FROM realtime.drain('restored', NULL, 10, 0);
+SELECT realtime.drop_consumer('restored');
+
+\c regression
+DROP DATABASE dump_source;
+DROP DATABASE dump_target;
