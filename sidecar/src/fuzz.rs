@@ -206,10 +206,10 @@ fn text_frames_of_both_serializers() {
                     }
                 }
                 match f.command {
-                    Command::Broadcast(Ok(b)) if b.event.is_empty() || b.event.len() > 255 => {
+                    Command::Broadcast(Ok(b)) if crate::client_text::event(&b.event).is_err() => {
                         Err("a broadcast with an invalid event name passed".into())
                     }
-                    Command::Broadcast(Err(why)) => reason(why),
+                    Command::Broadcast(Err(why)) => reason(&why),
                     _ => Ok(()),
                 }
             }
@@ -229,9 +229,14 @@ fn binary_frames() {
                     crate::hub::Payload::Binary(p) if p.len() > data.len() => {
                         Err("payload longer than the frame".into())
                     }
+                    crate::hub::Payload::Json(j)
+                        if crate::client_text::json_payload(j.as_bytes()).is_err() =>
+                    {
+                        Err("a JSON payload that does not parse passed".into())
+                    }
                     _ => Ok(()),
                 },
-                Command::Broadcast(Err(why)) => reason(why),
+                Command::Broadcast(Err(why)) => reason(&why),
                 other => Err(format!("a binary frame became {other:?}")),
             },
             Err(e) => reason(&e.to_string()),
