@@ -73,6 +73,9 @@ pub struct Config {
     /// every binding of a schema-wide channel runs against every change drained.
     #[arg(long, env = "MAX_BINDINGS_PER_JOIN", default_value_t = 100)]
     pub max_bindings_per_join: usize,
+    /// Postgres Changes bindings of one connection's channels together.
+    #[arg(long, env = "MAX_BINDINGS_PER_CONNECTION", default_value_t = 1000)]
+    pub max_bindings_per_connection: usize,
     /// Conditions of one binding's filter (realtime-js writes one).
     #[arg(long, env = "MAX_FILTER_CONDITIONS_PER_BINDING", default_value_t = 16)]
     pub max_filter_conditions_per_binding: usize,
@@ -313,6 +316,12 @@ impl Config {
                 self.max_bindings_per_join as u64,
                 1,
                 100_000,
+            ),
+            (
+                "MAX_BINDINGS_PER_CONNECTION",
+                self.max_bindings_per_connection as u64,
+                1,
+                10_000_000,
             ),
             (
                 "MAX_FILTER_CONDITIONS_PER_BINDING",

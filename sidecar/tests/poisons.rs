@@ -111,13 +111,14 @@ async fn a_join_naming_more_tables_than_the_database_takes_switches_filtering_of
         reason(&reply),
         "InvalidPostgresChanges: the join has bindings: 16400; the limit is 100 (MAX_BINDINGS_PER_JOIN)"
     );
-    // Past both bounds (raised here), the tables reach the database's check, which refuses
+    // Past the bounds (raised here), the tables reach the database's check, which refuses
     // them: they were never uploaded, so filtering stays on.
     let loose = Sidecar::start(
         "t_poison_many_tables_loose",
         &[
             ("MAX_BINDINGS_PER_JOIN", "20000"),
             ("MAX_TABLES_PER_JOIN", "20000"),
+            ("MAX_BINDINGS_PER_CONNECTION", "20000"),
         ],
     )
     .await;
@@ -145,6 +146,7 @@ async fn never_matching_bindings_stall_the_drain() {
             ("MAX_FILTER_CONDITIONS_PER_BINDING", "2"),
             ("MAX_FILTER_VALUE_BYTES", "16"),
             ("MAX_TABLES_PER_JOIN", "3"),
+            ("MAX_BINDINGS_PER_CONNECTION", "25"),
         ],
     )
     .await;
@@ -198,10 +200,35 @@ async fn never_matching_bindings_stall_the_drain() {
     let reply = attacker
         .join(
             "realtime:poison:never",
-            json!({"postgres_changes": vec![never; 10]}),
+            json!({"postgres_changes": vec![never.clone(); 10]}),
         )
         .await;
     assert_eq!(reply["status"], "ok", "{reply}");
+    // Rejoining replaces the channel's own bindings; more channels add up per connection.
+    let reply = attacker
+        .join(
+            "realtime:poison:never",
+            json!({"postgres_changes": vec![never.clone(); 10]}),
+        )
+        .await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let reply = attacker
+        .join(
+            "realtime:poison:never-2",
+            json!({"postgres_changes": vec![never.clone(); 10]}),
+        )
+        .await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let reply = attacker
+        .join(
+            "realtime:poison:never-3",
+            json!({"postgres_changes": vec![never; 10]}),
+        )
+        .await;
+    assert_eq!(
+        reason(&reply),
+        "InvalidPostgresChanges: the connection's channels would have bindings: 30; the limit is 25 (MAX_BINDINGS_PER_CONNECTION)"
+    );
     bystander_is_served(sidecar.port, &db, "poison:never:bystander").await;
 }
 

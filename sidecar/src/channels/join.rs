@@ -20,7 +20,7 @@ use crate::jwt::{self, Claims, JwtError};
 use crate::postgres_changes::binding::pattern_over;
 use crate::postgres_changes::bounds::Bounds;
 use crate::postgres_changes::check::{self, Checked};
-use crate::postgres_changes::{self, subscribers, Binding};
+use crate::postgres_changes::{self, subscribers, Binding, BindingError};
 use crate::presence::channel::{self as presence_channel, ChannelPresence};
 use crate::reason::{Disconnect, Notice, Refusal};
 use serde_json::json;
@@ -38,6 +38,9 @@ pub(super) struct PendingJoin {
     pub(super) sub_topic: String,
     /// Its topic and tables, listened to in the database before the join is answered.
     pub(super) held: Held,
+    /// Its Postgres Changes bindings (with the check meanwhile), counted against
+    /// MAX_BINDINGS_PER_CONNECTION.
+    pub(super) bindings: usize,
 }
 
 impl Channels {
@@ -90,6 +93,24 @@ impl Channels {
             self.join_error(&m, Refusal::PostgresChanges(why));
             return Ok(());
         }
+        // Every binding of a schema-wide channel runs against every drained change: bounded
+        // per connection too, not only per join (a rejoin replaces its channel's).
+        let on_connection: usize = self
+            .channels
+            .iter()
+            .filter(|(t, _)| **t != m.topic)
+            .map(|(_, c)| c.bindings)
+            .chain(self.pending_joins.values().map(|j| j.bindings))
+            .sum();
+        let limit = self.shared.cfg.max_bindings_per_connection;
+        let total = on_connection + config.postgres_changes.len();
+        if !config.postgres_changes.is_empty() && total > limit {
+            let why = BindingError::OverLimit(format!(
+                "the connection's channels would have bindings: {total}; the limit is {limit} (MAX_BINDINGS_PER_CONNECTION)"
+            ));
+            self.join_error(&m, Refusal::PostgresChanges(why));
+            return Ok(());
+        }
         let key_limit = self.shared.cfg.max_presence_key_bytes;
         let key = client_text::text("the presence key", &config.presence_key, key_limit);
         if let Err(bad) = key {
@@ -124,6 +145,7 @@ impl Channels {
             let interest = self.shared.interest.clone();
             let deadline = self.shared.cfg.db_call_deadline();
             let bindings = std::mem::take(&mut config.postgres_changes);
+            let count = bindings.len();
             let (private, presence) = (config.private, config.presence);
             let (topic, asked, asking_who) = (m.topic.clone(), sub_topic.clone(), who.clone());
             self.pending_joins.insert(
@@ -135,6 +157,7 @@ impl Channels {
                     who,
                     sub_topic,
                     held,
+                    bindings: count,
                 },
             );
             self.ask(async move {
@@ -192,6 +215,7 @@ impl Channels {
             who,
             sub_topic,
             held,
+            bindings: 0,
         };
         self.complete_join(join, (true, None), Vec::new());
         Ok(())
@@ -214,6 +238,7 @@ impl Channels {
             who,
             sub_topic,
             held,
+            bindings: _,
         } = join;
         let mut ask = config.history.clone().and_then(Result::ok);
         if let (Some(Ask::Resume { epoch, seq }), Some(old)) =
@@ -256,6 +281,7 @@ impl Channels {
         self.shared.metrics.joins_total.increment(1);
         let replied = postgres_changes::reply(&bindings);
         let has_changes = !bindings.is_empty();
+        let binding_count = bindings.len();
         if has_changes {
             self.shared.changes.add(subscribers::Subscriber {
                 reach: reach.clone(),
@@ -321,6 +347,7 @@ impl Channels {
             broadcast,
             presence,
             postgres_changes: has_changes,
+            bindings: binding_count,
             _interest: held,
             history_gate: gate,
             claims,
