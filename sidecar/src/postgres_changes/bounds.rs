@@ -1,8 +1,10 @@
 //! What one join's bindings may cost, bounded before anything is asked of the database:
 //! every binding of a schema-wide channel is run against every drained change on the
 //! single drain task, every binding is a row of the join-time check, and every table a
-//! binding names is a key listened to in the database (`interest`). Unbounded, one
-//! anonymous join of 20,000 never-matching bindings stalled delivery for the whole sidecar.
+//! binding names is a key listened to in the database (`interest`). Unbounded, four
+//! anonymous sockets with 25 joins of 5,000 never-matching bindings each stalled delivery
+//! for the whole sidecar (issue 25). The connection's total is bounded where joins are
+//! admitted (`channels/join.rs`, MAX_BINDINGS_PER_CONNECTION).
 //! realtime-js sends one binding per `channel.on('postgres_changes', ...)` with at most one
 //! filter, so the defaults (`config`) are far above what an app asks.
 
