@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Channel joins per second through the sidecar, public and private (authorized by RLS in
-batched realtime.authorize calls), in one run: N WebSocket clients connect; once all are
+"""Channel joins per second through the sidecar, public, private (authorized by RLS in
+batched realtime.authorize calls) and Postgres Changes (bindings checked in batched
+realtime.subscribable calls, then the table listened to), in one run: N WebSocket clients connect; once all are
 connected they send their joins at once; joins/s = joined / time from the go to the last
 reply (connecting is timed apart). Prints a markdown table, with the time the database spent
 in the authorize calls and the longest it sat idle between two of them (from the server log).
@@ -50,13 +51,20 @@ def main():
     # Every statement's duration is logged, so the authorize calls' timeline can be read.
     with harness.Cluster(a.pg_port, "log_min_duration_statement = 0", "log_line_prefix = '%m '") as pg:
         pg.psql("-f", f"{HERE}/joins_setup.sql")
+        # Postgres Changes joins: client i binds INSERTs of bench_changes, filter k=eq.<room>.
+        pg.psql("-v", f"users={a.clients}", "-v", "rooms=1000", "-f", f"{HERE}/changes_setup.sql")
         server_log = f"{pg.dir}/pg/server.log"
         with harness.Sidecar(a.http_port, pg.dsn, "joins", SECRET, MAX_JOINS_PER_SECOND="100000") as sidecar:
             # The first round warms the sidecar up (its first thousands of tasks and buffers)
             # and is not reported.
             public = ["--topic-prefix", "joins"]
             for label, extra in [("warm-up", public), ("public", public),
-                                 ("private (RLS)", ["--private", "--topics", 1000, "--topic-prefix", "room:"])]:
+                                 ("private (RLS)", ["--private", "--topics", 1000, "--topic-prefix", "room:"]),
+                                 # Each join's bindings are checked (realtime.subscribable), and
+                                 # only then is its table listened to: one more upload round
+                                 # when the table is new to the sidecar (here, the first joins').
+                                 ("postgres changes", ["--postgres-changes", "--topics", 1000,
+                                                       "--topic-prefix", "pc:"])]:
                 log_from = os.path.getsize(server_log)
                 b0 = sidecar.metric("realtime_auth_batches_total")
                 r0 = sidecar.metric("realtime_auth_requests_total")

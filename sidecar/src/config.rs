@@ -64,6 +64,32 @@ pub struct Config {
     /// Keep it above DRAIN_BATCH: one drain batch may all go to one busy topic at once.
     #[arg(long, env = "MAX_OUTBOUND_FRAMES", default_value_t = 20_000)]
     pub max_outbound_frames: usize,
+    /// Bytes queued for one connection before it counts as too slow and is disconnected
+    /// (a frame is always taken into an empty queue): a client that stops reading pins at
+    /// most this much, whatever its frames' sizes.
+    #[arg(long, env = "MAX_OUTBOUND_BYTES", default_value_t = 64 << 20)]
+    pub max_outbound_bytes: usize,
+    /// Postgres Changes bindings one join may carry (realtime-js sends one per `.on()`);
+    /// every binding of a schema-wide channel runs against every change drained.
+    #[arg(long, env = "MAX_BINDINGS_PER_JOIN", default_value_t = 100)]
+    pub max_bindings_per_join: usize,
+    /// Postgres Changes bindings of one connection's channels together.
+    #[arg(long, env = "MAX_BINDINGS_PER_CONNECTION", default_value_t = 1000)]
+    pub max_bindings_per_connection: usize,
+    /// Conditions of one binding's filter (realtime-js writes one).
+    #[arg(long, env = "MAX_FILTER_CONDITIONS_PER_BINDING", default_value_t = 16)]
+    pub max_filter_conditions_per_binding: usize,
+    /// Bytes of one filter condition's value (an `in` list's items together: 100 UUIDs fit).
+    #[arg(long, env = "MAX_FILTER_VALUE_BYTES", default_value_t = 4096)]
+    pub max_filter_value_bytes: usize,
+    /// Distinct tables one join's bindings may name; each is a key this sidecar listens to
+    /// in the database (`realtime.max_topics_per_consumer` bounds them all together).
+    #[arg(long, env = "MAX_TABLES_PER_JOIN", default_value_t = 100)]
+    pub max_tables_per_join: usize,
+    /// Bytes of a presence key (`config.presence.key`), which every watcher receives in
+    /// every state and diff.
+    #[arg(long, env = "MAX_PRESENCE_KEY_BYTES", default_value_t = 1024)]
+    pub max_presence_key_bytes: usize,
     /// Joins per second one connection may make before it is disconnected.
     #[arg(long, env = "MAX_JOINS_PER_SECOND", default_value_t = 100)]
     pub max_joins_per_second: u32,
@@ -279,6 +305,48 @@ impl Config {
                 1,
                 10_000_000,
             ),
+            (
+                "MAX_OUTBOUND_BYTES",
+                self.max_outbound_bytes as u64,
+                1 << 20,
+                1 << 40,
+            ),
+            (
+                "MAX_BINDINGS_PER_JOIN",
+                self.max_bindings_per_join as u64,
+                1,
+                100_000,
+            ),
+            (
+                "MAX_BINDINGS_PER_CONNECTION",
+                self.max_bindings_per_connection as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "MAX_FILTER_CONDITIONS_PER_BINDING",
+                self.max_filter_conditions_per_binding as u64,
+                1,
+                10_000,
+            ),
+            (
+                "MAX_FILTER_VALUE_BYTES",
+                self.max_filter_value_bytes as u64,
+                1,
+                1 << 30,
+            ),
+            (
+                "MAX_TABLES_PER_JOIN",
+                self.max_tables_per_join as u64,
+                1,
+                100_000,
+            ),
+            (
+                "MAX_PRESENCE_KEY_BYTES",
+                self.max_presence_key_bytes as u64,
+                1,
+                1 << 20,
+            ),
             ("DRAIN_LINGER_MS", self.drain_linger_ms as u64, 0, 10_000),
             (
                 "MAX_RECORD_BYTES",
@@ -451,6 +519,10 @@ mod tests {
             ("--idle-timeout-secs", "0", "IDLE_TIMEOUT_SECS"),
             ("--authorization-ttl-secs", "0", "AUTHORIZATION_TTL_SECS"),
             ("--max-outbound-frames", "0", "MAX_OUTBOUND_FRAMES"),
+            ("--max-outbound-bytes", "1000", "MAX_OUTBOUND_BYTES"),
+            ("--max-bindings-per-join", "0", "MAX_BINDINGS_PER_JOIN"),
+            ("--max-tables-per-join", "0", "MAX_TABLES_PER_JOIN"),
+            ("--max-presence-key-bytes", "0", "MAX_PRESENCE_KEY_BYTES"),
             ("--db-statement-timeout-ms", "1", "DB_STATEMENT_TIMEOUT_MS"),
             (
                 "--max-rest-messages-per-request",

@@ -206,10 +206,10 @@ fn text_frames_of_both_serializers() {
                     }
                 }
                 match f.command {
-                    Command::Broadcast(Ok(b)) if b.event.is_empty() || b.event.len() > 255 => {
+                    Command::Broadcast(Ok(b)) if crate::client_text::event(&b.event).is_err() => {
                         Err("a broadcast with an invalid event name passed".into())
                     }
-                    Command::Broadcast(Err(why)) => reason(why),
+                    Command::Broadcast(Err(why)) => reason(&why),
                     _ => Ok(()),
                 }
             }
@@ -229,9 +229,14 @@ fn binary_frames() {
                     crate::hub::Payload::Binary(p) if p.len() > data.len() => {
                         Err("payload longer than the frame".into())
                     }
+                    crate::hub::Payload::Json(j)
+                        if crate::client_text::json_payload(j.as_bytes()).is_err() =>
+                    {
+                        Err("a JSON payload that does not parse passed".into())
+                    }
                     _ => Ok(()),
                 },
-                Command::Broadcast(Err(why)) => reason(why),
+                Command::Broadcast(Err(why)) => reason(&why),
                 other => Err(format!("a binary frame became {other:?}")),
             },
             Err(e) => reason(&e.to_string()),
@@ -245,17 +250,34 @@ fn join_payloads() {
     fuzz("join payload", &seeds, |data| {
         // Both the bytes as JSON text and a structured value `arbitrary` builds from them.
         if let Ok(v) = serde_json::from_slice::<Value>(data) {
-            let _ = join_config::parse_join(&v);
+            nul_free(&join_config::parse_join(&v))?;
         }
         if let Ok(j) = J::arbitrary(&mut Unstructured::new(data)) {
             let config = join_config::parse_join(&json!({"config": j.value()}));
-            let _ = join_config::parse_join(&j.value());
+            nul_free(&config)?;
+            nul_free(&join_config::parse_join(&j.value()))?;
             if config.access_token.is_some() {
                 return Err("a token appeared from nowhere".into());
             }
         }
         Ok(())
     });
+}
+
+/// No binding a join accepts carries a NUL into the database's check or the interest
+/// upload (`client_text`).
+fn nul_free(config: &join_config::JoinConfig) -> Result<(), String> {
+    for b in &config.postgres_changes {
+        let names = std::iter::once(&b.schema)
+            .chain(&b.table)
+            .chain(b.select.iter().flatten())
+            .chain(b.filters.iter().map(|f| &f.column))
+            .chain(b.filters.iter().flat_map(|f| &f.values));
+        if let Some(n) = names.into_iter().find(|n| n.contains('\0')) {
+            return Err(format!("a binding passed with a NUL in {n:?}"));
+        }
+    }
+    Ok(())
 }
 
 #[test]

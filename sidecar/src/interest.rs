@@ -17,7 +17,16 @@
 //! When it cannot filter, this sidecar receives everything, never less: a fresh slot is
 //! unfiltered, each (re)connection of the worker replaces the database's set with the whole
 //! current one, and a database that refuses the set (more keys than
-//! `realtime.max_topics_per_consumer`) gets `realtime.listen_all` instead.
+//! `realtime.max_topics_per_consumer`) gets `realtime.listen_all` instead; once fewer keys
+//! are held than were refused, the whole set is offered again and filtering comes back on.
+//!
+//! A join holds its topic at once and its tables only once its bindings passed the
+//! database's check (`channels/join.rs`), so no unchecked name is ever uploaded. Names are
+//! validated at the edge (`client_text`); should the database still refuse an upload for
+//! its input, the upload is split in halves down to the keys that sank it: those are
+//! refused to the joins that hold them (`Held::ready`), never uploaded again while held, and
+//! the rest is uploaded. (Before, one NUL in a table name failed every upload, the worker
+//! reconnected and re-uploaded the same set forever, and every join of a new key timed out.)
 
 use crate::config::Config;
 use crate::db_worker;
@@ -42,9 +51,19 @@ pub enum Key {
     AllTables,
 }
 
-/// The keys of a channel on `topic` with Postgres Changes `bindings`.
-pub fn keys_of(topic: &str, bindings: &[Binding]) -> Vec<Key> {
-    let mut keys = vec![Key::Topic(topic.to_owned())];
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Key::Topic(t) => write!(f, "topic {t:?}"),
+            Key::Table(t) => write!(f, "table {t:?}"),
+            Key::AllTables => f.write_str("every table"),
+        }
+    }
+}
+
+/// The keys of Postgres Changes `bindings` (held once they passed the check).
+pub fn table_keys(bindings: &[Binding]) -> Vec<Key> {
+    let mut keys = Vec::new();
     for b in bindings {
         let k = match &b.table {
             Some(t) => Key::Table(t.clone()),
@@ -70,9 +89,24 @@ struct Inner {
     changed: HashSet<Key>,
     /// The round the worker's next upload will be.
     next_round: u64,
-    /// The database holds no filter for this sidecar (disabled, or refused): every key is
-    /// ready at once.
-    unfiltered: bool,
+    /// FILTER_TOPICS is off: nothing is counted and every key is ready at once.
+    disabled: bool,
+    /// The database refused this many keys (`realtime.max_topics_per_consumer`) and the
+    /// slot receives everything: keys are still counted, and ready at once; once fewer are
+    /// held, the worker offers the whole set again.
+    gave_up_at: Option<usize>,
+    /// Keys the database refused for their input (each alone), with its message: never
+    /// uploaded while held, and refused to whoever holds them.
+    refused: HashMap<Key, String>,
+}
+
+/// Why a hold is not ready.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotReady {
+    /// The database did not apply the round in time.
+    Failed(DbFailure),
+    /// The database refused this key for its input (its message).
+    Refused(Key, String),
 }
 
 /// The keys this sidecar's channels hold, and the rounds of their upload.
@@ -98,6 +132,21 @@ impl Drop for Held {
     }
 }
 
+impl Held {
+    /// Takes `other`'s keys into this hold (a join's tables, held after its check, join
+    /// its topic for the channel's life).
+    pub fn absorb(&mut self, mut other: Held) {
+        self.keys.append(&mut other.keys);
+    }
+
+    /// Waits until the database applied `round` (from `hold`); Err after `deadline` (the
+    /// database did not answer: a join is then refused as for any database failure, and
+    /// its client retries), or when the database refused one of these keys.
+    pub async fn ready(&self, round: u64, deadline: Duration) -> Result<(), NotReady> {
+        self.interest.ready(round, &self.keys, deadline).await
+    }
+}
+
 impl Interest {
     /// `filtering` off: nothing is uploaded and every hold is ready at once (the drainer
     /// tells the database to send everything before it drains).
@@ -105,7 +154,7 @@ impl Interest {
         Arc::new(Interest {
             inner: Mutex::new(Inner {
                 next_round: 1,
-                unfiltered: !filtering,
+                disabled: !filtering,
                 ..Inner::default()
             }),
             changed: Notify::new(),
@@ -113,11 +162,12 @@ impl Interest {
         })
     }
 
-    /// Holds `keys` for a channel. Some(round): the channel may be answered once the
-    /// database applied that round (`ready`); None: at once.
+    /// Holds `keys` for a channel. Some(round): the channel may be answered once
+    /// `Held::ready(round)` says so (a key the database refused is known at once); None: at
+    /// once.
     pub fn hold(self: &Arc<Self>, keys: Vec<Key>) -> (Held, Option<u64>) {
         let mut inner = self.inner.lock().unwrap();
-        if inner.unfiltered {
+        if inner.disabled || keys.is_empty() {
             let held = Held {
                 interest: self.clone(),
                 keys: Vec::new(),
@@ -127,6 +177,7 @@ impl Interest {
         let next = inner.next_round;
         let mut wait = 0;
         let mut woke = false;
+        let refused = keys.iter().any(|k| inner.refused.contains_key(k));
         for k in &keys {
             let c = inner.counts.entry(k.clone()).or_insert(Count {
                 holds: 0,
@@ -142,11 +193,22 @@ impl Interest {
                 woke = true;
             }
         }
+        let everything = inner.gave_up_at.is_some();
         drop(inner);
         if woke {
             self.changed.notify_one();
         }
-        let round = (wait > *self.uploaded.borrow()).then_some(wait);
+        let uploaded = *self.uploaded.borrow();
+        let round = if refused {
+            // Already applied: `ready` returns at once with the refusal.
+            Some(uploaded)
+        } else if everything {
+            // The slot receives everything meanwhile; the keys are counted for the day the
+            // set fits again.
+            None
+        } else {
+            (wait > uploaded).then_some(wait)
+        };
         let held = Held {
             interest: self.clone(),
             keys,
@@ -164,8 +226,11 @@ impl Interest {
             c.holds -= 1;
             if c.holds == 0 {
                 inner.counts.remove(k);
-                inner.changed.insert(k.clone());
-                woke = true;
+                // A refused key is forgotten with its last holder: never in the database.
+                if inner.refused.remove(k).is_none() {
+                    inner.changed.insert(k.clone());
+                    woke = true;
+                }
             }
         }
         drop(inner);
@@ -174,27 +239,59 @@ impl Interest {
         }
     }
 
-    /// Waits until the database applied `round`; Err after `deadline` (the database did not
-    /// answer: a join is then refused as for any database failure, and its client retries).
-    pub async fn ready(&self, round: u64, deadline: Duration) -> Result<(), DbFailure> {
+    /// `Held::ready` for `keys` (held elsewhere).
+    pub async fn ready(
+        &self,
+        round: u64,
+        keys: &[Key],
+        deadline: Duration,
+    ) -> Result<(), NotReady> {
         let mut rx = self.uploaded.subscribe();
         let applied = tokio::time::timeout(deadline, rx.wait_for(|r| *r >= round))
             .await
             .is_ok_and(|r| r.is_ok());
+        if let Some((k, why)) = self.refused_among(keys) {
+            return Err(NotReady::Refused(k, why));
+        }
         if applied {
             Ok(())
         } else {
-            Err(DbFailure::Unreachable)
+            Err(NotReady::Failed(DbFailure::Unreachable))
         }
     }
 
-    /// Every key held now, for a whole upload, and the round it completes.
+    /// The first of `keys` the database refused, with its message.
+    fn refused_among(&self, keys: &[Key]) -> Option<(Key, String)> {
+        let inner = self.inner.lock().unwrap();
+        keys.iter()
+            .find_map(|k| inner.refused.get(k).map(|why| (k.clone(), why.clone())))
+    }
+
+    /// The database refused `key` alone, for its input.
+    fn refuse(&self, key: Key, why: String) {
+        let mut inner = self.inner.lock().unwrap();
+        if inner.counts.contains_key(&key) {
+            tracing::warn!(%key, error = %why, "the database refused to listen to a key; its joins are refused");
+            inner.refused.insert(key, why);
+        }
+    }
+
+    /// Every key held now (but those refused), for a whole upload, and the round it
+    /// completes. Filtering is on again from here (`gave_up_at` cleared): a hold from now
+    /// waits for a round.
     fn take_all(&self) -> (u64, HashSet<Key>) {
         let mut inner = self.inner.lock().unwrap();
         inner.changed.clear();
+        inner.gave_up_at = None;
         let round = inner.next_round;
         inner.next_round += 1;
-        (round, inner.counts.keys().cloned().collect())
+        let keys = inner
+            .counts
+            .keys()
+            .filter(|k| !inner.refused.contains_key(*k))
+            .cloned()
+            .collect();
+        (round, keys)
     }
 
     /// What changed against `stored` (what the database has): keys to add and to drop,
@@ -205,6 +302,9 @@ impl Interest {
         inner.next_round += 1;
         let (mut add, mut drop) = (Vec::new(), Vec::new());
         for k in std::mem::take(&mut inner.changed) {
+            if inner.refused.contains_key(&k) {
+                continue;
+            }
             match (inner.counts.contains_key(&k), stored.contains(&k)) {
                 (true, false) => add.push(k),
                 (false, true) => drop.push(k),
@@ -223,17 +323,30 @@ impl Interest {
         });
     }
 
-    /// From now on everything is delivered: every hold is ready.
+    /// The database refused the keys held now: from now on everything is delivered, every
+    /// hold is ready, until fewer keys are held (`fits_again`).
     fn give_up_filtering(&self) {
         let mut inner = self.inner.lock().unwrap();
-        inner.unfiltered = true;
+        inner.gave_up_at = Some(inner.counts.len().max(1));
         let round = inner.next_round;
+        inner.next_round += 1;
         drop(inner);
         self.applied(round);
     }
 
-    fn filtering(&self) -> bool {
-        !self.inner.lock().unwrap().unfiltered
+    fn disabled(&self) -> bool {
+        self.inner.lock().unwrap().disabled
+    }
+
+    /// Whether filtering was given up for want of room.
+    fn given_up(&self) -> bool {
+        self.inner.lock().unwrap().gave_up_at.is_some()
+    }
+
+    /// Given up, and fewer keys are held now than the database refused.
+    fn fits_again(&self) -> bool {
+        let inner = self.inner.lock().unwrap();
+        inner.gave_up_at.is_some_and(|n| inner.counts.len() < n)
     }
 }
 
@@ -292,26 +405,42 @@ async fn session(
     client
         .query_one("SELECT realtime.create_consumer($1)", &[consumer])
         .await?;
-    let listen = client.prepare(LISTEN_SQL).await?;
+    let up = Uploader {
+        client,
+        listen: client.prepare(LISTEN_SQL).await?,
+        consumer,
+        interest,
+    };
     let unlisten = client.prepare(UNLISTEN_SQL).await?;
     let mut stored: HashSet<Key> = HashSet::new();
     let mut whole = true;
     loop {
-        if !interest.filtering() {
-            // Disabled (the drainer cleared the slot's filter), or given up below.
+        if interest.disabled() {
+            // The drainer cleared the slot's filter.
             metrics.listened_keys.set(f64::NAN);
             let _ = shutdown.changed().await;
             return Ok(());
         }
+        if interest.given_up() {
+            metrics.listened_keys.set(f64::NAN);
+            if interest.fits_again() {
+                whole = true;
+            } else {
+                tokio::select! {
+                    _ = interest.changed.notified() => continue,
+                    _ = shutdown.changed() => return Ok(()),
+                }
+            }
+        }
         let (round, count) = if whole {
             let (round, keys) = interest.take_all();
-            let Some(count) =
-                upload(client, &listen, consumer, interest, keys.clone(), true).await?
+            let Some((count, uploaded)) = up.isolating(keys.into_iter().collect(), true).await?
             else {
                 continue;
             };
-            stored = keys;
             whole = false;
+            let count = count.unwrap_or(uploaded.len() as i32);
+            stored = uploaded;
             (round, count)
         } else {
             let (round, add, drop) = interest.take_changes(&stored);
@@ -327,13 +456,11 @@ async fn session(
                 }
             }
             if !add.is_empty() {
-                let Some(n) =
-                    upload(client, &listen, consumer, interest, add.clone(), false).await?
-                else {
+                let Some((n, uploaded)) = up.isolating(add, false).await? else {
                     continue;
                 };
-                count = Some(n);
-                stored.extend(add);
+                count = Some(n.unwrap_or(stored.len() as i32));
+                stored.extend(uploaded);
             }
             (round, count.unwrap_or(stored.len() as i32))
         };
@@ -346,46 +473,131 @@ async fn session(
     }
 }
 
-/// Listens to `keys` (first forgetting the slot's set, with `reset`); returns how many keys
-/// the slot listens to, or None when the database refused that many and the slot now
-/// receives everything.
-async fn upload(
-    client: &Client,
-    listen: &tokio_postgres::Statement,
-    consumer: &str,
-    interest: &Interest,
-    keys: impl IntoIterator<Item = Key>,
-    reset: bool,
-) -> Result<Option<i32>, tokio_postgres::Error> {
-    let (topics, tables, all) = split(keys);
-    match client
-        .query_one(listen, &[&consumer, &topics, &tables, &all, &reset])
-        .await
-    {
-        Ok(row) => Ok(Some(row.get("keys"))),
-        Err(e) if too_many(&e) => {
-            receive_everything(client, consumer, interest, &e).await?;
-            Ok(None)
-        }
-        Err(e) => Err(e),
+/// The worker's uploads on its connection.
+struct Uploader<'a> {
+    client: &'a Client,
+    listen: tokio_postgres::Statement,
+    consumer: &'a str,
+    interest: &'a Interest,
+}
+
+/// How one `realtime.listen` call ended.
+enum Listened {
+    /// How many keys the slot listens to now.
+    Count(i32),
+    /// More keys than the database takes: the slot now receives everything.
+    TooMany,
+    /// The database refused the call for its input (its message).
+    Refused(String),
+}
+
+/// One `realtime.listen` call: the worker's connection, or a test's stand-in, so the
+/// splitting below is tested without a database.
+trait ListenCall {
+    async fn call(&self, keys: &[Key], reset: bool) -> Result<Listened, tokio_postgres::Error>;
+}
+
+impl ListenCall for Uploader<'_> {
+    async fn call(&self, keys: &[Key], reset: bool) -> Result<Listened, tokio_postgres::Error> {
+        Uploader::call(self, keys, reset).await
     }
 }
 
-/// The database refused the set: the slot is told to return everything, and only then are
-/// the joins waiting for this round answered (a reply before would let the drain skip what
-/// commits after it).
-async fn receive_everything(
-    client: &Client,
-    consumer: &str,
+/// Uploads `keys` (first forgetting the slot's set, with `reset`), splitting a call the
+/// database refuses for its input down to the keys that sank it, which are refused to their
+/// joins (`Interest::refuse`). Some((keys the slot listens to, when a call went through),
+/// the keys uploaded); None when the database refused that many keys (the caller then
+/// makes the slot receive everything). Err: the connection is lost.
+async fn isolating(
+    db: &impl ListenCall,
     interest: &Interest,
-    refusal: &tokio_postgres::Error,
-) -> Result<(), tokio_postgres::Error> {
-    tracing::warn!(error = %refusal, "the database refuses this many topics for one consumer; this sidecar now receives every message");
-    client
-        .execute("SELECT realtime.listen_all($1)", &[&consumer])
-        .await?;
-    interest.give_up_filtering();
-    Ok(())
+    keys: Vec<Key>,
+    reset: bool,
+) -> Result<Option<(Option<i32>, HashSet<Key>)>, tokio_postgres::Error> {
+    let mut uploaded = HashSet::new();
+    let mut count = None;
+    // Halves in order; only the first call of all forgets the slot's set.
+    let mut work = vec![(keys, reset)];
+    while let Some((mut part, reset)) = work.pop() {
+        match db.call(&part, reset).await? {
+            Listened::Count(n) => {
+                count = Some(n);
+                uploaded.extend(part);
+            }
+            Listened::TooMany => return Ok(None),
+            Listened::Refused(why) if part.len() <= 1 => {
+                if let Some(k) = part.pop() {
+                    interest.refuse(k, why);
+                }
+                if reset {
+                    // The reset still has to happen, whatever the key.
+                    if let Listened::Count(n) = db.call(&[], true).await? {
+                        count = Some(n);
+                    }
+                }
+            }
+            Listened::Refused(why) => {
+                tracing::debug!(error = %why, keys = part.len(), "interest upload refused; splitting");
+                let back = part.split_off(part.len() / 2);
+                work.push((back, false));
+                work.push((part, reset));
+            }
+        }
+    }
+    Ok(Some((count, uploaded)))
+}
+
+impl Uploader<'_> {
+    /// `isolating` on this connection; the slot told to receive everything when the
+    /// database refuses that many keys.
+    async fn isolating(
+        &self,
+        keys: Vec<Key>,
+        reset: bool,
+    ) -> Result<Option<(Option<i32>, HashSet<Key>)>, tokio_postgres::Error> {
+        match isolating(self, self.interest, keys, reset).await? {
+            Some(done) => Ok(Some(done)),
+            None => {
+                self.receive_everything().await?;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn call(&self, keys: &[Key], reset: bool) -> Result<Listened, tokio_postgres::Error> {
+        let (topics, tables, all) = split(keys.iter().cloned());
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&self.consumer, &topics, &tables, &all, &reset];
+        match self.client.query_one(&self.listen, &params).await {
+            Ok(row) => Ok(Listened::Count(row.get("keys"))),
+            Err(e) if too_many(&e) => {
+                tracing::warn!(error = %e, "the database refuses this many topics for one consumer; this sidecar now receives every message");
+                Ok(Listened::TooMany)
+            }
+            // An error on a connection still open is the database refusing this input (a
+            // cancel is not: the call is tried again on a new connection).
+            Err(e)
+                if !self.client.is_closed()
+                    && e.as_db_error().is_some()
+                    && e.code() != Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
+            {
+                let why = e.as_db_error().map(|d| d.message().to_owned());
+                Ok(Listened::Refused(why.unwrap_or_default()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The database refused the set: the slot is told to return everything, and only then
+    /// are the joins waiting for this round answered (a reply before would let the drain
+    /// skip what commits after it).
+    async fn receive_everything(&self) -> Result<(), tokio_postgres::Error> {
+        self.client
+            .execute("SELECT realtime.listen_all($1)", &[&self.consumer])
+            .await?;
+        self.interest.give_up_filtering();
+        Ok(())
+    }
 }
 
 fn too_many(e: &tokio_postgres::Error) -> bool {
@@ -410,9 +622,9 @@ mod tests {
         assert_eq!(again, Some(1));
         let (r, keys) = i.take_all();
         assert_eq!((r, keys.len()), (1, 1));
-        assert!(i.ready(1, Duration::from_millis(10)).await.is_err());
+        assert!(a1.ready(1, Duration::from_millis(10)).await.is_err());
         i.applied(1);
-        assert!(i.ready(1, Duration::from_millis(10)).await.is_ok());
+        assert!(a1.ready(1, Duration::from_millis(10)).await.is_ok());
         let (_a3, now) = i.hold(vec![topic("a")]);
         assert_eq!(now, None, "uploaded: no wait");
         drop((a1, a2));
@@ -453,12 +665,101 @@ mod tests {
         let off = Interest::new(false);
         assert_eq!(off.hold(vec![topic("a")]).1, None);
         let on = Interest::new(true);
-        let (_a, round) = on.hold(vec![topic("a")]);
+        let (a, round) = on.hold(vec![topic("a")]);
         on.give_up_filtering();
-        assert!(on
+        assert!(a
             .ready(round.unwrap(), Duration::from_millis(10))
             .await
             .is_ok());
         assert_eq!(on.hold(vec![topic("b")]).1, None);
+    }
+
+    #[test]
+    fn filtering_comes_back_once_fewer_keys_are_held_than_were_refused() {
+        let i = Interest::new(true);
+        let (a, _) = i.hold(vec![topic("a")]);
+        let (b, _) = i.hold(vec![topic("b")]);
+        i.give_up_filtering();
+        assert!(i.given_up() && !i.fits_again());
+        // Held while everything is received: ready at once, and counted.
+        let (c, now) = i.hold(vec![topic("c")]);
+        assert_eq!(now, None);
+        drop((a, b));
+        assert!(i.fits_again(), "1 key held, 2 were refused");
+        let (round, keys) = i.take_all();
+        assert_eq!(keys, [topic("c")].into());
+        assert!(
+            !i.given_up(),
+            "filtering again: a new hold waits for a round"
+        );
+        let (_d, wait) = i.hold(vec![topic("d")]);
+        assert_eq!(wait, Some(round + 1));
+        drop(c);
+    }
+
+    /// Refuses every call holding table "bad"; counts the calls.
+    struct Refusing {
+        calls: std::sync::atomic::AtomicUsize,
+        resets: Mutex<Vec<bool>>,
+    }
+
+    impl ListenCall for Refusing {
+        async fn call(&self, keys: &[Key], reset: bool) -> Result<Listened, tokio_postgres::Error> {
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.resets.lock().unwrap().push(reset);
+            if keys.contains(&Key::Table("bad".into())) {
+                return Ok(Listened::Refused("invalid byte sequence".into()));
+            }
+            Ok(Listened::Count(keys.len() as i32))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_upload_refuses_its_bad_key_alone_and_uploads_the_rest() {
+        let i = Interest::new(true);
+        let good_keys: Vec<Key> = (0..64).map(|n| topic(&n.to_string())).collect();
+        let (bad, round) = i.hold(vec![topic("0"), Key::Table("bad".into())]);
+        let (good, _) = i.hold(good_keys.clone());
+        let mut keys = good_keys;
+        keys.insert(40, Key::Table("bad".into()));
+        let db = Refusing {
+            calls: 0.into(),
+            resets: Mutex::new(Vec::new()),
+        };
+        let (_, uploaded) = isolating(&db, &i, keys.clone(), true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(uploaded.len(), 64, "every key but the bad one");
+        assert!(!uploaded.contains(&Key::Table("bad".into())));
+        // Halving finds one key among 65 in at most 2 calls per level.
+        let calls = db.calls.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(calls <= 2 * 8, "{calls} calls");
+        // The refused whole call and its first half reset the slot; no later half does
+        // (it would forget what the halves before it listened to).
+        let resets = db.resets.lock().unwrap().clone();
+        assert_eq!(resets[..2], [true, true]);
+        assert!(resets[2..].iter().all(|r| !r), "{resets:?}");
+        i.applied(round.unwrap());
+        let why = bad.ready(round.unwrap(), Duration::from_millis(10)).await;
+        assert_eq!(
+            why,
+            Err(NotReady::Refused(
+                Key::Table("bad".into()),
+                "invalid byte sequence".into()
+            ))
+        );
+        assert!(good
+            .ready(round.unwrap(), Duration::from_millis(10))
+            .await
+            .is_ok());
+        // Never offered again while held; forgotten with its last holder.
+        let (_, all) = i.take_all();
+        assert!(!all.contains(&Key::Table("bad".into())));
+        let (again, _) = i.hold(vec![Key::Table("bad".into())]);
+        assert!(again.ready(0, Duration::from_millis(10)).await.is_err());
+        drop((bad, again));
+        assert!(i.refused_among(&[Key::Table("bad".into())]).is_none());
     }
 }

@@ -113,7 +113,8 @@
 //! # Files
 //!
 //! `server` listener, HTTP and upgrades · `url` query and path decoding · `rest` the REST broadcast · `rest_limits` its bounds · `cors` CORS of its routes · `address` who a client is on the network (trusted proxies) · `tally` per-key rates and counts in flight · `socket` one
-//! connection's loop · `command` a client frame parsed into what it asks · `frame` the wire
+//! connection's loop · `command` a client frame parsed into what it asks · `client_text` the
+//! rules for client strings that reach SQL (NUL, length, a binary push's JSON) · `frame` the wire
 //! format of both serializers · `channels/` the channel lifecycle (the registry, a join's
 //! checks and admission, one channel, its pushes) · `held` pushes held behind a verdict · `join_config` what a
 //! join asks for · `broadcast` the broadcast extension · `postgres_changes/` the Postgres
@@ -132,6 +133,7 @@ pub mod address;
 pub mod authorizer;
 pub mod broadcast;
 pub mod channels;
+pub mod client_text;
 pub mod command;
 pub mod config;
 pub mod cors;

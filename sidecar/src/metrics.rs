@@ -60,6 +60,7 @@ pub struct Metrics {
     pub persisted_expired_total: Counter,
     pub presence_tracks_total: Counter,
     pub presence_write_batches_total: Counter,
+    pub presence_write_statements_total: Counter,
     pub presence_writes_total: Counter,
     pub presence_write_failures_total: Counter,
     pub presence_loads_total: Counter,
@@ -255,6 +256,10 @@ impl Default for Metrics {
             presence_write_batches_total: r.counter(
                 "realtime_presence_write_batches_total",
                 "presence write statements (one per batch of changed members)",
+            ),
+            presence_write_statements_total: r.counter(
+                "realtime_presence_write_statements_total",
+                "presence write statements run, a refused batch's halves included",
             ),
             presence_writes_total: r.counter(
                 "realtime_presence_writes_total",

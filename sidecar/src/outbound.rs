@@ -11,6 +11,11 @@
 //! One lock per push and per pop, never held across an await: the pushers (the hub's
 //! dispatch, a history send) and the one reader take it for a few instructions.
 //!
+//! The queue is bounded in frames and in bytes (`MAX_OUTBOUND_FRAMES`, `MAX_OUTBOUND_BYTES`):
+//! frames alone let one client that stopped reading pin 20,000 frames of up to a MiB each.
+//! A frame is always taken into an empty queue, so no single frame, however large, cuts off
+//! a client that reads.
+//!
 //! The queue also owns the rule for a client that cannot keep up: a push that finds it full
 //! marks it overflowed, and the reader (the socket loop, waiting on `overflowed`) ends the
 //! connection as too slow. No pusher decides that itself, and nothing more is queued once
@@ -45,6 +50,8 @@ pub enum TryRecvError {
 
 struct State {
     frames: VecDeque<Message>,
+    /// The bytes of `frames`.
+    bytes: usize,
     /// Senders alive; the reader sees the end when it reaches 0 and the queue is empty.
     senders: usize,
     /// The reader is gone.
@@ -60,6 +67,7 @@ struct Inner {
     /// Wakes the reader once the queue overflowed.
     cut: Notify,
     capacity: usize,
+    max_bytes: usize,
 }
 
 /// The pushing side; cloned into every place that writes to the connection.
@@ -72,11 +80,17 @@ pub struct Receiver {
     inner: Arc<Inner>,
 }
 
-/// A queue of at most `capacity` frames.
+/// A queue of at most `capacity` frames, whatever their size.
 pub fn channel(capacity: usize) -> (Sender, Receiver) {
+    bounded(capacity, usize::MAX)
+}
+
+/// A queue of at most `capacity` frames and `max_bytes` bytes (a connection's).
+pub fn bounded(capacity: usize, max_bytes: usize) -> (Sender, Receiver) {
     let inner = Arc::new(Inner {
         state: Mutex::new(State {
             frames: VecDeque::new(),
+            bytes: 0,
             senders: 1,
             closed: false,
             overflowed: false,
@@ -84,6 +98,7 @@ pub fn channel(capacity: usize) -> (Sender, Receiver) {
         readable: Notify::new(),
         cut: Notify::new(),
         capacity,
+        max_bytes,
     });
     (
         Sender {
@@ -105,12 +120,15 @@ impl Sender {
             if s.overflowed {
                 return Sent::Full;
             }
-            if s.frames.len() >= self.inner.capacity {
+            let n = frame.len();
+            let too_many_bytes = !s.frames.is_empty() && s.bytes + n > self.inner.max_bytes;
+            if s.frames.len() >= self.inner.capacity || too_many_bytes {
                 s.overflowed = true;
                 drop(s);
                 self.inner.cut.notify_one();
                 return Sent::Full;
             }
+            s.bytes += n;
             s.frames.push_back(frame);
         }
         self.inner.readable.notify_one();
@@ -124,9 +142,14 @@ impl Sender {
         self.inner.cut.notify_one();
     }
 
-    /// Frames that could be queued now.
+    /// Frames that could be queued now; none while half the bytes are taken, so that a
+    /// sender that paces itself on this (a history being sent waits for more than half of
+    /// `max_capacity`) never fills the byte bound either.
     pub fn capacity(&self) -> usize {
         let s = self.inner.state.lock().unwrap();
+        if s.bytes >= self.inner.max_bytes / 2 {
+            return 0;
+        }
         self.inner.capacity.saturating_sub(s.frames.len())
     }
 
@@ -209,6 +232,7 @@ impl Receiver {
         let mut s = self.inner.state.lock().unwrap();
         match s.frames.pop_front() {
             Some(frame) => {
+                s.bytes -= frame.len();
                 if s.frames.is_empty() && s.frames.capacity() > KEEP {
                     s.frames = VecDeque::new();
                 }
@@ -224,6 +248,7 @@ impl Drop for Receiver {
         let mut s = self.inner.state.lock().unwrap();
         s.closed = true;
         s.frames = VecDeque::new();
+        s.bytes = 0;
     }
 }
 
@@ -294,6 +319,26 @@ mod tests {
         assert_eq!(rx.try_recv(), Ok(text("a")));
         assert_eq!(tx.send(text("c")), Sent::Full);
         assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    }
+
+    #[test]
+    fn bytes_are_bounded_as_frames_are_and_one_large_frame_still_passes() {
+        let (tx, rx) = bounded(100, 10);
+        // Larger than the bound, into an empty queue: taken (a reading client is not cut
+        // off by one large message).
+        assert_eq!(tx.send(text(&"a".repeat(12))), Sent::Queued);
+        assert_eq!(rx.try_recv(), Ok(text(&"a".repeat(12))));
+        assert_eq!(tx.send(text("12345")), Sent::Queued);
+        assert_eq!(
+            tx.capacity(),
+            0,
+            "half the bytes taken: a paced sender waits"
+        );
+        assert_eq!(tx.send(text("6789")), Sent::Queued);
+        assert_eq!(tx.send(text("xy")), Sent::Full, "11 bytes > 10");
+        assert_eq!(tx.send(text("")), Sent::Full, "overflowed: nothing more");
+        assert_eq!(rx.try_recv(), Ok(text("12345")));
+        assert_eq!(tx.inner.state.lock().unwrap().bytes, 4);
     }
 
     #[tokio::test]

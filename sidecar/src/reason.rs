@@ -4,6 +4,7 @@
 //! the server (`ChannelClosed`, a `system` message before `phx_close`). Texts are Supabase's
 //! where Supabase has one; tests and realtime-js apps compare them.
 
+use crate::client_text::{BadText, Problem};
 use crate::db_worker::DbFailure;
 use crate::history::ask::AskError;
 use crate::jwt::JwtError;
@@ -105,6 +106,12 @@ pub enum Refusal {
     UnableToTrackPresence(String),
     UnknownEvent(String),
     UnableToBroadcast(String),
+    /// A join's `join_ref` no frame may carry (a NUL, over 255 bytes).
+    InvalidJoinRef(BadText),
+    /// A presence key no database row may hold (a NUL), or over MAX_PRESENCE_KEY_BYTES.
+    InvalidPresenceKey(BadText),
+    /// The database refused to listen to one of the join's keys (the key, its message).
+    NotListened(String, String),
 }
 
 impl Refusal {
@@ -143,6 +150,17 @@ impl Refusal {
             Refusal::Jwt(e) => e.reason(),
             Refusal::Database(f) => f.reason().into(),
             Refusal::UnmatchedTopic => "unmatched topic".into(),
+            Refusal::InvalidJoinRef(bad) => format!("InvalidJoinRef: {bad}"),
+            Refusal::NotListened(key, why) => {
+                format!("UnableToListen: the database refused to listen to {key}: {why}")
+            }
+            Refusal::InvalidPresenceKey(bad) => {
+                let setting = match bad.why {
+                    Problem::TooLong { .. } => " (MAX_PRESENCE_KEY_BYTES)",
+                    _ => "",
+                };
+                format!("InvalidPresenceKey: {bad}{setting}")
+            }
             Refusal::UnknownPresenceEvent(event) => format!(
                 "UnknownPresenceEvent: a presence push is \"track\" or \"untrack\", not \"{event}\""
             ),

@@ -74,8 +74,15 @@ pub(crate) fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
             }
             Some(Ok(())) => {}
         }
-        if event.is_none() {
-            errors.insert("event".into(), json!(["can't be blank"]));
+        match event.as_deref().map(crate::client_text::event) {
+            None => {
+                errors.insert("event".into(), json!(["can't be blank"]));
+            }
+            // A NUL or an overlong name would fail the relay's batch in the database.
+            Some(Err(why)) => {
+                errors.insert("event".into(), json!([why.to_string()]));
+            }
+            Some(Ok(())) => {}
         }
         if payload.is_none() {
             errors.insert("payload".into(), json!(["must be a JSON object"]));
@@ -376,6 +383,10 @@ pub async fn broadcast_one(
     };
     if let Err(why) = crate::join_config::validate_sub_topic(&single.topic) {
         return invalid_error(&why.text());
+    }
+    // The event is percent-decoded from the path: `%00` is a NUL.
+    if let Err(why) = crate::client_text::event(&single.event) {
+        return invalid_error(&why.to_string());
     }
     let content_type = req
         .headers()

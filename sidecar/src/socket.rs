@@ -40,7 +40,10 @@ pub async fn serve<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (tx, rx) = outbound::channel(shared.cfg.max_outbound_frames);
+    let (tx, rx) = outbound::bounded(
+        shared.cfg.max_outbound_frames,
+        shared.cfg.max_outbound_bytes,
+    );
     let mut conn = Channels::new(shared.clone(), vsn, socket_claims, headers, tx, address);
     let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
     let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);

@@ -138,6 +138,48 @@ async fn slow_client_is_cut_off_while_others_keep_receiving() {
 }
 
 #[tokio::test]
+async fn a_client_that_stops_reading_pins_frames_counted_not_bytes() {
+    // The review's unbounded memory: the queue counted frames only, so a client that stopped
+    // reading pinned up to MAX_OUTBOUND_FRAMES large ones. 40 messages of 400 kB (16 MB)
+    // are far fewer frames than the default 20,000, and far more bytes than the 2 MiB bound
+    // plus the sockets' buffers.
+    let sidecar = Sidecar::start("t_slow_bytes", &[("MAX_OUTBOUND_BYTES", "2097152")]).await;
+    let db = db().await;
+    let mut slow = Client::connect_small_buffer(sidecar.port, "1.0.0").await;
+    let mut fast = Client::connect(sidecar.port, "1.0.0").await;
+    slow.join_public("realtime:big").await;
+    fast.join_public("realtime:big").await;
+    for i in 0..40i64 {
+        db.execute(
+            "SELECT realtime.send(jsonb_build_object('i', $1::int8, 'pad', repeat('x', 400000)), 'big', 'big', false)",
+            &[&i],
+        )
+        .await
+        .unwrap();
+        // Read before the next is sent: the reading client never nears the bound.
+        loop {
+            let m = fast
+                .next_json(20)
+                .await
+                .expect("the reading client keeps receiving");
+            if m["event"] == "broadcast" {
+                assert_eq!(m["payload"]["payload"]["i"], i);
+                break;
+            }
+        }
+    }
+    assert_eq!(sidecar.metric("realtime_slow_disconnects_total").await, 1.0);
+    let close = loop {
+        match slow.next(10).await {
+            Some(Message::Close(f)) => break f,
+            Some(_) => continue,
+            None => panic!("the client that stopped reading was not closed"),
+        }
+    };
+    assert_eq!(u16::from(close.unwrap().code), 1008);
+}
+
+#[tokio::test]
 async fn joins_and_messages_per_second_are_limited() {
     let sidecar = Sidecar::start(
         "t_rates",

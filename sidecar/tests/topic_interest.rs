@@ -219,3 +219,38 @@ async fn a_sidecar_over_the_topic_limit_receives_everything() {
     send(&db, &format!("interest:many:{limit}"), 5).await;
     assert_eq!(next_n(clients.last_mut().unwrap()).await, Some(5));
 }
+
+#[tokio::test]
+async fn filtering_switched_off_for_good_comes_back_once_the_set_fits_again() {
+    // The test cluster allows 64 topics per consumer (scripts/test.sh).
+    let sidecar = Sidecar::start("t_interest_back", &[]).await;
+    let db = db().await;
+    let limit: i32 = db
+        .query_one(
+            "SELECT current_setting('realtime.max_topics_per_consumer')::int",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let mut keeper = Client::connect(sidecar.port, "1.0.0").await;
+    keeper.join_public("realtime:interest:back:kept").await;
+    let mut many = Vec::new();
+    for i in 0..limit {
+        if i % 50 == 0 {
+            many.push(Client::connect(sidecar.port, "1.0.0").await);
+        }
+        let c = many.last_mut().unwrap();
+        c.join_public(&format!("realtime:interest:back:{i}")).await;
+    }
+    wait_listening(&db, "t_interest_back", None).await;
+    // The many leave: one key is held, fewer than were refused.
+    drop(many);
+    wait_listening(&db, "t_interest_back", Some(1)).await;
+    assert_eq!(sidecar.metric("realtime_listened_keys").await, 1.0);
+    // Filtering again: a new topic's join waits for its upload, and its message arrives.
+    keeper.join_public("realtime:interest:back:new").await;
+    assert_eq!(listening(&db, "t_interest_back").await, Some(2));
+    send(&db, "interest:back:new", 9).await;
+    assert_eq!(next_n(&mut keeper).await, Some(9));
+}

@@ -9,6 +9,7 @@ use super::channel::{Channel, Checks};
 use super::{identity, Answer, Channels};
 use crate::authorizer::{self, Access, Identity};
 use crate::broadcast;
+use crate::client_text;
 use crate::frame::{self, Inbound};
 use crate::gate::Gate;
 use crate::history::{self, ask::Ask};
@@ -17,8 +18,9 @@ use crate::interest::{self, Held};
 use crate::join_config::{self, JoinConfig};
 use crate::jwt::{self, Claims, JwtError};
 use crate::postgres_changes::binding::pattern_over;
+use crate::postgres_changes::bounds::Bounds;
 use crate::postgres_changes::check::{self, Checked};
-use crate::postgres_changes::{self, subscribers, Binding};
+use crate::postgres_changes::{self, subscribers, Binding, BindingError};
 use crate::presence::channel::{self as presence_channel, ChannelPresence};
 use crate::reason::{Disconnect, Notice, Refusal};
 use serde_json::json;
@@ -36,6 +38,9 @@ pub(super) struct PendingJoin {
     pub(super) sub_topic: String,
     /// Its topic and tables, listened to in the database before the join is answered.
     pub(super) held: Held,
+    /// Its Postgres Changes bindings (with the check meanwhile), counted against
+    /// MAX_BINDINGS_PER_CONNECTION.
+    pub(super) bindings: usize,
 }
 
 impl Channels {
@@ -79,6 +84,39 @@ impl Channels {
             self.join_error(&m, Refusal::PostgresChanges(why));
             return Ok(());
         }
+        if let Some(Err(bad)) = m.join_ref.as_deref().map(client_text::join_ref) {
+            self.join_error(&m, Refusal::InvalidJoinRef(bad));
+            return Ok(());
+        }
+        // Before any key is held or anything is asked of the database.
+        if let Err(why) = Bounds::of(&self.shared.cfg).check(&config.postgres_changes) {
+            self.join_error(&m, Refusal::PostgresChanges(why));
+            return Ok(());
+        }
+        // Every binding of a schema-wide channel runs against every drained change: bounded
+        // per connection too, not only per join (a rejoin replaces its channel's).
+        let on_connection: usize = self
+            .channels
+            .iter()
+            .filter(|(t, _)| **t != m.topic)
+            .map(|(_, c)| c.bindings)
+            .chain(self.pending_joins.values().map(|j| j.bindings))
+            .sum();
+        let limit = self.shared.cfg.max_bindings_per_connection;
+        let total = on_connection + config.postgres_changes.len();
+        if !config.postgres_changes.is_empty() && total > limit {
+            let why = BindingError::OverLimit(format!(
+                "the connection's channels would have bindings: {total}; the limit is {limit} (MAX_BINDINGS_PER_CONNECTION)"
+            ));
+            self.join_error(&m, Refusal::PostgresChanges(why));
+            return Ok(());
+        }
+        let key_limit = self.shared.cfg.max_presence_key_bytes;
+        let key = client_text::text("the presence key", &config.presence_key, key_limit);
+        if let Err(bad) = key {
+            self.join_error(&m, Refusal::InvalidPresenceKey(bad));
+            return Ok(());
+        }
         if let Some(Err(why)) = &config.history {
             self.join_error(&m, Refusal::History(why.clone()));
             return Ok(());
@@ -95,8 +133,10 @@ impl Channels {
         }
         // The drain returns the topic's messages (and its tables' changes) once they are
         // listened to: a join is answered after that, so it misses nothing committed later.
-        let keys = interest::keys_of(&sub_topic, &config.postgres_changes);
-        let (held, upload) = self.shared.interest.hold(keys);
+        // The topic is held at once (checked above); the tables only once the database's
+        // check passed them, so no unchecked name is ever uploaded.
+        let topic_key = vec![interest::Key::Topic(sub_topic.clone())];
+        let (held, upload) = self.shared.interest.hold(topic_key.clone());
         let who = identity(&claims, &self.headers);
         if config.private || !config.postgres_changes.is_empty() || upload.is_some() {
             // Answered when the batched verdicts, the bindings' check and the upload of its
@@ -105,6 +145,7 @@ impl Channels {
             let interest = self.shared.interest.clone();
             let deadline = self.shared.cfg.db_call_deadline();
             let bindings = std::mem::take(&mut config.postgres_changes);
+            let count = bindings.len();
             let (private, presence) = (config.private, config.presence);
             let (topic, asked, asking_who) = (m.topic.clone(), sub_topic.clone(), who.clone());
             self.pending_joins.insert(
@@ -116,6 +157,7 @@ impl Channels {
                     who,
                     sub_topic,
                     held,
+                    bindings: count,
                 },
             );
             self.ask(async move {
@@ -136,19 +178,32 @@ impl Channels {
                 };
                 let listening = async {
                     match upload {
-                        Some(round) => interest.ready(round, deadline).await,
+                        Some(round) => interest.ready(round, &topic_key, deadline).await,
                         None => Ok(()),
                     }
                 };
-                let (access, checked, listened) = tokio::join!(asking, checking, listening);
-                let checked = match (checked, listened) {
-                    (Checked::Ok(_), Err(f)) => Checked::Failed(f),
-                    (checked, _) => checked,
+                // The tables' keys after the check: one more upload round for a join that
+                // names a table no channel here holds yet.
+                let checking = async {
+                    let checked = checking.await;
+                    let Checked::Ok(bindings) = &checked else {
+                        return (checked, None, Ok(()));
+                    };
+                    let (tables, round) = interest.hold(interest::table_keys(bindings));
+                    let listened = match round {
+                        Some(round) => tables.ready(round, deadline).await,
+                        None => Ok(()),
+                    };
+                    (checked, Some(tables), listened)
                 };
+                let (access, (checked, tables, tables_listened), topic_listened) =
+                    tokio::join!(asking, checking, listening);
                 Answer::Join {
                     topic,
                     access,
                     checked,
+                    tables,
+                    listened: topic_listened.and(tables_listened),
                 }
             });
             return Ok(());
@@ -160,6 +215,7 @@ impl Channels {
             who,
             sub_topic,
             held,
+            bindings: 0,
         };
         self.complete_join(join, (true, None), Vec::new());
         Ok(())
@@ -182,6 +238,7 @@ impl Channels {
             who,
             sub_topic,
             held,
+            bindings: _,
         } = join;
         let mut ask = config.history.clone().and_then(Result::ok);
         if let (Some(Ask::Resume { epoch, seq }), Some(old)) =
@@ -224,6 +281,7 @@ impl Channels {
         self.shared.metrics.joins_total.increment(1);
         let replied = postgres_changes::reply(&bindings);
         let has_changes = !bindings.is_empty();
+        let binding_count = bindings.len();
         if has_changes {
             self.shared.changes.add(subscribers::Subscriber {
                 reach: reach.clone(),
@@ -289,6 +347,7 @@ impl Channels {
             broadcast,
             presence,
             postgres_changes: has_changes,
+            bindings: binding_count,
             _interest: held,
             history_gate: gate,
             claims,

@@ -28,6 +28,7 @@ use crate::authorizer::{Access, Identity, Verdict};
 use crate::command::{Command, Frame};
 use crate::frame::{self, Inbound, Vsn};
 use crate::hub::ConnId;
+use crate::interest::{Held, NotReady};
 use crate::jwt::{self, Claims};
 use crate::metrics::Metrics;
 use crate::outbound;
@@ -54,6 +55,10 @@ pub enum Answer {
         topic: String,
         access: Access,
         checked: Checked,
+        /// Its bindings' tables, held once they passed the check.
+        tables: Option<Held>,
+        /// Whether its topic and tables are listened to in the database.
+        listened: Result<(), NotReady>,
     },
     Recheck {
         topic: String,
@@ -246,7 +251,7 @@ impl Channels {
             // A missing or stale join_ref is accepted, as Supabase's patched Phoenix accepts
             // it: SDK clients send such pushes.
             Command::Broadcast(Ok(b)) => self.broadcast_push(m, b),
-            Command::Broadcast(Err(why)) => self.refuse(&m, Refusal::UnableToBroadcast(why.into())),
+            Command::Broadcast(Err(why)) => self.refuse(&m, Refusal::UnableToBroadcast(why)),
             Command::Presence(push) => self.presence_push(m, push),
             Command::Unknown(other) => self.refuse(&m, Refusal::UnknownEvent(other)),
         }
@@ -275,10 +280,15 @@ impl Channels {
                 topic,
                 access,
                 checked,
+                tables,
+                listened,
             } => {
-                let Some(join) = self.pending_joins.remove(&topic) else {
+                let Some(mut join) = self.pending_joins.remove(&topic) else {
                     return;
                 };
+                if let Some(tables) = tables {
+                    join.held.absorb(tables);
+                }
                 if let Some(f) = access.failure() {
                     // The database could not answer: not a denial, and said as Supabase says it.
                     self.join_error(&join.m, Refusal::Database(f.clone()));
@@ -287,12 +297,19 @@ impl Channels {
                         access.broadcast_read.allowed(),
                         access.presence_read.as_ref().map(Verdict::allowed),
                     );
-                    match checked {
-                        Checked::Ok(bindings) => self.complete_join(join, verdicts, bindings),
-                        Checked::Refused(why) => {
+                    match (checked, listened) {
+                        (Checked::Refused(why), _) => {
                             self.join_error(&join.m, Refusal::PostgresChanges(why))
                         }
-                        Checked::Failed(f) => self.join_error(&join.m, Refusal::Database(f)),
+                        (Checked::Failed(f), _) | (_, Err(NotReady::Failed(f))) => {
+                            self.join_error(&join.m, Refusal::Database(f))
+                        }
+                        (_, Err(NotReady::Refused(key, why))) => {
+                            self.join_error(&join.m, Refusal::NotListened(key.to_string(), why))
+                        }
+                        (Checked::Ok(bindings), Ok(())) => {
+                            self.complete_join(join, verdicts, bindings)
+                        }
                     }
                 } else {
                     let role_refusal = access.role_refusal().map(str::to_owned);

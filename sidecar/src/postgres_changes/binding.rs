@@ -17,6 +17,7 @@
 //! no Rust engine reproduces, so the database judges them in the delivery stage's call per
 //! table (`deliver`, `realtime.match_patterns`); here they only need their column in the row.
 
+use crate::client_text::{self, BadText};
 use serde_json::{json, Map, Value};
 
 /// Which change types a binding wants.
@@ -156,6 +157,14 @@ pub enum BindingError {
         at: usize,
         why: String,
     },
+    /// A name or value no database call may carry (a NUL, a name longer than any
+    /// identifier): refused before it reaches one (`client_text`).
+    BadText {
+        at: usize,
+        bad: BadText,
+    },
+    /// Over one of the per-join bounds (`bounds`): the text names the setting.
+    OverLimit(String),
 }
 
 impl BindingError {
@@ -187,6 +196,10 @@ impl BindingError {
             BindingError::Rejected { at, why } => {
                 format!("InvalidPostgresChanges: binding {at}: {why}")
             }
+            BindingError::BadText { at, bad } => {
+                format!("InvalidPostgresChanges: binding {at}: {bad}")
+            }
+            BindingError::OverLimit(why) => format!("InvalidPostgresChanges: {why}"),
             BindingError::InvalidFilter { at, filter } => format!(
                 "InvalidPostgresChanges: binding {at}: filter \"{filter}\" is not column=operator.value (several joined by commas)"
             ),
@@ -271,6 +284,24 @@ fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
         Some(f) if !f.is_empty() => parse_filters(at, &f)?,
         _ => Vec::new(),
     };
+    // Every name and value here reaches `realtime.subscribable` and (the table) the
+    // interest upload: one the database cannot take would fail those calls for everyone.
+    let bad = |bad| BindingError::BadText { at, bad };
+    if schema != "*" {
+        client_text::identifier("schema", &schema).map_err(bad)?;
+    }
+    if let Some(t) = &table {
+        client_text::identifier("table", t).map_err(bad)?;
+    }
+    for c in select.iter().flatten() {
+        client_text::identifier("a select column", c).map_err(bad)?;
+    }
+    for f in &filters {
+        client_text::identifier("a filter column", &f.column).map_err(bad)?;
+        for v in &f.values {
+            client_text::text("a filter value", v, usize::MAX).map_err(bad)?;
+        }
+    }
     // The reply echoes exactly the keys the client sent, so that `===` holds.
     let mut echo = Map::new();
     for k in ["event", "schema", "table", "filter"] {

@@ -16,10 +16,12 @@
 //! the join answered, the channel registered, and `system` "Subscribed to PostgreSQL" sent:
 //! a client that sees SUBSCRIBED gets every change committed after.
 //!
-//! `binding` bindings, filters, matching and the join reply · `check` the join-time check ·
+//! `binding` bindings, filters, matching and the join reply · `bounds` what one join's
+//! bindings may cost · `check` the join-time check ·
 //! `subscribers` who listens to which table · `deliver` the drained batch's stage.
 
 pub mod binding;
+pub mod bounds;
 pub mod check;
 pub mod deliver;
 pub mod subscribers;

@@ -10,8 +10,9 @@
 //! 2. **Writes.** Every wish that changes something is written, at most WRITE_BATCH to a
 //!    statement of `realtime.presence_track` / `realtime.presence_untrack` calls, under the
 //!    current session (`lease`); each call commits its diff to the queue. A statement the
-//!    database refuses is retried one member at a time, so one bad meta fails only its own
-//!    push; one cancelled by its timeout is retried whole later. Each push is answered once
+//!    database refuses is split in halves down to the member that sank it, so one bad meta
+//!    fails only its own push, in a few statements; one cancelled by its timeout is retried
+//!    whole later. Each push is answered once
 //!    its change committed.
 //!
 //! Under each new session (a lease lost, or this connection broken with a write in flight
@@ -350,35 +351,36 @@ impl Worker {
         writes: Vec<Write>,
     ) -> Result<(), Stop> {
         self.metrics.presence_write_batches_total.increment(1);
-        match self.statement(client, session, &writes).await? {
-            Ok(results) => {
-                for (w, r) in writes.into_iter().zip(results) {
-                    self.settle(w, Ok(r));
-                }
-            }
-            Err(Refused::Canceled) => {
-                tracing::warn!(
-                    members = writes.len(),
-                    "a presence write hit its statement timeout; retrying"
-                );
-                for w in writes {
-                    self.members.restore(w.id, w.op.desired(), w.replies);
-                }
-            }
-            Err(Refused::Input(why)) => {
-                // One bad member sinks the statement (none of it committed): one at a time.
-                tracing::debug!(error = %why, "presence write failed; isolating");
-                for w in writes {
-                    match self
-                        .statement(client, session, std::slice::from_ref(&w))
-                        .await?
-                    {
-                        Ok(mut r) => self.settle(w, Ok(r.pop().flatten())),
-                        Err(Refused::Input(why)) => self.settle(w, Err(why)),
-                        Err(Refused::Canceled) => {
-                            self.members.restore(w.id, w.op.desired(), w.replies)
-                        }
+        // A statement the database refuses for its input (one bad member sinks it: none of
+        // it committed) is split in halves and each asked again, down to the member that
+        // sank it, which alone is refused: a few statements per bad member, not one per
+        // member of the batch (db_worker::settle splits the batched workers' calls so).
+        let mut work = vec![writes];
+        while let Some(mut part) = work.pop() {
+            match self.statement(client, session, &part).await? {
+                Ok(results) => {
+                    for (w, r) in part.into_iter().zip(results) {
+                        self.settle(w, Ok(r));
                     }
+                }
+                Err(Refused::Canceled) => {
+                    tracing::warn!(
+                        members = part.len(),
+                        "a presence write hit its statement timeout; retrying"
+                    );
+                    for w in part {
+                        self.members.restore(w.id, w.op.desired(), w.replies);
+                    }
+                }
+                Err(Refused::Input(why)) if part.len() == 1 => {
+                    let w = part.pop().expect("one write");
+                    self.settle(w, Err(why));
+                }
+                Err(Refused::Input(why)) => {
+                    tracing::debug!(error = %why, members = part.len(), "presence write failed; splitting");
+                    let back = part.split_off(part.len() / 2);
+                    work.push(back);
+                    work.push(part);
                 }
             }
         }
@@ -419,6 +421,7 @@ impl Worker {
         }
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
             [&session, &track, &topics, &privates, &keys, &metas, &prevs];
+        self.metrics.presence_write_statements_total.increment(1);
         match self
             .call("presence write", client.query(WRITE_SQL, &params))
             .await?
