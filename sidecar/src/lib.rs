@@ -204,7 +204,11 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         history: history_tx.clone(),
         changes: changes.clone(),
         presence: presence.clone(),
-        rest_limits: rest_limits::RestLimits::new(&cfg, relay::QUEUE),
+        rest_limits: rest_limits::RestLimits::new(
+            &cfg,
+            relay::QUEUE,
+            metrics.rest_requests_in_flight.clone(),
+        ),
         connections_by_address: tally::InFlight::default(),
         instance,
     });

@@ -10,8 +10,8 @@
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Level, Metadata, Recorder, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
-use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How often samples of the latency summary are folded in, keeping their memory bounded
@@ -26,6 +26,9 @@ pub struct Metrics {
     pub db_up: AtomicI64,
     connections_gauge: Gauge,
     db_up_gauge: Gauge,
+    /// REST broadcast requests being served (counted by `rest_limits`, which holds a clone).
+    pub rest_requests_in_flight: Arc<AtomicUsize>,
+    rest_requests_in_flight_gauge: Gauge,
 
     pub connections_total: Counter,
     pub connections_refused: Counter,
@@ -143,6 +146,11 @@ impl Default for Metrics {
             db_up: AtomicI64::new(0),
             connections_gauge: r.gauge("realtime_connections", "open WebSocket connections"),
             db_up_gauge: r.gauge("realtime_db_up", "1 while the drain connection is up"),
+            rest_requests_in_flight: Arc::default(),
+            rest_requests_in_flight_gauge: r.gauge(
+                "realtime_rest_requests_in_flight",
+                "REST broadcast requests being served (MAX_REST_REQUESTS_IN_FLIGHT)",
+            ),
             connections_total: r.counter(
                 "realtime_connections_total",
                 "WebSocket connections accepted",
@@ -362,6 +370,8 @@ impl Metrics {
         self.connections_gauge
             .set(self.connections.load(Relaxed) as f64);
         self.db_up_gauge.set(self.db_up.load(Relaxed) as f64);
+        self.rest_requests_in_flight_gauge
+            .set(self.rest_requests_in_flight.load(Relaxed) as f64);
         self.handle.render()
     }
 
@@ -424,7 +434,8 @@ mod tests {
         "realtime_presence_reaped_total",
         "realtime_presence_sessions_lost_total",
     ];
-    const GAUGES: [&str; 11] = [
+    const GAUGES: [&str; 12] = [
+        "realtime_rest_requests_in_flight",
         "realtime_presence_topics",
         "realtime_listened_keys",
         "realtime_presence_members",

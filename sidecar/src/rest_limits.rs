@@ -81,11 +81,12 @@ impl Drop for Admitted {
 }
 
 impl RestLimits {
-    /// `relay_capacity`: the relay queue's length, of which REST may hold half.
-    pub fn new(cfg: &Config, relay_capacity: usize) -> Self {
+    /// `relay_capacity`: the relay queue's length, of which REST may hold half; `in_flight`:
+    /// where the requests being served are counted (the metrics' gauge reads it).
+    pub fn new(cfg: &Config, relay_capacity: usize, in_flight: Arc<AtomicUsize>) -> Self {
         let sweep_at = cfg.max_rest_events_per_second as usize;
         RestLimits {
-            in_flight: Arc::default(),
+            in_flight,
             per_address: InFlight::default(),
             total_rate: RateTally::new(1),
             address_rate: RateTally::new(sweep_at),
@@ -191,7 +192,7 @@ mod tests {
             "a-secret-of-at-least-thirty-two-bytes",
         ];
         all.extend_from_slice(args);
-        RestLimits::new(&Config::try_parse_from(all).unwrap(), 8)
+        RestLimits::new(&Config::try_parse_from(all).unwrap(), 8, Arc::default())
     }
 
     fn from(ip: &str, sub: Option<&'static str>) -> Sender<'static> {

@@ -111,7 +111,11 @@ pub mod testing {
             presence,
             changes: Arc::default(),
             interest: crate::interest::Interest::new(cfg.filter_topics),
-            rest_limits: crate::rest_limits::RestLimits::new(&cfg, 64),
+            rest_limits: crate::rest_limits::RestLimits::new(
+                &cfg,
+                64,
+                metrics.rest_requests_in_flight.clone(),
+            ),
             connections_by_address: crate::tally::InFlight::default(),
             hub: Arc::new(Hub::new(metrics.clone())),
             verifier: Verifier::new(SECRET),

@@ -220,17 +220,21 @@ async fn rest_requests_in_flight_are_bounded_per_address() {
         s.write_all(head.as_bytes()).await.unwrap();
         slow.push(s);
     }
-    // The third waits for nothing: refused at once (well before the body timeout).
+    // Their places are taken once the server has read their headers; a request sent before
+    // then could take one of the two places itself and leave a slow one refused.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let refused = loop {
-        // The slow requests' places are taken when the server has read their headers.
-        let answer = post(p, "127.0.0.2", &anon, &[], "f", 1).await;
-        if answer.0 == 429 || Instant::now() > deadline {
-            break answer;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(refused, (429, r#"{"message":"Too many requests"}"#.into()));
+    while sidecar.metric("realtime_rest_requests_in_flight").await < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow requests were never admitted"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The third waits for nothing: refused at once (well before the body timeout).
+    assert_eq!(
+        post(p, "127.0.0.2", &anon, &[], "f", 1).await,
+        (429, r#"{"message":"Too many requests"}"#.into())
+    );
     assert_eq!(post(p, "127.0.0.3", &anon, &[], "f", 1).await.0, 202);
     // Their clients gone, the places are given back.
     drop(slow);

@@ -707,3 +707,19 @@ async fn too_many_joins_a_second_close_the_socket() {
     assert_eq!(send("realtime:b"), Ok(()));
     assert_eq!(send("realtime:c"), Err(Disconnect::JoinRateLimit));
 }
+
+#[tokio::test]
+async fn a_presence_key_counts_against_the_meta_size_limit() {
+    let mut t = conn_with(&["--max-presence-meta-bytes", "100"]);
+    let key = "k".repeat(90);
+    let join = json!(["1", "1", "realtime:room", "phx_join",
+                      {"config": {"presence": {"key": key, "enabled": true}}}]);
+    t.send(join).unwrap();
+    t.written();
+    // 20 bytes of meta alone would fit; with the 90-byte key they do not.
+    t.send(track("realtime:room", "2", json!({"pad": "0123456"})))
+        .unwrap();
+    let w = t.written();
+    assert_eq!(w[0].2["message"], "Track message size exceeded", "{w:?}");
+    assert_eq!(w[1].1, "phx_close");
+}

@@ -205,7 +205,9 @@ impl ChannelPresence {
                     Some(true) => {}
                 }
                 let meta = meta.to_string();
-                if meta.len() > p.max_meta_bytes {
+                // The key travels with the meta in every state and diff of the member: a
+                // long key (up to MAX_PRESENCE_KEY_BYTES) counts against the size too.
+                if meta.len() + self.key.len() > p.max_meta_bytes {
                     return Outcome::Close(ChannelClosed::TrackTooLarge);
                 }
                 if let Err(why) = p.budgets.admit(source) {
