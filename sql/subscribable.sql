@@ -111,8 +111,10 @@ BEGIN
                         error := format('is.%s applies to booleans; column %I of %s is of type %s', f -> 'values' ->> 0,
                                         f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
                     END IF;
+                -- Arrays only of base and enum elements: a composite element's input would run
+                -- its fields' domain CHECKs as the owner, with the client's text.
                 ELSIF EXISTS (SELECT 1 FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1
-                              WHERE t.oid = typ AND (t.typtype NOT IN ('b', 'e') OR e.typtype = 'd')) THEN
+                              WHERE t.oid = typ AND (t.typtype NOT IN ('b', 'e') OR e.typtype NOT IN ('b', 'e'))) THEN
                     error := format('column %I of %s is of type %s, which filters do not support',
                                     f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
                 ELSE

@@ -60,7 +60,8 @@ BEGIN
 END
 $$;
 
--- sql/subscribable.sql: match and imatch compiled at join; isdistinct.null as Supabase reads it.
+-- sql/subscribable.sql: match and imatch compiled at join; isdistinct.null as Supabase reads
+-- it; arrays of composite elements refused (review L8).
 CREATE OR REPLACE FUNCTION realtime.subscribable(bindings jsonb)
 RETURNS TABLE(item integer, error text, "values" jsonb)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -159,8 +160,10 @@ BEGIN
                         error := format('is.%s applies to booleans; column %I of %s is of type %s', f -> 'values' ->> 0,
                                         f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
                     END IF;
+                -- Arrays only of base and enum elements: a composite element's input would run
+                -- its fields' domain CHECKs as the owner, with the client's text.
                 ELSIF EXISTS (SELECT 1 FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1
-                              WHERE t.oid = typ AND (t.typtype NOT IN ('b', 'e') OR e.typtype = 'd')) THEN
+                              WHERE t.oid = typ AND (t.typtype NOT IN ('b', 'e') OR e.typtype NOT IN ('b', 'e'))) THEN
                     error := format('column %I of %s is of type %s, which filters do not support',
                                     f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
                 ELSE
