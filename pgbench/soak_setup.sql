@@ -1,5 +1,15 @@
 -- The soak (soak.py): what the attackers of pgbench/loadgen/src/bin/attackers.rs aim at,
 -- beside changes_setup.sql's table of the ordinary Postgres Changes subscribers.
+-- Supabase's anon role, which the anonymous attackers' bindings are checked as.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'anon') THEN
+        CREATE ROLE anon NOLOGIN;
+    END IF;
+END
+$$;
+GRANT anon TO CURRENT_USER;
+GRANT SELECT ON bench_changes TO anon;
 -- The bulk writer's table: published, with a SELECT policy that costs about 2 ms a row.
 CREATE FUNCTION soak_slow_visible() RETURNS boolean LANGUAGE sql VOLATILE AS
     $$ SELECT pg_sleep(0.002) IS NOT NULL $$;

@@ -267,7 +267,11 @@ async fn push_loop(
             continue;
         };
         let (mut write, read) = ws.split();
-        count_answers(read, t.clone());
+        if vsn == "2.0.0" {
+            count_answers_v2(read, t.clone());
+        } else {
+            count_answers(read, t.clone());
+        }
         let topic = format!("realtime:attack-{}-{i}", from);
         let join_frame = if vsn == "2.0.0" {
             Message::text(json!(["1", "1", topic, "phx_join", join]).to_string())
