@@ -135,6 +135,25 @@ pub struct Config {
     #[arg(long, env = "PRESENCE_LEASE_SECS", default_value_t = 3,
           value_parser = clap::value_parser!(u64).range(2..=3600))]
     pub presence_lease_secs: u64,
+
+    /// How long the Postgres Changes checks of one table in one drained batch may take, all
+    /// calls together (each runs under the server's statement_timeout of what is left).
+    /// Changes not decided by then are withheld from their channels, which are told "Changes
+    /// to S.T could not be authorized and were not delivered: the check took longer than
+    /// CHANGES_CHECK_TIMEOUT_MS"; the rest of the batch goes out.
+    #[arg(long, env = "CHANGES_CHECK_TIMEOUT_MS", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub changes_check_timeout_ms: u64,
+    /// Changed rows one RLS check call asks about (Supabase's poll_max_changes: it polls
+    /// 100 changes at a time): a bulk write is checked in calls of bounded work.
+    #[arg(long, env = "POLL_MAX_CHANGES", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub poll_max_changes: u64,
+    /// Subscriber identities one RLS check call asks for, with POLL_MAX_CHANGES the bound
+    /// on a call's work (identities × rows).
+    #[arg(long, env = "CHANGES_CHECK_MAX_IDENTITIES", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub changes_check_max_identities: u64,
 }
 
 /// A setting the sidecar refuses to start with; the text names it. (Exit status 2.)

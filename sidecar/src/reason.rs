@@ -242,6 +242,8 @@ pub enum Notice {
     },
     /// A change could not be decoded (its table dropped or altered before it was drained).
     ChangeLost { table: String, why: String },
+    /// The same, told to a channel listening to whole schemas, which names no table.
+    SomeChangeLost,
 }
 
 impl Notice {
@@ -270,6 +272,7 @@ impl Notice {
                 "Changes to {schema}.{table} could not be authorized and were not delivered: {why}"
             ),
             Notice::ChangeLost { table, why } => format!("A change to table {table} was lost: {why}"),
+            Notice::SomeChangeLost => "A change was lost: its table was dropped or altered before it was delivered".into(),
         }
     }
 }

@@ -68,3 +68,90 @@ async fn a_change_right_after_subscribed_reaches_a_table_the_drain_in_flight_did
     );
     db.batch_execute("DROP TABLE redrain").await.unwrap();
 }
+
+/// The bulk-insert attack: a table whose SELECT policy costs 2 ms per row, one
+/// authenticated subscriber, one INSERT of 6,000 rows. Its RLS check needs 12 s, past the
+/// client's 10 s call deadline that used to end the drain connection with the batch
+/// unconfirmed and drain it again forever (nothing else was delivered). Under a 300 ms
+/// CHANGES_CHECK_TIMEOUT_MS the check is cut on the server, the subscriber is told its
+/// changes were withheld, the rows decided within the budget arrive, and a broadcast
+/// committed right after the insert reaches another client; the connection never drops.
+#[tokio::test]
+async fn a_bulk_insert_whose_rls_check_outlasts_its_timeout_withholds_and_the_drain_goes_on() {
+    let sidecar = Sidecar::start(
+        "t_slow_check",
+        &[
+            ("CHANGES_CHECK_TIMEOUT_MS", "300"),
+            ("POLL_MAX_CHANGES", "100"),
+        ],
+    )
+    .await;
+    let db = db().await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS slow_items;
+         CREATE TABLE slow_items (id bigint PRIMARY KEY, v text);
+         ALTER TABLE slow_items ENABLE ROW LEVEL SECURITY;
+         CREATE OR REPLACE FUNCTION slow_ok() RETURNS boolean LANGUAGE plpgsql AS
+           $$ BEGIN PERFORM pg_sleep(0.002); RETURN true; END $$;
+         CREATE POLICY slow ON slow_items FOR SELECT TO authenticated USING (slow_ok());
+         GRANT SELECT ON slow_items TO authenticated;
+         ALTER PUBLICATION supabase_realtime ADD TABLE slow_items;",
+    )
+    .await
+    .unwrap();
+    let mut subscriber = Client::connect_with(sidecar.port, "1.0.0", &user_token("bulk")).await;
+    let binding = json!({"event": "*", "schema": "public", "table": "slow_items"});
+    let join =
+        json!({"config": {"postgres_changes": [binding]}, "access_token": user_token("bulk")});
+    let r = subscriber
+        .push(Some("1"), "realtime:slow", "phx_join", join)
+        .await;
+    let reply = subscriber.reply(&r).await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let subscribed = subscriber.next_json(10).await.expect("system");
+    assert_eq!(subscribed["payload"]["status"], "ok", "{subscribed}");
+    let mut bystander = Client::connect(sidecar.port, "1.0.0").await;
+    bystander.join_public("realtime:after_bulk").await;
+
+    db.execute(
+        "INSERT INTO slow_items SELECT g, 'x' FROM generate_series(1, 6000) g",
+        &[],
+    )
+    .await
+    .unwrap();
+    send(&db, json!({"n": 1}), "after", "after_bulk").await;
+
+    // Fail-safe only: the broadcast is due within a second or so.
+    let m = bystander
+        .next_json(30)
+        .await
+        .expect("the broadcast after the bulk insert");
+    assert_eq!(m["payload"]["event"], "after", "{m}");
+
+    let (mut changes, mut withheld) = (0, Vec::new());
+    while let Some(m) = subscriber.next_json(3).await {
+        match m["event"].as_str() {
+            Some("postgres_changes") => changes += 1,
+            Some("system") => withheld.push(m["payload"]["message"].as_str().unwrap().to_owned()),
+            _ => panic!("{m}"),
+        }
+    }
+    assert_eq!(
+        withheld,
+        vec![
+            "Changes to public.slow_items could not be authorized and were not delivered: \
+              the check took longer than CHANGES_CHECK_TIMEOUT_MS (300 ms)"
+        ],
+        "told once"
+    );
+    // What the budget decided (a call of 100 rows takes about 200 ms), never all of it.
+    assert!(changes > 0 && changes < 6000, "{changes} changes delivered");
+    assert_eq!(sidecar.metric("realtime_db_reconnects_total").await, 0.0);
+    assert_eq!(
+        sidecar.metric("realtime_change_check_failures_total").await,
+        1.0
+    );
+    db.batch_execute("DROP TABLE slow_items; DROP FUNCTION slow_ok()")
+        .await
+        .unwrap();
+}
