@@ -154,6 +154,14 @@ pub struct Config {
     #[arg(long, env = "CHANGES_CHECK_MAX_IDENTITIES", default_value_t = 100,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub changes_check_max_identities: u64,
+
+    /// Most messages of its topic one resume (`config.broadcast.resume`) is sent: a client
+    /// further behind gets the newest this many and a `system` error with `recovered:
+    /// false` and the positions not sent ("More than MAX_RESUME_MESSAGES (N) messages follow
+    /// position P: ..."). It bounds what one join makes the sidecar hold for it.
+    #[arg(long, env = "MAX_RESUME_MESSAGES", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_resume_messages: u64,
 }
 
 /// A setting the sidecar refuses to start with; the text names it. (Exit status 2.)

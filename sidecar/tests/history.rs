@@ -702,3 +702,85 @@ async fn persisted_client_broadcasts_are_replayed_even_after_the_ring_dropped_th
         assert!(meta["id"].is_string(), "{n}: {meta}");
     }
 }
+
+/// Sends 80 messages n = from..from+80 of about 250 KB each on `topic` (public).
+async fn send_large(db: &tokio_postgres::Client, topic: &str, from: i64) {
+    db.execute(
+        "SELECT realtime.send(jsonb_build_object('n', g, 'x', repeat('a', 250000)), 'n', $1, false) \
+         FROM generate_series($2::int8, $2::int8 + 79) g",
+        &[&topic, &from],
+    )
+    .await
+    .unwrap();
+}
+
+/// A resume used to be read in pages cut at 64 MB and stop after the first short one while
+/// saying `recovered: true` (80 messages of 1 MB: the last dozen never came). A resume is
+/// now one walk to the queue's end that keeps at most MAX_RESUME_MESSAGES per topic: 80
+/// large messages (20 MB, what the suite's 32 MB queue holds) all arrive, then recovered.
+#[tokio::test]
+async fn a_resume_of_large_messages_sends_every_one_before_saying_recovered() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start("t_history_large", &[]).await;
+    let db = db().await;
+    let topic = topic("resume:large");
+    let mut a = Client::connect(sidecar.port, "1.0.0").await;
+    a.join_public(&format!("realtime:{topic}")).await;
+    send(&db, &topic, 0, 1, false).await;
+    let (epoch, seq) = last_position(&read_until(&mut a, 10, has_n(0)).await);
+    drop(a);
+    send_large(&db, &topic, 1).await;
+    let mut b = Client::connect(sidecar.port, "1.0.0").await;
+    assert_eq!(resume(&mut b, &topic, &epoch, seq).await["status"], "ok");
+    let got = read_until(&mut b, 60, |g| !system(g).is_empty()).await;
+    assert_eq!(ns(&got), (1..81).collect::<Vec<_>>());
+    let sys = &system(&got)[0];
+    assert_eq!(
+        (&sys["recovered"], &sys["resent"]),
+        (&json!(true), &json!(80)),
+        "{sys}"
+    );
+}
+
+/// How much history one resume may make the sidecar hold is bounded: past
+/// MAX_RESUME_MESSAGES the newest are sent and the client is told which positions were
+/// not, with `recovered: false` (never a silent cut).
+#[tokio::test]
+async fn a_resume_further_behind_than_max_resume_messages_gets_the_newest_and_the_range_not_sent() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start("t_history_limit", &[("MAX_RESUME_MESSAGES", "50")]).await;
+    let db = db().await;
+    let topic = topic("resume:limit");
+    let mut a = Client::connect(sidecar.port, "1.0.0").await;
+    a.join_public(&format!("realtime:{topic}")).await;
+    send(&db, &topic, 0, 1, false).await;
+    let (epoch, seq) = last_position(&read_until(&mut a, 10, has_n(0)).await);
+    drop(a);
+    send_large(&db, &topic, 1).await;
+    let mut b = Client::connect(sidecar.port, "1.0.0").await;
+    assert_eq!(resume(&mut b, &topic, &epoch, seq).await["status"], "ok");
+    let got = read_until(&mut b, 60, |g| !system(g).is_empty()).await;
+    assert_eq!(ns(&got), (31..81).collect::<Vec<_>>(), "the newest 50");
+    let first_sent = match &got[0] {
+        Got::Broadcast { seq, .. } => *seq,
+        other => panic!("{other:?}"),
+    };
+    let sys = &system(&got)[0];
+    assert_eq!(sys["recovered"], false, "{sys}");
+    assert_eq!(sys["status"], "error");
+    assert_eq!(sys["first_missing"], seq + 1, "{sys}");
+    assert_eq!(sys["last_missing"], first_sent - 1, "{sys}");
+    assert_eq!(sys["resent"], 50);
+    assert_eq!(
+        sys["message"],
+        format!(
+            "More than MAX_RESUME_MESSAGES (50) messages follow position {seq}: messages {} to {} were not sent; the 50 newest were",
+            seq + 1,
+            first_sent - 1
+        )
+    );
+    // Live messages follow.
+    send(&db, &topic, 81, 82, false).await;
+    let live = read_until(&mut b, 10, has_n(81)).await;
+    assert_eq!(ns(&live), vec![81]);
+}
