@@ -162,6 +162,17 @@ pub struct Config {
     #[arg(long, env = "MAX_RESUME_MESSAGES", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_resume_messages: u64,
+
+    /// Persisted messages (`persist`) one topic keeps at most, unexpired, counted over every
+    /// sidecar; a push past it is refused with "UnableToBroadcast: PersistQuotaExceeded:
+    /// topic T keeps at most N persisted messages and B bytes ..." (nothing is relayed).
+    #[arg(long, env = "MAX_PERSISTED_MESSAGES_PER_TOPIC", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=i32::MAX as u64))]
+    pub max_persisted_messages_per_topic: u64,
+    /// Bytes of persisted payloads one topic keeps at most (as stored), refused the same way.
+    #[arg(long, env = "MAX_PERSISTED_BYTES_PER_TOPIC", default_value_t = 10_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
+    pub max_persisted_bytes_per_topic: u64,
 }
 
 /// A setting the sidecar refuses to start with; the text names it. (Exit status 2.)

@@ -784,3 +784,132 @@ async fn a_resume_further_behind_than_max_resume_messages_gets_the_newest_and_th
     let live = read_until(&mut b, 10, has_n(81)).await;
     assert_eq!(ns(&live), vec![81]);
 }
+
+/// A user allowed to write one room could fill `realtime.persisted_messages` at the
+/// database's write rate for 72 hours. A topic now keeps at most
+/// MAX_PERSISTED_MESSAGES_PER_TOPIC messages and MAX_PERSISTED_BYTES_PER_TOPIC bytes: a
+/// push past either is refused with the reason, in `response.error` too (realtime-js hands
+/// it to the app), nothing of it relayed; pushes not kept still go through.
+#[tokio::test]
+async fn persisted_messages_past_a_topic_s_quota_are_refused_with_the_reason() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start(
+        "t_history_quota",
+        &[
+            ("MAX_PERSISTED_MESSAGES_PER_TOPIC", "3"),
+            ("MAX_PERSISTED_BYTES_PER_TOPIC", "2000"),
+        ],
+    )
+    .await;
+    let db = private_setup().await;
+    let topic = topic("persist:quota");
+    member_of(&db, &topic, true).await;
+    let mut w = Client::connect(sidecar.port, "1.0.0").await;
+    let r = join_private(&mut w, &topic, MEMBER, json!({"ack": true})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let channel = format!("realtime:{topic}");
+    let kept = |n: i64, pad: usize| {
+        json!({"type": "broadcast", "event": "kept", "payload": {"n": n, "pad": "x".repeat(pad)},
+               "persist": {"ttl": 60}})
+    };
+    for n in 1..=3 {
+        let r = w.push(Some("1"), &channel, "broadcast", kept(n, 0)).await;
+        assert_eq!(w.reply(&r).await["status"], "ok", "message {n}");
+    }
+    let r = w.push(Some("1"), &channel, "broadcast", kept(4, 0)).await;
+    let reply = w.reply(&r).await;
+    let reason = format!(
+        "UnableToBroadcast: PersistQuotaExceeded: topic {topic} keeps at most 3 persisted messages \
+         and 2000 bytes (MAX_PERSISTED_MESSAGES_PER_TOPIC, MAX_PERSISTED_BYTES_PER_TOPIC) until some expire"
+    );
+    assert_eq!(reply["status"], "error", "{reply}");
+    assert_eq!(reply["response"]["reason"], reason.as_str(), "{reply}");
+    assert_eq!(reply["response"]["error"], reason.as_str(), "{reply}");
+    // Not kept: relayed as ever.
+    let r = w.broadcast(&channel, "fleeting", json!({"n": 5})).await;
+    assert_eq!(w.reply(&r).await["status"], "ok");
+
+    // Bytes: one message larger than the topic's byte quota, on a topic with none kept.
+    let big_topic = format!("{topic}:big");
+    member_of(&db, &big_topic, true).await;
+    let r = join_private(&mut w, &big_topic, MEMBER, json!({"ack": true})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let r = w
+        .push(
+            Some("1"),
+            &format!("realtime:{big_topic}"),
+            "broadcast",
+            kept(1, 3000),
+        )
+        .await;
+    let reply = w.reply(&r).await;
+    assert!(
+        reply["response"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("PersistQuotaExceeded"),
+        "{reply}"
+    );
+    let counts: Vec<(String, i64)> = db
+        .query(
+            "SELECT topic, count(*) FROM realtime.persisted_messages WHERE topic IN ($1, $2) GROUP BY topic",
+            &[&topic, &big_topic],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![(topic.clone(), 3)],
+        "nothing past the quota was kept"
+    );
+    db.execute(
+        "DELETE FROM realtime.persisted_messages WHERE topic IN ($1, $2)",
+        &[&topic, &big_topic],
+    )
+    .await
+    .unwrap();
+}
+
+/// A mass expiry used to be one DELETE under a 5 s statement timeout: once enough rows
+/// expired together it was cancelled every minute and never caught up. Expiry deletes in
+/// chunks of 10,000 through realtime.expire_persisted, at most ten a round: 150,000 expired
+/// rows lose 100,000 in the sidecar's first round and the rest in the next.
+#[tokio::test]
+async fn a_mass_expiry_of_persisted_messages_is_worked_off_in_bounded_chunks() {
+    let _serial = SERIAL.lock().await;
+    let db = db().await;
+    db.batch_execute(
+        "DELETE FROM realtime.persisted_messages;
+         INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, expires_at)
+         SELECT gen_random_uuid(), 'expiry:' || (g % 100), true, 'old', '{}',
+                now() - interval '1 hour' + g * interval '1 millisecond'
+         FROM generate_series(1, 150000) g;",
+    )
+    .await
+    .unwrap();
+    let sidecar = Sidecar::start("t_history_expiry", &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sidecar.metric("realtime_persisted_expired_total").await < 100_000.0 {
+        assert!(Instant::now() < deadline, "the first round did not finish");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let left: i64 = db
+        .query_one("SELECT count(*) FROM realtime.persisted_messages", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 50_000, "ten chunks of 10,000 in one round, no more");
+    assert_eq!(
+        sidecar.metric("realtime_persisted_expired_total").await,
+        100_000.0
+    );
+    assert!(!sidecar
+        .log()
+        .contains("deleting expired persisted messages"));
+    db.execute("DELETE FROM realtime.persisted_messages", &[])
+        .await
+        .unwrap();
+}
