@@ -213,3 +213,55 @@ async fn a_partition_s_rows_are_checked_against_its_root_s_row_security() {
         .await
         .unwrap();
 }
+
+/// On a table with RLS a DELETE is not checked and delivers its key alone, but its
+/// filters used to run on the whole old row: a subscriber who may see no row learned,
+/// binding by binding, what a deleted row held (`salary=lt.50000`, `salary=lt.100000`, ...).
+/// Only filters on the key apply to such a DELETE now.
+#[tokio::test]
+async fn a_delete_on_an_rls_table_reveals_nothing_through_filters_on_other_columns() {
+    let sidecar = Sidecar::start("t_delete_filters", &[]).await;
+    let db = db().await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS salaries;
+         CREATE TABLE salaries (id bigint PRIMARY KEY, owner text, salary int);
+         ALTER TABLE salaries ENABLE ROW LEVEL SECURITY;
+         ALTER TABLE salaries REPLICA IDENTITY FULL;
+         CREATE POLICY own ON salaries FOR SELECT TO authenticated
+             USING (owner = current_setting('request.jwt.claims', true)::jsonb ->> 'sub');
+         GRANT SELECT ON salaries TO authenticated;
+         ALTER PUBLICATION supabase_realtime ADD TABLE salaries;
+         INSERT INTO salaries VALUES (1, 'victim', 42000), (2, 'victim', 99000);",
+    )
+    .await
+    .unwrap();
+    let token = user_token("attacker");
+    let mut c = Client::connect_with(sidecar.port, "1.0.0", &token).await;
+    let bindings = json!([
+        {"event": "DELETE", "schema": "public", "table": "salaries", "filter": "salary=lt.50000"},
+        {"event": "DELETE", "schema": "public", "table": "salaries", "filter": "salary=lt.100000"},
+        {"event": "DELETE", "schema": "public", "table": "salaries", "filter": "id=eq.2"}
+    ]);
+    let join = json!({"config": {"postgres_changes": bindings}, "access_token": token});
+    let r = c
+        .push(Some("1"), "realtime:salaries", "phx_join", join)
+        .await;
+    let reply = c.reply(&r).await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let key_binding = reply["response"]["postgres_changes"][2]["id"].clone();
+    db.batch_execute("DELETE FROM salaries WHERE id = 1; DELETE FROM salaries WHERE id = 2;")
+        .await
+        .unwrap();
+    // Row 1 matches only salary filters: nothing. Row 2 matches the key filter: its key,
+    // and the ids name that binding alone.
+    let m = loop {
+        let m = c.next_json(10).await.expect("the delete of row 2");
+        if m["event"] == "postgres_changes" {
+            break m;
+        }
+    };
+    assert_eq!(m["payload"]["data"]["old_record"], json!({"id": 2}), "{m}");
+    assert_eq!(m["payload"]["ids"], json!([key_binding]), "{m}");
+    assert!(c.next_json(1).await.is_none());
+    db.batch_execute("DROP TABLE salaries").await.unwrap();
+}
