@@ -354,18 +354,9 @@ async fn session(
                 ms = started.elapsed().as_secs_f64() * 1000.0,
                 "changes authorized"
             );
-            if p.lost.is_none() {
-                // The checks set their statement_timeout; the drain waits longer than that.
-                within(
-                    setup,
-                    "setup",
-                    client.batch_execute("RESET statement_timeout"),
-                )
-                .await?;
-            }
             p
         };
-        let lost = prepared.lost;
+        let (lost, asked) = (prepared.lost, prepared.asked);
         let mut prepared = prepared.frames.into_iter();
         let now_us = unix_micros();
         let dispatched = |committed_us: i64| {
@@ -432,6 +423,16 @@ async fn session(
         *handed = pos;
         if let Some(why) = lost {
             return Err(SessionError::Lost(why));
+        }
+        if asked {
+            // The checks set their statement_timeout; the drain waits longer than that. Only
+            // after the batch was handed out: a connection that fails here costs no redrain.
+            within(
+                setup,
+                "setup",
+                client.batch_execute("RESET statement_timeout"),
+            )
+            .await?;
         }
     }
 }

@@ -265,3 +265,115 @@ async fn a_delete_on_an_rls_table_reveals_nothing_through_filters_on_other_colum
     assert!(c.next_json(1).await.is_none());
     db.batch_execute("DROP TABLE salaries").await.unwrap();
 }
+
+/// A check that loses its connection (here the drain's backend is terminated in the middle
+/// of a long RLS check) used to end the session with the batch unconfirmed, and the next
+/// session drained it and ran the same check again, forever if it always failed. Now the
+/// channels are told, the rest of the batch goes out, and the next session starts after it:
+/// the check runs once.
+#[tokio::test]
+async fn a_check_that_loses_its_connection_withholds_and_its_batch_is_not_drained_again() {
+    // Its own application_name: the backend ended is this sidecar's, not another test's.
+    let dsn = format!("{} application_name=t_check_lost", sidecar_dsn());
+    let sidecar = Sidecar::start(
+        "t_check_lost",
+        &[
+            ("CHANGES_CHECK_TIMEOUT_MS", "60000"),
+            ("POLL_MAX_CHANGES", "100000"),
+            ("DATABASE_URL", &dsn),
+        ],
+    )
+    .await;
+    let db = db().await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS lost_items;
+         CREATE TABLE lost_items (id bigint PRIMARY KEY, v text);
+         ALTER TABLE lost_items ENABLE ROW LEVEL SECURITY;
+         CREATE OR REPLACE FUNCTION lost_slow() RETURNS boolean LANGUAGE plpgsql AS
+           $$ BEGIN PERFORM pg_sleep(0.002); RETURN true; END $$;
+         CREATE POLICY slow ON lost_items FOR SELECT TO authenticated USING (lost_slow());
+         GRANT SELECT ON lost_items TO authenticated;
+         ALTER PUBLICATION supabase_realtime ADD TABLE lost_items;",
+    )
+    .await
+    .unwrap();
+    let token = user_token("lost");
+    let mut subscriber = Client::connect_with(sidecar.port, "1.0.0", &token).await;
+    let binding = json!({"event": "*", "schema": "public", "table": "lost_items"});
+    let join = json!({"config": {"postgres_changes": [binding]}, "access_token": token});
+    let r = subscriber
+        .push(Some("1"), "realtime:lost", "phx_join", join)
+        .await;
+    assert_eq!(subscriber.reply(&r).await["status"], "ok");
+    let mut bystander = Client::connect(sidecar.port, "1.0.0").await;
+    bystander.join_public("realtime:after_lost").await;
+    db.batch_execute(
+        "INSERT INTO lost_items SELECT g, 'x' FROM generate_series(1, 3000) g;
+         SELECT realtime.send('{\"n\": 1}', 'after', 'after_lost', false);",
+    )
+    .await
+    .unwrap();
+    // The check (about 6 s) is running on the drain's backend: end that backend.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let killed: i64 = db
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = 't_check_lost' AND query LIKE '%realtime.visible%' \
+                 AND state = 'active'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if killed > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no check ran");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let m = bystander
+        .next_json(30)
+        .await
+        .expect("the broadcast of the same batch");
+    let m = if m["event"] == "system" {
+        // The drain connection's loss and return are told to every channel.
+        let mut m = m;
+        while m["event"] == "system" {
+            m = bystander.next_json(30).await.expect("the broadcast");
+        }
+        m
+    } else {
+        m
+    };
+    assert_eq!(m["payload"]["event"], "after", "{m}");
+    let mut withheld = 0;
+    while let Some(m) = subscriber.next_json(3).await {
+        let text = m["payload"]["message"].as_str().unwrap_or_default();
+        if text.starts_with("Changes to public.lost_items could not be authorized") {
+            withheld += 1;
+        }
+        assert_ne!(
+            m["event"], "postgres_changes",
+            "the batch was drained again: {m}"
+        );
+    }
+    assert_eq!(withheld, 1, "the check ran once");
+    let running: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 't_check_lost' \
+             AND query LIKE '%realtime.visible%' AND state = 'active'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(running, 0, "no check of the same batch again");
+    assert_eq!(
+        sidecar.metric("realtime_change_check_failures_total").await,
+        1.0
+    );
+    db.batch_execute("DROP TABLE lost_items; DROP FUNCTION lost_slow()")
+        .await
+        .unwrap();
+}

@@ -123,6 +123,8 @@ impl Limits {
 pub struct Prepared {
     pub frames: Vec<Vec<Outgoing>>,
     pub lost: Option<String>,
+    /// Some check was asked of the database (its statement_timeout is still set).
+    pub asked: bool,
 }
 
 /// One frame for one channel (a frame shared by the channels that get the same bytes: the
@@ -168,6 +170,7 @@ pub(crate) async fn prepare(
     let mut out = Prepared {
         frames: datas.iter().map(|_| Vec::new()).collect(),
         lost: None,
+        asked: false,
     };
     if subscribers.is_empty() {
         return out;
@@ -216,6 +219,7 @@ pub(crate) async fn prepare(
                 Vec::new()
             }
             None => {
+                out.asked = true;
                 let table = Table {
                     schema: &schema,
                     name: &table,
@@ -649,6 +653,9 @@ impl Db<'_> {
             Some(d) if *d.code() == tokio_postgres::error::SqlState::QUERY_CANCELED => {
                 DbError::TimedOut
             }
+            // The server is ending this connection (a FATAL the client has not yet seen
+            // close): the session ends after the batch, as for a closed one.
+            Some(d) if d.code().code().starts_with("57P") => DbError::Lost(d.message().to_owned()),
             Some(d) => DbError::Failed(d.message().to_owned()),
             None => DbError::Failed(e.to_string()),
         }
