@@ -31,7 +31,7 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
     realtime.match_patterns(text[], text[], text[], integer[], integer),
     realtime.table_oids(text[], text[]), realtime.table_access(text, text, text[]),
     realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer),
-    realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[]),
+    realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint),
     realtime.persisted_history(text[], boolean[], timestamptz, integer),
     realtime.expire_persisted(integer) TO realtime_sidecar;
 -- Persisted client broadcasts (through the functions above, which run as their caller):

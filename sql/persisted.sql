@@ -34,17 +34,49 @@ SELECT pg_catalog.pg_extension_config_dump('realtime.persisted_messages', '');
 -- Relays a batch of client broadcasts (realtime.relay), arrays in step; ttls (seconds;
 -- NULL for a message not kept) may be NULL when none is kept. Returns how many were relayed.
 -- A message the queue refuses fails the whole batch: nothing of it is relayed or kept.
+-- The quota: a (topic, private) keeps at most max_kept unexpired messages and max_kept_bytes
+-- of their payloads (as stored; the new ones at their size as sent); a batch that would go
+-- past it fails whole with program_limit_exceeded (the sidecar splits it down to the
+-- messages that do not fit, and refuses those with this text). NULL: no bound.
 CREATE FUNCTION realtime.relay_batch(origins bigint[], topics text[], events text[],
-    privates boolean[], payloads text[], binary_payloads bytea[], ttls integer[] DEFAULT NULL)
+    privates boolean[], payloads text[], binary_payloads bytea[], ttls integer[] DEFAULT NULL,
+    max_kept integer DEFAULT NULL, max_kept_bytes bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     n bigint;
+    over record;
 BEGIN
     IF ttls IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(ttls) AS x(ttl) WHERE ttl IS NOT NULL) THEN
         SELECT count(realtime.relay(o, t, e, p, j::json, b)) INTO n
         FROM unnest(origins, topics, events, privates, payloads, binary_payloads) AS u(o, t, e, p, j, b);
         RETURN n;
+    END IF;
+    IF max_kept IS NOT NULL OR max_kept_bytes IS NOT NULL THEN
+        -- One writer at a time per kept topic, whichever sidecar relays it: the count and
+        -- the insert are one decision. Locks are taken in one order (no deadlock).
+        PERFORM pg_advisory_xact_lock(hashtextextended('realtime.persisted_messages ' || k.p::text || ' ' || k.t, 0))
+        FROM (SELECT DISTINCT t, p FROM unnest(topics, privates, ttls) AS u(t, p, ttl)
+              WHERE ttl IS NOT NULL ORDER BY t, p) k;
+        SELECT k.t, k.p, k.n + held.n AS n, k.bytes + held.bytes AS bytes INTO over
+        FROM (SELECT t, p, count(*) AS n,
+                     sum(coalesce(octet_length(j), 0) + coalesce(octet_length(b), 0)) AS bytes
+              FROM unnest(topics, privates, payloads, binary_payloads, ttls) AS u(t, p, j, b, ttl)
+              WHERE ttl IS NOT NULL GROUP BY t, p) k
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n,
+                   coalesce(sum(coalesce(pg_column_size(m.payload), 0)
+                                + coalesce(pg_column_size(m.binary_payload), 0)), 0) AS bytes
+            FROM realtime.persisted_messages m
+            WHERE m.topic = k.t AND m.private = k.p AND m.expires_at > now()) held
+        WHERE k.n + held.n > coalesce(max_kept, k.n + held.n)
+           OR k.bytes + held.bytes > coalesce(max_kept_bytes, k.bytes + held.bytes)
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'PersistQuotaExceeded: topic % keeps at most % persisted messages and % bytes (MAX_PERSISTED_MESSAGES_PER_TOPIC, MAX_PERSISTED_BYTES_PER_TOPIC) until some expire',
+                over.t, max_kept, max_kept_bytes
+                USING ERRCODE = 'program_limit_exceeded';
+        END IF;
     END IF;
     WITH m AS (
         SELECT gen_random_uuid() AS id, u.*
@@ -92,6 +124,6 @@ LANGUAGE sql AS $$
     SELECT count(*)::integer FROM gone
 $$;
 
-REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.persisted_history(text[], boolean[], timestamptz, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.expire_persisted(integer) FROM PUBLIC;

@@ -20,18 +20,22 @@ $$;
 -- One table's delivery facts, a row per role asked: its oid, whether row security is
 -- enabled, its primary key's columns in order (what realtime.visible looks rows up by),
 -- and what realtime.selectable says of the role (the columns it may read, or why none).
--- No row when the table does not exist.
+-- No row when the table does not exist. A partition's changes are captured on the leaf
+-- it was written to, but the app reads the partitioned table: its root's row security,
+-- key and grants decide (and realtime.visible asks through the root), never the leaf's,
+-- which apply only to direct access to the partition.
 CREATE FUNCTION realtime.table_access(schema_name text, table_name text, roles text[])
 RETURNS TABLE(oid oid, rls boolean, primary_key text[], role text, columns text[], error text)
 LANGUAGE sql STABLE AS $$
-    SELECT c.oid, c.relrowsecurity,
+    SELECT r.oid, r.relrowsecurity,
            ARRAY(SELECT a.attname::text FROM pg_catalog.pg_index i
                  JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-                 WHERE i.indrelid = c.oid AND i.indisprimary ORDER BY a.attnum),
+                 WHERE i.indrelid = r.oid AND i.indisprimary ORDER BY a.attnum),
            s.role, s.columns, s.error
     FROM pg_catalog.pg_class c
-    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace,
-    LATERAL realtime.selectable(c.oid::regclass, roles) s
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_catalog.pg_class r ON r.oid = coalesce(pg_catalog.pg_partition_root(c.oid), c.oid),
+    LATERAL realtime.selectable(r.oid::regclass, roles) s
     WHERE n.nspname = schema_name AND c.relname = table_name
 $$;
 

@@ -60,6 +60,97 @@ BEGIN
 END
 $$;
 
+-- sql/persisted.sql: relay_batch keeps a quota per topic (two more arguments). The roles
+-- that could call the old one (a sidecar's login) may call the new one.
+-- (Carried across the DROP in a setting of this transaction: nothing is left behind.)
+SELECT pg_catalog.set_config('pg_realtime.relay_callers',
+    coalesce(pg_catalog.string_agg(pg_catalog.quote_ident(a.rolname), ','), ''), true)
+FROM pg_catalog.pg_roles a
+WHERE NOT a.rolsuper
+  AND pg_catalog.has_function_privilege(a.oid, 'realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[])', 'EXECUTE');
+DROP FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[]);
+CREATE FUNCTION realtime.relay_batch(origins bigint[], topics text[], events text[],
+    privates boolean[], payloads text[], binary_payloads bytea[], ttls integer[] DEFAULT NULL,
+    max_kept integer DEFAULT NULL, max_kept_bytes bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+    over record;
+BEGIN
+    IF ttls IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(ttls) AS x(ttl) WHERE ttl IS NOT NULL) THEN
+        SELECT count(realtime.relay(o, t, e, p, j::json, b)) INTO n
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads) AS u(o, t, e, p, j, b);
+        RETURN n;
+    END IF;
+    IF max_kept IS NOT NULL OR max_kept_bytes IS NOT NULL THEN
+        -- One writer at a time per kept topic, whichever sidecar relays it: the count and
+        -- the insert are one decision. Locks are taken in one order (no deadlock).
+        PERFORM pg_advisory_xact_lock(hashtextextended('realtime.persisted_messages ' || k.p::text || ' ' || k.t, 0))
+        FROM (SELECT DISTINCT t, p FROM unnest(topics, privates, ttls) AS u(t, p, ttl)
+              WHERE ttl IS NOT NULL ORDER BY t, p) k;
+        SELECT k.t, k.p, k.n + held.n AS n, k.bytes + held.bytes AS bytes INTO over
+        FROM (SELECT t, p, count(*) AS n,
+                     sum(coalesce(octet_length(j), 0) + coalesce(octet_length(b), 0)) AS bytes
+              FROM unnest(topics, privates, payloads, binary_payloads, ttls) AS u(t, p, j, b, ttl)
+              WHERE ttl IS NOT NULL GROUP BY t, p) k
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n,
+                   coalesce(sum(coalesce(pg_column_size(m.payload), 0)
+                                + coalesce(pg_column_size(m.binary_payload), 0)), 0) AS bytes
+            FROM realtime.persisted_messages m
+            WHERE m.topic = k.t AND m.private = k.p AND m.expires_at > now()) held
+        WHERE k.n + held.n > coalesce(max_kept, k.n + held.n)
+           OR k.bytes + held.bytes > coalesce(max_kept_bytes, k.bytes + held.bytes)
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'PersistQuotaExceeded: topic % keeps at most % persisted messages and % bytes (MAX_PERSISTED_MESSAGES_PER_TOPIC, MAX_PERSISTED_BYTES_PER_TOPIC) until some expire',
+                over.t, max_kept, max_kept_bytes
+                USING ERRCODE = 'program_limit_exceeded';
+        END IF;
+    END IF;
+    WITH m AS (
+        SELECT gen_random_uuid() AS id, u.*
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ttls)
+            AS u(o, t, e, p, j, b, ttl)
+    ), kept AS (
+        INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, binary_payload, expires_at)
+        SELECT id, t, p, e, j::json, b, clock_timestamp() + ttl * interval '1 second'
+        FROM m WHERE ttl IS NOT NULL
+    )
+    SELECT count(realtime.relay(o, t, e, p, j::json, b, id, ttl IS NOT NULL)) INTO n FROM m;
+    RETURN n;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint) FROM PUBLIC;
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT x FROM pg_catalog.unnest(pg_catalog.string_to_array(
+                 pg_catalog.current_setting('pg_realtime.relay_callers'), ',')) x LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint) TO %s', r);
+    END LOOP;
+END
+$$;
+
+-- sql/tables.sql: a partition is judged by its root's row security, key and grants.
+CREATE OR REPLACE FUNCTION realtime.table_access(schema_name text, table_name text, roles text[])
+RETURNS TABLE(oid oid, rls boolean, primary_key text[], role text, columns text[], error text)
+LANGUAGE sql STABLE AS $$
+    SELECT r.oid, r.relrowsecurity,
+           ARRAY(SELECT a.attname::text FROM pg_catalog.pg_index i
+                 JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+                 WHERE i.indrelid = r.oid AND i.indisprimary ORDER BY a.attnum),
+           s.role, s.columns, s.error
+    FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_catalog.pg_class r ON r.oid = coalesce(pg_catalog.pg_partition_root(c.oid), c.oid),
+    LATERAL realtime.selectable(r.oid::regclass, roles) s
+    WHERE n.nspname = schema_name AND c.relname = table_name
+$$;
+
 -- sql/subscribable.sql: match and imatch compiled at join; isdistinct.null as Supabase reads
 -- it; arrays of composite elements refused (review L8).
 CREATE OR REPLACE FUNCTION realtime.subscribable(bindings jsonb)

@@ -30,6 +30,29 @@ SELECT realtime.relay_batch(ARRAY[7, 7], ARRAY['room:k', 'room:k'], ARRAY['ok', 
 SELECT count(*) AS relayed FROM realtime.drain('persisted', :base, 10, 0);
 SELECT count(*) AS kept FROM realtime.persisted_messages;
 
+-- The quota: a topic keeps at most max_kept unexpired messages and max_kept_bytes; a batch
+-- that would pass it fails whole (program_limit_exceeded), with the limits' names. Expired
+-- rows do not count; a batch of messages not kept is never refused by it.
+DELETE FROM realtime.persisted_messages;
+SELECT realtime.relay_batch(ARRAY[7, 7], ARRAY['room:q', 'room:q'], ARRAY['q1', 'q2'],
+    ARRAY[true, true], ARRAY['{"n": 1}', '{"n": 2}'], ARRAY[NULL, NULL]::bytea[], ARRAY[60, 60], 3, 1000) AS relayed;
+\set VERBOSITY terse
+SELECT realtime.relay_batch(ARRAY[7, 7], ARRAY['room:q', 'room:q'], ARRAY['q3', 'q4'],
+    ARRAY[true, true], ARRAY['{"n": 3}', '{"n": 4}'], ARRAY[NULL, NULL]::bytea[], ARRAY[60, 60], 3, 1000);
+SELECT realtime.relay_batch(ARRAY[7], ARRAY['room:b'], ARRAY['big'],
+    ARRAY[true], ARRAY[NULL], ARRAY[decode(repeat('ab', 1200), 'hex')], ARRAY[60], 3, 1000);
+\set VERBOSITY default
+SELECT realtime.relay_batch(ARRAY[7, 7], ARRAY['room:q', 'room:other'], ARRAY['q3', 'o1'],
+    ARRAY[true, true], ARRAY['{"n": 3}', '{"n": 1}'], ARRAY[NULL, NULL]::bytea[], ARRAY[60, 60], 3, 1000) AS relayed;
+SELECT realtime.relay_batch(ARRAY[7, 7], ARRAY['room:q', 'room:q'], ARRAY['not kept', 'not kept'],
+    ARRAY[true, true], ARRAY['{}', '{}'], ARRAY[NULL, NULL]::bytea[], ARRAY[NULL, NULL]::integer[], 3, 1000) AS relayed;
+UPDATE realtime.persisted_messages SET expires_at = now() - interval '1 second' WHERE event = 'q1';
+SELECT realtime.relay_batch(ARRAY[7], ARRAY['room:q'], ARRAY['q4'],
+    ARRAY[true], ARRAY['{"n": 4}'], ARRAY[NULL]::bytea[], ARRAY[60], 3, 1000) AS relayed_after_one_expired;
+SELECT topic, string_agg(event, ',' ORDER BY sent_at) FROM realtime.persisted_messages
+WHERE expires_at > now() GROUP BY topic ORDER BY topic;
+DELETE FROM realtime.persisted_messages;
+
 -- A replay's read: the newest per (topic, private) since a time, oldest first, not expired.
 INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, sent_at, expires_at)
 SELECT gen_random_uuid(), 'room:h', true, 'h' || g, '{}', '2026-01-01 00:00:00+00'::timestamptz + g * interval '1 minute',
@@ -51,7 +74,7 @@ SELECT count(*) FILTER (WHERE expires_at < now()) AS expired_left, count(*) AS l
 FROM realtime.persisted_messages;
 
 -- The sidecar's, not PUBLIC's.
-SELECT has_function_privilege('public', 'realtime.relay_batch(bigint[],text[],text[],boolean[],text[],bytea[],integer[])', 'EXECUTE') AS public_relays,
+SELECT has_function_privilege('public', 'realtime.relay_batch(bigint[],text[],text[],boolean[],text[],bytea[],integer[],integer,bigint)', 'EXECUTE') AS public_relays,
        has_function_privilege('public', 'realtime.persisted_history(text[],boolean[],timestamptz,integer)', 'EXECUTE') AS public_reads,
        has_function_privilege('public', 'realtime.expire_persisted(integer)', 'EXECUTE') AS public_expires;
 DELETE FROM realtime.persisted_messages;

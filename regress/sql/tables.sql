@@ -28,6 +28,17 @@ SELECT rls, primary_key, role, columns FROM realtime.table_access('tbl_app', 'ke
 -- A table that does not exist: no row.
 SELECT count(*) AS rows FROM realtime.table_access('tbl_app', 'missing', ARRAY['anon']);
 
+-- A partition is checked as its root: the root's row security, key and grants, whatever
+-- the leaf has (a leaf without RLS, readable by anon, must not let the root's rows out).
+CREATE TABLE tbl_app.msgs (id int, room int, body text, PRIMARY KEY (id, room)) PARTITION BY LIST (room);
+CREATE TABLE tbl_app.msgs_1 PARTITION OF tbl_app.msgs FOR VALUES IN (1);
+ALTER TABLE tbl_app.msgs ENABLE ROW LEVEL SECURITY;
+GRANT SELECT (id, room) ON tbl_app.msgs TO authenticated;
+GRANT SELECT ON tbl_app.msgs_1 TO anon, authenticated;
+SELECT oid = 'tbl_app.msgs'::regclass::oid AS root_oid, rls, primary_key, role, columns, error
+FROM realtime.table_access('tbl_app', 'msgs_1', ARRAY['authenticated', 'anon'])
+ORDER BY role;
+
 -- Both are the sidecar's, not PUBLIC's.
 SELECT has_function_privilege('public', 'realtime.table_oids(text[],text[])', 'EXECUTE') AS public_oids,
        has_function_privilege('public', 'realtime.table_access(text,text,text[])', 'EXECUTE') AS public_access;

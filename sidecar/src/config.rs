@@ -234,6 +234,44 @@ pub struct Config {
     #[arg(long, env = "PRESENCE_LEASE_SECS", default_value_t = 3,
           value_parser = clap::value_parser!(u64).range(2..=3600))]
     pub presence_lease_secs: u64,
+
+    /// How long the Postgres Changes checks of one table in one drained batch may take, all
+    /// calls together (each runs under the server's statement_timeout of what is left).
+    /// Changes not decided by then are withheld from their channels, which are told "Changes
+    /// to S.T could not be authorized and were not delivered: the check took longer than
+    /// CHANGES_CHECK_TIMEOUT_MS"; the rest of the batch goes out.
+    #[arg(long, env = "CHANGES_CHECK_TIMEOUT_MS", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub changes_check_timeout_ms: u64,
+    /// Changed rows one RLS check call asks about (Supabase's poll_max_changes: it polls
+    /// 100 changes at a time): a bulk write is checked in calls of bounded work.
+    #[arg(long, env = "POLL_MAX_CHANGES", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub poll_max_changes: u64,
+    /// Subscriber identities one RLS check call asks for, with POLL_MAX_CHANGES the bound
+    /// on a call's work (identities × rows).
+    #[arg(long, env = "CHANGES_CHECK_MAX_IDENTITIES", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub changes_check_max_identities: u64,
+
+    /// Most messages of its topic one resume (`config.broadcast.resume`) is sent: a client
+    /// further behind gets the newest this many and a `system` error with `recovered:
+    /// false` and the positions not sent ("More than MAX_RESUME_MESSAGES (N) messages follow
+    /// position P: ..."). It bounds what one join makes the sidecar hold for it.
+    #[arg(long, env = "MAX_RESUME_MESSAGES", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_resume_messages: u64,
+
+    /// Persisted messages (`persist`) one topic keeps at most, unexpired, counted over every
+    /// sidecar; a push past it is refused with "UnableToBroadcast: PersistQuotaExceeded:
+    /// topic T keeps at most N persisted messages and B bytes ..." (nothing is relayed).
+    #[arg(long, env = "MAX_PERSISTED_MESSAGES_PER_TOPIC", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=i32::MAX as u64))]
+    pub max_persisted_messages_per_topic: u64,
+    /// Bytes of persisted payloads one topic keeps at most (as stored), refused the same way.
+    #[arg(long, env = "MAX_PERSISTED_BYTES_PER_TOPIC", default_value_t = 10_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
+    pub max_persisted_bytes_per_topic: u64,
 }
 
 /// A setting the sidecar refuses to start with; the text names it. (Exit status 2.)

@@ -1,9 +1,16 @@
 //! The one Postgres connection that drains this sidecar's consumer slot into the hub.
 //!
 //! Each drain call passes the last sequence it handed to the hub, which confirms it; after a
-//! reconnect the slot resumes from there, so nothing within the queue's capacity is lost (the
-//! last batch may be delivered twice). While the database is away subscribers are told, and
-//! when it comes back with a new epoch (it restarted) they are told that messages were lost.
+//! reconnect the slot resumes from there, or from what this process handed out since if
+//! that is further (a session that ended after handing out a batch does not hand it out
+//! again), so nothing within the queue's capacity is lost. While the database is away
+//! subscribers are told, and when it comes back with a new epoch (it restarted) they are
+//! told that messages were lost.
+//!
+//! A Postgres Changes check never holds the drain past its table's budget
+//! (`postgres_changes::deliver`): what it could not decide is withheld with a word to its
+//! channels, and even a check that lost the connection lets the rest of the batch out
+//! before the session ends.
 
 use crate::config::Config;
 use crate::hub::{Hub, QueueMessage};
@@ -39,6 +46,8 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut epoch: Option<i64> = None;
+    // The last sequence handed out, across sessions of the same epoch.
+    let mut handed: i64 = 0;
     let mut backoff = Duration::from_millis(100);
     let to = Destinations {
         hub: &hub,
@@ -46,7 +55,7 @@ pub async fn run(
         presence: &presence,
     };
     loop {
-        let result = session(&cfg, to, &metrics, &mut epoch, &mut shutdown).await;
+        let result = session(&cfg, to, &metrics, &mut epoch, &mut handed, &mut shutdown).await;
         let was_up = metrics.db_up.swap(0, Relaxed) == 1;
         match result {
             Ok(()) => return,
@@ -162,6 +171,7 @@ async fn session(
     to: Destinations<'_>,
     metrics: &Metrics,
     epoch: &mut Option<i64>,
+    handed: &mut i64,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), SessionError> {
     let setup = Duration::from_secs(cfg.db_connect_timeout_secs);
@@ -212,7 +222,12 @@ async fn session(
             pos = 0;
             hub.system_all(&Notice::DatabaseRestarted);
         }
-        Some(_) => hub.system_all(&Notice::DatabaseBack),
+        Some(_) => {
+            // The slot confirms a batch at the next drain call; one handed out just before
+            // the connection ended is not handed out again.
+            pos = pos.max(*handed);
+            hub.system_all(&Notice::DatabaseBack);
+        }
         None => {}
     }
     *epoch = Some(now_epoch);
@@ -225,10 +240,11 @@ async fn session(
     let statements = deliver::Statements::default();
     let lookups = deliver::Db {
         client: &client,
-        deadline: cfg.db_call_deadline(),
+        grace: Duration::from_secs(5),
         pattern_budget_ms: cfg.filter_pattern_timeout_ms as i32,
         statements: &statements,
     };
+    let limits = deliver::Limits::of(cfg);
     let batch = cfg.drain_batch as i32;
     let linger = cfg.drain_linger_ms as i32;
     let timeout_ms = 1000i32;
@@ -330,21 +346,19 @@ async fn session(
             })
             .collect();
         let started = Instant::now();
-        let mut prepared = if datas.is_empty() {
-            Vec::new()
+        let prepared = if datas.is_empty() {
+            deliver::Prepared::default()
         } else {
-            deliver::prepare(&lookups, to.changes, &datas, cfg.max_record_bytes, metrics)
-                .await
-                .map_err(SessionError::Lost)?
-        }
-        .into_iter();
-        if !datas.is_empty() {
+            let p = deliver::prepare(&lookups, to.changes, &datas, &limits, metrics).await;
             tracing::debug!(
                 changes = datas.len(),
                 ms = started.elapsed().as_secs_f64() * 1000.0,
                 "changes authorized"
             );
-        }
+            p
+        };
+        let (lost, asked) = (prepared.lost, prepared.asked);
+        let mut prepared = prepared.frames.into_iter();
         let now_us = unix_micros();
         let dispatched = |committed_us: i64| {
             metrics
@@ -407,5 +421,19 @@ async fn session(
         }
         hub.dispatch_batch(&broadcasts);
         metrics.last_seq.set(pos as f64);
+        *handed = pos;
+        if let Some(why) = lost {
+            return Err(SessionError::Lost(why));
+        }
+        if asked {
+            // The checks set their statement_timeout; the drain waits longer than that. Only
+            // after the batch was handed out: a connection that fails here costs no redrain.
+            within(
+                setup,
+                "setup",
+                client.batch_execute("RESET statement_timeout"),
+            )
+            .await?;
+        }
     }
 }

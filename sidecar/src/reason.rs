@@ -282,6 +282,8 @@ pub enum Notice {
         table: String,
         why: String,
     },
+    /// The same, told to a channel listening to whole schemas, which names no table.
+    SomeChangeLost,
 }
 
 impl Notice {
@@ -313,6 +315,7 @@ impl Notice {
             Notice::FilterFailed { schema, table, why } => format!(
                 "Changes to {schema}.{table} were not delivered to this channel: its filter could not be evaluated: {why}"
             ),
+            Notice::SomeChangeLost => "A change was lost: its table was dropped or altered before it was delivered".into(),
         }
     }
 }

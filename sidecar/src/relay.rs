@@ -12,9 +12,9 @@ use serde_json::json;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 
-/// A batch in one statement; its persisted messages are kept in the same statement
-/// (`sql/persisted.sql`).
-const RELAY_SQL: &str = "SELECT realtime.relay_batch($1, $2, $3, $4, $5, $6, $7)";
+/// A batch in one statement; its persisted messages are kept in the same statement, within
+/// their topic's quota (`sql/persisted.sql`).
+const RELAY_SQL: &str = "SELECT realtime.relay_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Broadcasts waiting for the relay at most; WebSocket pushes beyond it are refused, REST
 /// requests may hold half of it (`rest_limits`).
@@ -108,12 +108,24 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) {
-    db_worker::serve(&cfg, Relay { metrics }, rx, shutdown).await
+    let quota = Quota {
+        messages: cfg.max_persisted_messages_per_topic as i32,
+        bytes: cfg.max_persisted_bytes_per_topic as i64,
+    };
+    db_worker::serve(&cfg, Relay { metrics, quota }, rx, shutdown).await
+}
+
+/// What one topic may keep of persisted messages (`MAX_PERSISTED_*_PER_TOPIC`).
+#[derive(Clone, Copy)]
+struct Quota {
+    messages: i32,
+    bytes: i64,
 }
 
 /// One `realtime.relay` statement over a batch: all of it relayed, or none.
 struct Relay {
     metrics: Arc<Metrics>,
+    quota: Quota,
 }
 
 impl Batched for Relay {
@@ -123,7 +135,7 @@ impl Batched for Relay {
     const MAX: usize = 1000;
 
     async fn call(&self, db: &Db, batch: &[Broadcast]) -> Result<Vec<()>, CallError> {
-        db.run(relay(&db.client, batch)).await?;
+        db.run(relay(&db.client, batch, self.quota)).await?;
         Ok(vec![(); batch.len()])
     }
 
@@ -167,6 +179,7 @@ pub fn settle(batch: Vec<Broadcast>, result: Result<(), Failure>, metrics: &Metr
 async fn relay(
     client: &tokio_postgres::Client,
     batch: &[Broadcast],
+    quota: Quota,
 ) -> Result<(), tokio_postgres::Error> {
     let origins: Vec<i64> = batch.iter().map(|m| m.origin).collect();
     let topics: Vec<&str> = batch.iter().map(|m| m.topic.as_str()).collect();
@@ -191,7 +204,17 @@ async fn relay(
     client
         .execute(
             RELAY_SQL,
-            &[&origins, &topics, &events, &privates, &json, &binary, &kept],
+            &[
+                &origins,
+                &topics,
+                &events,
+                &privates,
+                &json,
+                &binary,
+                &kept,
+                &quota.messages,
+                &quota.bytes,
+            ],
         )
         .await?;
     Ok(())
@@ -233,6 +256,10 @@ mod tests {
     async fn relay_batch(db: &Fake, batch: Vec<Broadcast>, metrics: &Arc<Metrics>) -> bool {
         let worker = Relay {
             metrics: metrics.clone(),
+            quota: Quota {
+                messages: 1000,
+                bytes: 1 << 20,
+            },
         };
         db_worker::settle(&worker, db, batch).await
     }

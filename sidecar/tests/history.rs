@@ -702,3 +702,214 @@ async fn persisted_client_broadcasts_are_replayed_even_after_the_ring_dropped_th
         assert!(meta["id"].is_string(), "{n}: {meta}");
     }
 }
+
+/// Sends 80 messages n = from..from+80 of about 250 KB each on `topic` (public).
+async fn send_large(db: &tokio_postgres::Client, topic: &str, from: i64) {
+    db.execute(
+        "SELECT realtime.send(jsonb_build_object('n', g, 'x', repeat('a', 250000)), 'n', $1, false) \
+         FROM generate_series($2::int8, $2::int8 + 79) g",
+        &[&topic, &from],
+    )
+    .await
+    .unwrap();
+}
+
+/// A resume used to be read in pages cut at 64 MB and stop after the first short one while
+/// saying `recovered: true` (80 messages of 1 MB: the last dozen never came). A resume is
+/// now one walk to the queue's end that keeps at most MAX_RESUME_MESSAGES per topic: 80
+/// large messages (20 MB, what the suite's 32 MB queue holds) all arrive, then recovered.
+#[tokio::test]
+async fn a_resume_of_large_messages_sends_every_one_before_saying_recovered() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start("t_history_large", &[]).await;
+    let db = db().await;
+    let topic = topic("resume:large");
+    let mut a = Client::connect(sidecar.port, "1.0.0").await;
+    a.join_public(&format!("realtime:{topic}")).await;
+    send(&db, &topic, 0, 1, false).await;
+    let (epoch, seq) = last_position(&read_until(&mut a, 10, has_n(0)).await);
+    drop(a);
+    send_large(&db, &topic, 1).await;
+    let mut b = Client::connect(sidecar.port, "1.0.0").await;
+    assert_eq!(resume(&mut b, &topic, &epoch, seq).await["status"], "ok");
+    let got = read_until(&mut b, 60, |g| !system(g).is_empty()).await;
+    assert_eq!(ns(&got), (1..81).collect::<Vec<_>>());
+    let sys = &system(&got)[0];
+    assert_eq!(
+        (&sys["recovered"], &sys["resent"]),
+        (&json!(true), &json!(80)),
+        "{sys}"
+    );
+}
+
+/// How much history one resume may make the sidecar hold is bounded: past
+/// MAX_RESUME_MESSAGES the newest are sent and the client is told which positions were
+/// not, with `recovered: false` (never a silent cut).
+#[tokio::test]
+async fn a_resume_further_behind_than_max_resume_messages_gets_the_newest_and_the_range_not_sent() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start("t_history_limit", &[("MAX_RESUME_MESSAGES", "50")]).await;
+    let db = db().await;
+    let topic = topic("resume:limit");
+    let mut a = Client::connect(sidecar.port, "1.0.0").await;
+    a.join_public(&format!("realtime:{topic}")).await;
+    send(&db, &topic, 0, 1, false).await;
+    let (epoch, seq) = last_position(&read_until(&mut a, 10, has_n(0)).await);
+    drop(a);
+    send_large(&db, &topic, 1).await;
+    let mut b = Client::connect(sidecar.port, "1.0.0").await;
+    assert_eq!(resume(&mut b, &topic, &epoch, seq).await["status"], "ok");
+    let got = read_until(&mut b, 60, |g| !system(g).is_empty()).await;
+    assert_eq!(ns(&got), (31..81).collect::<Vec<_>>(), "the newest 50");
+    let first_sent = match &got[0] {
+        Got::Broadcast { seq, .. } => *seq,
+        other => panic!("{other:?}"),
+    };
+    let sys = &system(&got)[0];
+    assert_eq!(sys["recovered"], false, "{sys}");
+    assert_eq!(sys["status"], "error");
+    assert_eq!(sys["first_missing"], seq + 1, "{sys}");
+    assert_eq!(sys["last_missing"], first_sent - 1, "{sys}");
+    assert_eq!(sys["resent"], 50);
+    assert_eq!(
+        sys["message"],
+        format!(
+            "More than MAX_RESUME_MESSAGES (50) messages follow position {seq}: messages {} to {} were not sent; the 50 newest were",
+            seq + 1,
+            first_sent - 1
+        )
+    );
+    // Live messages follow.
+    send(&db, &topic, 81, 82, false).await;
+    let live = read_until(&mut b, 10, has_n(81)).await;
+    assert_eq!(ns(&live), vec![81]);
+}
+
+/// A user allowed to write one room could fill `realtime.persisted_messages` at the
+/// database's write rate for 72 hours. A topic now keeps at most
+/// MAX_PERSISTED_MESSAGES_PER_TOPIC messages and MAX_PERSISTED_BYTES_PER_TOPIC bytes: a
+/// push past either is refused with the reason, in `response.error` too (realtime-js hands
+/// it to the app), nothing of it relayed; pushes not kept still go through.
+#[tokio::test]
+async fn persisted_messages_past_a_topic_s_quota_are_refused_with_the_reason() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start(
+        "t_history_quota",
+        &[
+            ("MAX_PERSISTED_MESSAGES_PER_TOPIC", "3"),
+            ("MAX_PERSISTED_BYTES_PER_TOPIC", "2000"),
+        ],
+    )
+    .await;
+    let db = private_setup().await;
+    let topic = topic("persist:quota");
+    member_of(&db, &topic, true).await;
+    let mut w = Client::connect(sidecar.port, "1.0.0").await;
+    let r = join_private(&mut w, &topic, MEMBER, json!({"ack": true})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let channel = format!("realtime:{topic}");
+    let kept = |n: i64, pad: usize| {
+        json!({"type": "broadcast", "event": "kept", "payload": {"n": n, "pad": "x".repeat(pad)},
+               "persist": {"ttl": 60}})
+    };
+    for n in 1..=3 {
+        let r = w.push(Some("1"), &channel, "broadcast", kept(n, 0)).await;
+        assert_eq!(w.reply(&r).await["status"], "ok", "message {n}");
+    }
+    let r = w.push(Some("1"), &channel, "broadcast", kept(4, 0)).await;
+    let reply = w.reply(&r).await;
+    let reason = format!(
+        "UnableToBroadcast: PersistQuotaExceeded: topic {topic} keeps at most 3 persisted messages \
+         and 2000 bytes (MAX_PERSISTED_MESSAGES_PER_TOPIC, MAX_PERSISTED_BYTES_PER_TOPIC) until some expire"
+    );
+    assert_eq!(reply["status"], "error", "{reply}");
+    assert_eq!(reply["response"]["reason"], reason.as_str(), "{reply}");
+    assert_eq!(reply["response"]["error"], reason.as_str(), "{reply}");
+    // Not kept: relayed as ever.
+    let r = w.broadcast(&channel, "fleeting", json!({"n": 5})).await;
+    assert_eq!(w.reply(&r).await["status"], "ok");
+
+    // Bytes: one message larger than the topic's byte quota, on a topic with none kept.
+    let big_topic = format!("{topic}:big");
+    member_of(&db, &big_topic, true).await;
+    let r = join_private(&mut w, &big_topic, MEMBER, json!({"ack": true})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let r = w
+        .push(
+            Some("1"),
+            &format!("realtime:{big_topic}"),
+            "broadcast",
+            kept(1, 3000),
+        )
+        .await;
+    let reply = w.reply(&r).await;
+    assert!(
+        reply["response"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("PersistQuotaExceeded"),
+        "{reply}"
+    );
+    let counts: Vec<(String, i64)> = db
+        .query(
+            "SELECT topic, count(*) FROM realtime.persisted_messages WHERE topic IN ($1, $2) GROUP BY topic",
+            &[&topic, &big_topic],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![(topic.clone(), 3)],
+        "nothing past the quota was kept"
+    );
+    db.execute(
+        "DELETE FROM realtime.persisted_messages WHERE topic IN ($1, $2)",
+        &[&topic, &big_topic],
+    )
+    .await
+    .unwrap();
+}
+
+/// A mass expiry used to be one DELETE under a 5 s statement timeout: once enough rows
+/// expired together it was cancelled every minute and never caught up. Expiry deletes in
+/// chunks of 10,000 through realtime.expire_persisted, at most ten a round: 150,000 expired
+/// rows lose 100,000 in the sidecar's first round and the rest in the next.
+#[tokio::test]
+async fn a_mass_expiry_of_persisted_messages_is_worked_off_in_bounded_chunks() {
+    let _serial = SERIAL.lock().await;
+    let db = db().await;
+    db.batch_execute(
+        "DELETE FROM realtime.persisted_messages;
+         INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, expires_at)
+         SELECT gen_random_uuid(), 'expiry:' || (g % 100), true, 'old', '{}',
+                now() - interval '1 hour' + g * interval '1 millisecond'
+         FROM generate_series(1, 150000) g;",
+    )
+    .await
+    .unwrap();
+    let sidecar = Sidecar::start("t_history_expiry", &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sidecar.metric("realtime_persisted_expired_total").await < 100_000.0 {
+        assert!(Instant::now() < deadline, "the first round did not finish");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let left: i64 = db
+        .query_one("SELECT count(*) FROM realtime.persisted_messages", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 50_000, "ten chunks of 10,000 in one round, no more");
+    assert_eq!(
+        sidecar.metric("realtime_persisted_expired_total").await,
+        100_000.0
+    );
+    assert!(!sidecar
+        .log()
+        .contains("deleting expired persisted messages"));
+    db.execute("DELETE FROM realtime.persisted_messages", &[])
+        .await
+        .unwrap();
+}

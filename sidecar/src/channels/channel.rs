@@ -145,6 +145,13 @@ impl Channels {
             return;
         }
         let read = access.broadcast_read.allowed();
+        if !read {
+            // Presence read keeps the channel, but a history still being sent is a
+            // broadcast read: it stops at its next frame (`history::fetch::send`).
+            if let Some(gate) = &ch.history_gate {
+                gate.close();
+            }
+        }
         let hub = &self.shared.hub;
         ch.broadcast
             .apply(read, hub, &self.link, &ch.reach, &ch.key);

@@ -370,6 +370,30 @@ async fn a_revoked_read_closes_the_channel_and_a_blip_does_not() {
     assert!(!t.c.has_channels());
 }
 
+/// Presence read keeps a private channel whose broadcast read was revoked; the history it
+/// was still being sent (a resume, paced to a slow reader, possibly for minutes) stops.
+#[tokio::test]
+async fn a_revoked_broadcast_read_stops_a_history_being_sent_though_presence_keeps_the_channel() {
+    let mut t = conn();
+    let ask = json!({"config": {"private": true, "presence": {"enabled": true},
+                     "broadcast": {"resume": {"epoch": "5", "seq": 0}}}});
+    t.send(json!(["1", "1", "realtime:room", "phx_join", ask]))
+        .unwrap();
+    t.authorize(2, reader(true)).await;
+    assert_eq!(status(&t.written()[0].2), ("ok", ""));
+    let req = t.be.history.try_recv().expect("a history request");
+    assert!(!req.gate.is_closed());
+    t.c.recheck_all();
+    t.authorize(2, |r| match r.extension {
+        "presence" => Verdict::Allowed,
+        _ => Verdict::Denied(None),
+    })
+    .await;
+    assert!(t.c.get("realtime:room").is_some(), "presence read keeps it");
+    assert!(req.gate.is_closed(), "the history stops");
+    assert!(!t.delivered("room", true));
+}
+
 #[tokio::test]
 async fn a_verdict_for_a_replaced_token_is_never_applied() {
     let mut t = conn();

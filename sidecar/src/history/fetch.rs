@@ -28,10 +28,6 @@ use tokio_tungstenite::tungstenite::Message;
 
 /// Most joins answered by one call.
 const BATCH: usize = 10_000;
-/// Messages per call; a longer history is read in pages.
-const PAGE: i32 = 100_000;
-/// Pages per batch at most: a bound on the loop, far above what a ring holds.
-const MAX_PAGES: usize = 1_000;
 /// A client that takes nothing from its queue for this long while its history waits is cut
 /// off as too slow.
 const STALL_LIMIT: Duration = Duration::from_secs(30);
@@ -82,6 +78,9 @@ pub struct Carry {
     /// The first and last sequence found evicted, over all passes.
     pub missing: Option<(i64, i64)>,
     pub passes: u32,
+    /// The span of positions a resume did not send because its topic held more than
+    /// MAX_RESUME_MESSAGES after the position (the newest were sent).
+    pub over_limit: Option<(i64, i64)>,
     /// What a replay sent (it filters the topic's messages, so a later pass must not send
     /// these again, and must send the others).
     pub skip: Vec<i64>,
@@ -108,7 +107,7 @@ impl Found {
     }
 }
 
-/// What one or more pages of `realtime.history` returned.
+/// What one call of `realtime.history` returned.
 #[derive(Default)]
 struct Read {
     found: Vec<Found>,
@@ -286,8 +285,12 @@ async fn add_persisted(
     Ok(())
 }
 
-/// Reads pages of history after `from` for `keys` until the walk reached the end of the
-/// queue (a page shorter than PAGE).
+/// Reads the history after `from` for `keys`: the newest `newest` messages of each topic,
+/// in one call that walks to the end of what the queue has published (the extension keeps
+/// at most `newest` per topic as it walks, so a call is never cut short by its size and the
+/// `end` row is the queue's end: everything up to it was considered). What a request may
+/// ask for is bounded by `newest`, so a resume from position 0 copies at most that many
+/// messages of its topic, never the topic's whole retained history.
 #[allow(clippy::too_many_arguments)]
 async fn read(
     client: &Client,
@@ -295,7 +298,7 @@ async fn read(
     from: i64,
     keys: &[TopicKey],
     since_ms: Option<i64>,
-    newest: Option<i32>,
+    newest: i32,
     relayed: bool,
     epoch: i64,
     metrics: &Metrics,
@@ -307,53 +310,45 @@ async fn read(
         through: from,
         ..Read::default()
     };
-    for _ in 0..MAX_PAGES {
-        metrics.history_calls_total.increment(1);
-        let params: [&(dyn ToSql + Sync); 7] = [
-            &out.through,
-            &topics,
-            &private,
-            &since,
-            &newest,
-            &relayed,
-            &PAGE,
-        ];
-        let rows = tokio::time::timeout(cfg.db_call_deadline(), client.query(SQL, &params))
-            .await
-            .map_err(|_| "realtime.history did not answer in time".to_owned())?
-            .map_err(|e| {
-                e.as_db_error()
-                    .map_or_else(|| e.to_string(), |d| d.message().to_owned())
-            })?;
-        let mut messages = 0;
-        let how = As {
-            epoch,
-            replayed: true,
-            client_ids: !relayed,
-        };
-        let col = match rows.first() {
-            Some(r) => Columns::of(r.columns())
-                .map_err(|c| format!("realtime.history returned no column \"{c}\""))?,
-            None => break,
-        };
-        for row in &rows {
-            let rows::Read { seq, entry } = col.read(row, how)?;
-            match entry {
-                Entry::End => out.through = seq,
-                Entry::Gap { first, last } => out.gaps.push((first, last)),
-                Entry::Message {
-                    committed_us,
-                    message,
-                } => {
-                    messages += 1;
-                    out.found.push(found(committed_us, message));
-                }
-                // A history holds none of these (`extension/src/history.rs`).
-                Entry::Filtered | Entry::Presence { .. } | Entry::Change { .. } => {}
-            }
-        }
-        if newest.is_some() || messages < PAGE {
-            break;
+    metrics.history_calls_total.increment(1);
+    let newest = Some(newest);
+    let params: [&(dyn ToSql + Sync); 7] = [
+        &out.through,
+        &topics,
+        &private,
+        &since,
+        &newest,
+        &relayed,
+        &i32::MAX,
+    ];
+    let rows = tokio::time::timeout(cfg.db_call_deadline(), client.query(SQL, &params))
+        .await
+        .map_err(|_| "realtime.history did not answer in time".to_owned())?
+        .map_err(|e| {
+            e.as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_owned())
+        })?;
+    let how = As {
+        epoch,
+        replayed: true,
+        client_ids: !relayed,
+    };
+    let Some(first) = rows.first() else {
+        return Ok(out);
+    };
+    let col = Columns::of(first.columns())
+        .map_err(|c| format!("realtime.history returned no column \"{c}\""))?;
+    for row in &rows {
+        let rows::Read { seq, entry } = col.read(row, how)?;
+        match entry {
+            Entry::End => out.through = seq,
+            Entry::Gap { first, last } => out.gaps.push((first, last)),
+            Entry::Message {
+                committed_us,
+                message,
+            } => out.found.push(found(committed_us, message)),
+            // A history holds none of these (`extension/src/history.rs`).
+            Entry::Filtered | Entry::Presence { .. } | Entry::Change { .. } => {}
         }
     }
     Ok(out)
@@ -419,7 +414,10 @@ async fn serve_resumes(
     };
     let from = requests.iter().map(after).min().unwrap_or(0);
     let keys = distinct_keys(&requests);
-    let read = match read(client, cfg, from, &keys, None, None, true, epoch, metrics).await {
+    // One more than a resume may be sent: a topic that returns that many holds more.
+    let limit = cfg.max_resume_messages as usize;
+    let newest = (limit + 1).min(i32::MAX as usize) as i32;
+    let read = match read(client, cfg, from, &keys, None, newest, true, epoch, metrics).await {
         Ok(r) => r,
         Err(e) => return Err((e, requests)),
     };
@@ -434,10 +432,16 @@ async fn serve_resumes(
         };
         let after = after(&r);
         let skip = r.carry.as_ref().map_or(&[][..], |c| &c.skip[..]);
-        let frames: Vec<(i64, Message)> = of_topic(&read, &index, &r.key)
+        let mut frames: Vec<(i64, Message)> = of_topic(&read, &index, &r.key)
             .filter(|f| f.message.seq > after && !skip.contains(&f.message.seq))
             .filter_map(|f| Some((f.message.seq, f.frame(r.reach.vsn)?)))
             .collect();
+        // More than a resume may ask for: the newest are sent, and the client is told which
+        // positions were not (never a silent cut).
+        let over_limit = (frames.len() > limit).then(|| {
+            frames.drain(..frames.len() - limit);
+            (after + 1, frames.first().map_or(read.through, |f| f.0 - 1))
+        });
         let missing = read.gaps.iter().filter(|&&(_, last)| last > after).fold(
             None,
             |span: Option<(i64, i64)>, &(first, last)| {
@@ -455,10 +459,25 @@ async fn serve_resumes(
         if let Some((f, l)) = missing {
             carry.missing = Some(carry.missing.map_or((f, l), |(a, b)| (a.min(f), b.max(l))));
         }
+        if let Some((f, l)) = over_limit {
+            carry.over_limit = Some(
+                carry
+                    .over_limit
+                    .map_or((f, l), |(a, b)| (a.min(f), b.max(l))),
+            );
+        }
         let ahead = first_pass && asked_epoch == epoch && seq > read.through;
-        let system = carry
-            .from
-            .map(|from| resume_system(&r, epoch, from, &carry, ahead, read.through, metrics));
+        let system = carry.from.map(|from| {
+            resume_system(
+                &r,
+                epoch,
+                from,
+                &carry,
+                ahead,
+                (read.through, limit),
+                metrics,
+            )
+        });
         metrics
             .history_messages_total
             .increment(frames.len() as u64);
@@ -476,7 +495,7 @@ fn resume_system(
     (asked_epoch, seq): (i64, i64),
     carry: &Carry,
     ahead: bool,
-    through: i64,
+    (through, limit): (i64, usize),
     metrics: &Metrics,
 ) -> Message {
     let resent = carry.resent;
@@ -487,6 +506,13 @@ fn resume_system(
     } else if ahead {
         json!({"recovered": false, "first_missing": null, "last_missing": null,
                "message": format!("Position {seq} is beyond the last message of this queue ({through}): it is not a position of this epoch's messages")})
+    } else if let Some((cut_first, cut_last)) = carry.over_limit {
+        // Evicted positions before the cut are part of what was not sent.
+        let (first, last) = carry.missing.map_or((cut_first, cut_last), |(f, l)| {
+            (f.min(cut_first), l.max(cut_last))
+        });
+        json!({"recovered": false, "first_missing": first, "last_missing": last,
+               "message": format!("More than MAX_RESUME_MESSAGES ({limit}) messages follow position {seq}: messages {first} to {last} were not sent; the {resent} newest were")})
     } else if let Some((first, last)) = carry.missing {
         json!({"recovered": false, "first_missing": first, "last_missing": last,
                "message": format!("Messages {first} to {last} are no longer retained; the {resent} {messages} after them were sent")})
@@ -532,7 +558,7 @@ async fn serve_replays(
     };
     let min_since = requests.iter().map(since).min().unwrap_or(0);
     let keys = distinct_keys(&requests);
-    let newest = Some(super::ask::MAX_REPLAY as i32);
+    let newest = super::ask::MAX_REPLAY as i32;
     let mut read = match read(
         client,
         cfg,

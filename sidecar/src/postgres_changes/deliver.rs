@@ -20,17 +20,25 @@
 //!    once, with the ids of all its bindings that matched. A record over
 //!    MAX_RECORD_BYTES keeps only its small values and carries Supabase's 413.
 //!
-//! A check that fails withholds that table's changes from those channels and tells them
-//! (a `system` error): nothing unchecked is ever sent. A lost connection fails the whole
-//! stage; the drainer reconnects and the batch is drained again.
+//! Every check of a table runs under that table's budget (`CHANGES_CHECK_TIMEOUT_MS`),
+//! set as the server's statement_timeout of each call, and its work is bounded per call:
+//! `realtime.visible` is asked about at most `POLL_MAX_CHANGES` records and
+//! `CHANGES_CHECK_MAX_IDENTITIES` identities at a time (Supabase polls 100 changes at a
+//! time). A check that fails, is cancelled by its timeout, or finds the budget spent
+//! withholds the changes it did not decide from those channels and tells them (a `system`
+//! error): nothing unchecked is ever sent, and the rest of the batch goes out in queue
+//! order. A lost connection withholds the same way; the drainer delivers the rest of the
+//! batch, then reconnects from after it: no batch is drained again because of a check.
 
 use super::binding::Change;
 use super::subscribers::{Subscriber, Subscribers};
 use crate::metrics::Metrics;
 use crate::reason::Notice;
 use serde_json::{Map, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::Message;
 
 /// A value kept in a record over the size cap is at most this long (JSON text), as in
 /// Supabase.
@@ -62,9 +70,12 @@ pub enum DbError {
     /// The database refused the call (a policy's error is not this: it comes back per
     /// identity). The table's changes in this batch are withheld.
     Failed(String),
+    /// The server cancelled the call at its statement_timeout (the table's budget).
+    TimedOut,
 }
 
 /// The database side of the stage: a trait so the stage is tested without Postgres.
+/// `budget`: how long the call may run on the server (its statement_timeout).
 pub(crate) trait Lookup {
     /// None when the table no longer exists.
     async fn table(
@@ -72,15 +83,14 @@ pub(crate) trait Lookup {
         schema: &str,
         table: &str,
         roles: &[String],
+        budget: Duration,
     ) -> Result<Option<TableInfo>, DbError>;
 
     async fn visible(
         &self,
         oid: u32,
-        roles: &[String],
-        claims: &[String],
-        records: &[String],
-        asked: &[i32],
+        call: &VisibleCall,
+        budget: Duration,
     ) -> Result<Vec<VisibleRow>, DbError>;
 
     /// Which subjects each pattern matches by its op (`like`, `ilike`, `match`, `imatch`),
@@ -91,13 +101,58 @@ pub(crate) trait Lookup {
         ops: &[&'static str],
         subjects: &[Option<String>],
         asked: &[i32],
+        budget: Duration,
     ) -> Result<Vec<PatternRow>, DbError>;
 }
 
-/// One frame for one channel.
+/// One `realtime.visible` call: identities (role, claims), records (their keys as JSON)
+/// and the (identity, record) pairs asked, 1-based, flat.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VisibleCall {
+    pub roles: Vec<String>,
+    pub claims: Vec<String>,
+    pub records: Vec<String>,
+    pub asked: Vec<i32>,
+}
+
+/// The bounds of the stage (`Config`).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_record_bytes: usize,
+    /// A table's checks in one batch, all calls together, take at most this long.
+    pub check_timeout: Duration,
+    /// Records per `realtime.visible` call.
+    pub max_changes: usize,
+    /// Identities per `realtime.visible` call.
+    pub max_identities: usize,
+}
+
+impl Limits {
+    pub fn of(cfg: &crate::config::Config) -> Limits {
+        Limits {
+            max_record_bytes: cfg.max_record_bytes,
+            check_timeout: Duration::from_millis(cfg.changes_check_timeout_ms),
+            max_changes: cfg.poll_max_changes as usize,
+            max_identities: cfg.changes_check_max_identities as usize,
+        }
+    }
+}
+
+/// What the stage made of a batch: each change's frames in queue order, and whether a
+/// check found the connection lost (the drainer delivers the batch, then reconnects).
+#[derive(Default)]
+pub struct Prepared {
+    pub frames: Vec<Vec<Outgoing>>,
+    pub lost: Option<String>,
+    /// Some check was asked of the database (its statement_timeout is still set).
+    pub asked: bool,
+}
+
+/// One frame for one channel (a frame shared by the channels that get the same bytes: the
+/// same change as the same role sees it, under the same topic, ids and serializer).
 pub struct Outgoing {
     pub to: Arc<Subscriber>,
-    pub frame: String,
+    pub frame: Message,
     /// A `postgres_changes` event (counted as a delivered change), not a `system` message.
     pub change: bool,
 }
@@ -105,7 +160,7 @@ pub struct Outgoing {
 impl Outgoing {
     /// Queues the frame (a full queue cuts the connection off, as the hub's does).
     pub fn send(self, metrics: &Metrics) {
-        if self.to.reach.send_text(self.frame) == crate::outbound::Sent::Queued {
+        if self.to.reach.send(self.frame) == crate::outbound::Sent::Queued {
             metrics.deliveries_total.increment(1);
             if self.change {
                 metrics.changes_delivered_total.increment(1);
@@ -123,17 +178,23 @@ struct Candidate {
 }
 
 /// The frames for each change of a batch (`datas`: each change's `data` JSON, in queue
-/// order), in the same order. Err only when the connection was lost.
+/// order), in the same order. A check that could not be made withholds what it did not
+/// decide; when it found the connection lost, `lost` says so and the other tables' checks
+/// are not tried (their changes are withheld the same way).
 pub(crate) async fn prepare(
     db: &impl Lookup,
     subscribers: &Subscribers,
     datas: &[&str],
-    max_record_bytes: usize,
+    limits: &Limits,
     metrics: &Metrics,
-) -> Result<Vec<Vec<Outgoing>>, String> {
-    let mut out: Vec<Vec<Outgoing>> = datas.iter().map(|_| Vec::new()).collect();
+) -> Prepared {
+    let mut out = Prepared {
+        frames: datas.iter().map(|_| Vec::new()).collect(),
+        lost: None,
+        asked: false,
+    };
     if subscribers.is_empty() {
-        return Ok(out);
+        return out;
     }
     let parsed: Vec<Option<Value>> = datas.iter().map(|d| serde_json::from_str(d).ok()).collect();
     // Candidates grouped by table, tables in order of first appearance.
@@ -141,7 +202,7 @@ pub(crate) async fn prepare(
     for (i, data) in parsed.iter().enumerate() {
         let Some(data) = data else { continue };
         let Some(c) = Change::from_data(data) else {
-            report_undeliverable(subscribers, data, &mut out[i]);
+            report_undeliverable(subscribers, data, &mut out.frames[i]);
             continue;
         };
         let mut found = Vec::new();
@@ -172,91 +233,124 @@ pub(crate) async fn prepare(
         }
     }
     for ((schema, table), candidates) in tables {
-        let kept = authorize(db, &schema, &table, &parsed, candidates, metrics).await?;
-        let mut shaped: HashMap<(usize, String, Option<Vec<String>>), String> = HashMap::new();
+        let kept = match &out.lost {
+            // The connection is gone: nothing more can be checked in this batch.
+            Some(why) => {
+                withhold_failed(&candidates, &schema, &table, why, metrics);
+                Vec::new()
+            }
+            None => {
+                out.asked = true;
+                let table = Table {
+                    schema: &schema,
+                    name: &table,
+                };
+                authorize(
+                    db,
+                    table,
+                    &parsed,
+                    candidates,
+                    limits,
+                    metrics,
+                    &mut out.lost,
+                )
+                .await
+            }
+        };
+        // Each change's data as a role sees it is made once; each frame once per
+        // (serializer, topic, ids): channels of one topic and bindings share its bytes.
+        type Shape = (usize, String, Option<Vec<String>>);
+        let mut shaped: HashMap<Shape, (String, HashMap<FrameKey, Message>)> = HashMap::new();
         for (cand, info_cols, trim_to_key) in kept {
             let data = parsed[cand.change].as_ref().expect("parsed");
             let select = common_select(&cand);
             let key = (cand.change, cand.sub.role.clone(), select.clone());
-            let text = shaped.entry(key).or_insert_with(|| {
-                shape(
+            let (text, frames) = shaped.entry(key).or_insert_with(|| {
+                let text = shape(
                     data,
                     &info_cols,
                     select.as_deref(),
                     trim_to_key.as_deref(),
-                    max_record_bytes,
-                )
+                    limits.max_record_bytes,
+                );
+                (text, HashMap::new())
             });
             let ids: Vec<u32> = cand
                 .bindings
                 .iter()
                 .map(|&b| cand.sub.bindings[b].id)
                 .collect();
-            let frame = cand.sub.reach.postgres_changes_text(&ids, text);
-            out[cand.change].push(Outgoing {
+            let reach = &cand.sub.reach;
+            let frame = frames
+                .entry((reach.vsn, reach.topic.clone(), ids))
+                .or_insert_with_key(|(_, _, ids)| {
+                    Message::text(reach.postgres_changes_text(ids, text))
+                })
+                .clone();
+            out.frames[cand.change].push(Outgoing {
                 to: cand.sub,
                 frame,
                 change: true,
             });
         }
     }
-    Ok(out)
+    out
 }
+
+/// What makes two channels' frames of one shaped change the same bytes.
+type FrameKey = (crate::frame::Vsn, Arc<str>, Vec<u32>);
 
 /// A kept candidate, the columns its role may read, and the primary key when its
 /// old_record is trimmed to it (a DELETE on a table with RLS).
 type Kept = (Candidate, Vec<String>, Option<Vec<String>>);
 
-/// Keeps the candidates of one table that may see their change. Channels whose check
-/// failed are told; Err only when the connection was lost.
+#[derive(Clone, Copy)]
+struct Table<'a> {
+    schema: &'a str,
+    name: &'a str,
+}
+
+/// Why a check did not decide, as the channels are told.
+fn timed_out(limits: &Limits) -> String {
+    format!(
+        "the check took longer than CHANGES_CHECK_TIMEOUT_MS ({} ms)",
+        limits.check_timeout.as_millis()
+    )
+}
+
+/// Keeps the candidates of one table that may see their change, within the table's
+/// budget. Channels whose check could not be made are told; `lost` is set when it found
+/// the connection gone.
 async fn authorize(
     db: &impl Lookup,
-    schema: &str,
-    table: &str,
+    table: Table<'_>,
     parsed: &[Option<Value>],
     candidates: Vec<Candidate>,
+    limits: &Limits,
     metrics: &Metrics,
-) -> Result<Vec<Kept>, String> {
+    lost: &mut Option<String>,
+) -> Vec<Kept> {
+    let Table { schema, name } = table;
+    let started = Instant::now();
+    let remaining = || limits.check_timeout.saturating_sub(started.elapsed());
     let mut roles: Vec<String> = candidates.iter().map(|c| c.sub.role.clone()).collect();
     roles.sort();
     roles.dedup();
-    let info = match db.table(schema, table, &roles).await {
+    let info = match db.table(schema, name, &roles, remaining()).await {
         Ok(Some(info)) => info,
         Ok(None) => {
             // Dropped since the change was decoded: nothing can be checked.
             metrics
                 .changes_withheld_total
                 .increment(candidates.len() as u64);
-            return Ok(Vec::new());
+            return Vec::new();
         }
-        Err(DbError::Failed(why)) => {
-            withhold_failed(&candidates, schema, table, &why, metrics);
-            return Ok(Vec::new());
+        Err(e) => {
+            let why = failure(e, limits, lost);
+            withhold_failed(&candidates, schema, name, &why, metrics);
+            return Vec::new();
         }
-        Err(DbError::Lost(why)) => return Err(why),
     };
-    // The role's columns; a binding whose filter reads a column the role can no longer
-    // read (a REVOKE since the join) matches nothing.
-    let mut readable: Vec<(Candidate, Vec<String>)> = Vec::new();
-    for mut cand in candidates {
-        let Some(Ok(cols)) = info.roles.get(&cand.sub.role) else {
-            metrics.changes_withheld_total.increment(1);
-            continue;
-        };
-        let sub = cand.sub.clone();
-        cand.bindings.retain(|&b| {
-            sub.bindings[b]
-                .filters
-                .iter()
-                .all(|f| cols.contains(&f.column))
-        });
-        if cand.bindings.is_empty() {
-            metrics.changes_withheld_total.increment(1);
-            continue;
-        }
-        readable.push((cand, cols.clone()));
-    }
-    let readable = match_patterns(db, schema, table, parsed, readable, metrics).await?;
     let is_delete = |c: &Candidate| {
         parsed[c.change]
             .as_ref()
@@ -264,11 +358,48 @@ async fn authorize(
             .and_then(Value::as_str)
             == Some("DELETE")
     };
+    // The role's columns; a binding whose filter reads a column the role can no longer
+    // read (a REVOKE since the join) matches nothing. On a table with RLS a DELETE is not
+    // checked and delivers its key alone, so its filters may read the key alone: a filter
+    // on another column of the old row would tell, binding by binding, what a row the
+    // subscriber may not see held (stricter than Supabase, which filters the whole row).
+    let mut readable: Vec<(Candidate, Vec<String>)> = Vec::new();
+    for mut cand in candidates {
+        let Some(Ok(cols)) = info.roles.get(&cand.sub.role) else {
+            metrics.changes_withheld_total.increment(1);
+            continue;
+        };
+        let sub = cand.sub.clone();
+        let key_only = info.rls && is_delete(&cand);
+        cand.bindings.retain(|&b| {
+            sub.bindings[b].filters.iter().all(|f| {
+                cols.contains(&f.column) && (!key_only || info.primary_key.contains(&f.column))
+            })
+        });
+        if cand.bindings.is_empty() {
+            metrics.changes_withheld_total.increment(1);
+            continue;
+        }
+        readable.push((cand, cols.clone()));
+    }
+    // Pattern filters (like, ilike, match, imatch), judged by the database in one call for
+    // the table, under what is left of its budget.
+    let readable = match_patterns(
+        db,
+        table,
+        parsed,
+        readable,
+        remaining(),
+        limits,
+        metrics,
+        lost,
+    )
+    .await;
     if !info.rls {
-        return Ok(readable
+        return readable
             .into_iter()
             .map(|(c, cols)| (c, cols, None))
-            .collect());
+            .collect();
     }
     // RLS: INSERTs and UPDATEs are checked; DELETEs pass with the key alone.
     let (deletes, checked): (Vec<_>, Vec<_>) =
@@ -278,7 +409,7 @@ async fn authorize(
         .map(|(c, cols)| (c, cols, Some(info.primary_key.clone())))
         .collect();
     if checked.is_empty() {
-        return Ok(kept);
+        return kept;
     }
     // Distinct identities, distinct records and distinct pairs, each numbered once (maps,
     // not scans: a batch may hold 10^5 candidates).
@@ -286,8 +417,6 @@ async fn authorize(
     let mut identity_at: HashMap<(&str, &str), i32> = HashMap::new();
     let mut records: Vec<usize> = Vec::new();
     let mut record_at: HashMap<usize, i32> = HashMap::new();
-    let mut asked: Vec<i32> = Vec::new();
-    let mut asked_pairs: std::collections::HashSet<(i32, i32)> = std::collections::HashSet::new();
     let mut pair_of: Vec<(i32, i32)> = Vec::with_capacity(checked.len());
     for (cand, _) in &checked {
         let who = (cand.sub.role.as_str(), cand.sub.claims.as_str());
@@ -299,66 +428,130 @@ async fn authorize(
             records.push(cand.change);
             records.len() as i32
         });
-        if asked_pairs.insert((i, r)) {
-            asked.extend([i, r]);
-        }
         pair_of.push((i, r));
     }
-    let role_list: Vec<String> = identities.iter().map(|(r, _)| r.to_string()).collect();
-    let claim_list: Vec<String> = identities.iter().map(|(_, c)| c.to_string()).collect();
-    let record_list: Vec<String> = records
-        .iter()
-        .map(|&i| key_only(parsed[i].as_ref().expect("parsed"), &info.primary_key))
-        .collect();
-    let rows = match db
-        .visible(info.oid, &role_list, &claim_list, &record_list, &asked)
-        .await
-    {
-        Ok(rows) => rows,
-        Err(DbError::Failed(why)) => {
-            let cands: Vec<Candidate> = checked.into_iter().map(|(c, _)| c).collect();
-            withhold_failed(&cands, schema, table, &why, metrics);
-            return Ok(kept);
-        }
-        Err(DbError::Lost(why)) => return Err(why),
+    // The pairs in calls of at most max_changes records and max_identities identities,
+    // earlier changes first: what the budget allows is decided in queue order.
+    let chunk_of = |(i, r): (i32, i32)| {
+        (
+            (r as usize - 1) / limits.max_changes.max(1),
+            (i as usize - 1) / limits.max_identities.max(1),
+        )
     };
-    let mut seen = std::collections::HashSet::new();
-    for (identity, record, error) in rows {
-        match (record, error) {
-            (Some(r), _) => {
-                seen.insert((identity, r));
-            }
-            (None, Some(why)) => {
-                // A policy that raised, or a role the guard refuses: that identity only.
-                tracing::debug!(identity, error = %why, "a change's RLS check failed for one identity");
-                metrics.auth_policy_errors_total.increment(1);
-            }
-            (None, None) => {}
+    let mut chunks: std::collections::BTreeMap<(usize, usize), Vec<(i32, i32)>> =
+        Default::default();
+    let mut asked = HashSet::new();
+    for &pair in &pair_of {
+        if asked.insert(pair) {
+            chunks.entry(chunk_of(pair)).or_default().push(pair);
         }
     }
+    let key_of = |r: i32| {
+        key_only(
+            parsed[records[r as usize - 1]].as_ref().expect("parsed"),
+            &info.primary_key,
+        )
+    };
+    let mut seen: HashSet<(i32, i32)> = HashSet::new();
+    let mut decided: HashSet<(usize, usize)> = HashSet::new();
+    let mut failed: Option<String> = None;
+    for (chunk, pairs) in &chunks {
+        let budget = remaining();
+        if budget.is_zero() {
+            failed = Some(timed_out(limits));
+        }
+        if failed.is_some() {
+            break;
+        }
+        let mut call = VisibleCall::default();
+        let (mut local_identity, mut local_record) = (HashMap::new(), HashMap::new());
+        let (mut global_identity, mut global_record) = (Vec::new(), Vec::new());
+        for &(i, r) in pairs {
+            let li = *local_identity.entry(i).or_insert_with(|| {
+                let (role, claims) = identities[i as usize - 1];
+                call.roles.push(role.to_owned());
+                call.claims.push(claims.to_owned());
+                global_identity.push(i);
+                global_identity.len() as i32
+            });
+            let lr = *local_record.entry(r).or_insert_with(|| {
+                call.records.push(key_of(r));
+                global_record.push(r);
+                global_record.len() as i32
+            });
+            call.asked.extend([li, lr]);
+        }
+        match db.visible(info.oid, &call, budget).await {
+            Ok(rows) => {
+                for (identity, record, error) in rows {
+                    let identity = global_identity[identity as usize - 1];
+                    match (record, error) {
+                        (Some(r), _) => {
+                            seen.insert((identity, global_record[r as usize - 1]));
+                        }
+                        (None, Some(why)) => {
+                            // A policy that raised, or a role the guard refuses: that
+                            // identity only.
+                            tracing::debug!(identity, error = %why, "a change's RLS check failed for one identity");
+                            metrics.auth_policy_errors_total.increment(1);
+                        }
+                        (None, None) => {}
+                    }
+                }
+                decided.insert(*chunk);
+            }
+            Err(e) => failed = Some(failure(e, limits, lost)),
+        }
+    }
+    let mut undecided: Vec<Candidate> = Vec::new();
     for ((cand, cols), pair) in checked.into_iter().zip(pair_of) {
-        if seen.contains(&pair) {
+        if !decided.contains(&chunk_of(pair)) {
+            undecided.push(cand);
+        } else if seen.contains(&pair) {
             kept.push((cand, cols, None));
         } else {
             metrics.changes_withheld_total.increment(1);
         }
     }
-    Ok(kept)
+    if let Some(why) = failed {
+        withhold_failed(&undecided, schema, name, &why, metrics);
+    }
+    kept
+}
+
+/// What the channels are told of a failed check; a lost connection is also noted for the
+/// drainer.
+fn failure(e: DbError, limits: &Limits, lost: &mut Option<String>) -> String {
+    match e {
+        DbError::Failed(why) => why,
+        DbError::TimedOut => timed_out(limits),
+        DbError::Lost(why) => {
+            *lost = Some(why.clone());
+            why
+        }
+    }
 }
 
 /// Keeps, of each candidate's bindings, those whose pattern conditions hold,
 /// as the database judges them in one call for the table (`realtime.match_patterns`). A
 /// binding whose pattern could not be judged (over its time budget, or the call failed) is
-/// dropped and its channel told; a candidate left without bindings is withheld. Err only
-/// when the connection was lost.
+/// dropped and its channel told; a candidate left without bindings is withheld. A lost
+/// connection is noted in `lost` for the drainer.
+#[allow(clippy::too_many_arguments)]
 async fn match_patterns(
     db: &impl Lookup,
-    schema: &str,
-    table: &str,
+    table: Table<'_>,
     parsed: &[Option<Value>],
     readable: Vec<(Candidate, Vec<String>)>,
+    budget: Duration,
+    limits: &Limits,
     metrics: &Metrics,
-) -> Result<Vec<(Candidate, Vec<String>)>, String> {
+    lost: &mut Option<String>,
+) -> Vec<(Candidate, Vec<String>)> {
+    let Table {
+        schema,
+        name: table,
+    } = table;
     // Distinct patterns, distinct (change, column) values and distinct pairs, numbered once.
     let mut patterns: Vec<(String, &'static str)> = Vec::new();
     let mut pattern_at: HashMap<(String, &'static str), i32> = HashMap::new();
@@ -390,13 +583,13 @@ async fn match_patterns(
         }
     }
     if patterns.is_empty() {
-        return Ok(readable);
+        return readable;
     }
     let texts: Vec<String> = patterns.iter().map(|(p, _)| p.clone()).collect();
     let ops: Vec<&'static str> = patterns.iter().map(|(_, op)| *op).collect();
     let mut verdicts: HashMap<(i32, i32), Option<bool>> = HashMap::new();
     let mut failed: HashMap<i32, String> = HashMap::new();
-    match db.patterns(&texts, &ops, &subjects, &asked).await {
+    match db.patterns(&texts, &ops, &subjects, &asked, budget).await {
         Ok(rows) => {
             for (p, s, matched, error) in rows {
                 match (s, error) {
@@ -410,12 +603,14 @@ async fn match_patterns(
                 }
             }
         }
-        Err(DbError::Failed(why)) => {
+        // The call itself failed, ran out of the table's budget or lost the connection:
+        // no pattern was judged, and their channels are told so.
+        Err(e) => {
+            let why = failure(e, limits, lost);
             for p in 1..=patterns.len() as i32 {
                 failed.insert(p, why.clone());
             }
         }
-        Err(DbError::Lost(why)) => return Err(why),
     }
     let mut kept = Vec::with_capacity(readable.len());
     let mut told = std::collections::HashSet::new();
@@ -459,7 +654,7 @@ async fn match_patterns(
         }
         kept.push((cand, cols));
     }
-    Ok(kept)
+    kept
 }
 
 /// A column's value in a change's row (the old row for a DELETE, as filters read it) as
@@ -481,10 +676,13 @@ fn subject(data: Option<&Value>, column: &str) -> Option<String> {
 /// Tells each channel once that changes of a table were withheld because they could not
 /// be checked.
 fn withhold_failed(cands: &[Candidate], schema: &str, table: &str, why: &str, metrics: &Metrics) {
+    if cands.is_empty() {
+        return;
+    }
     tracing::warn!(schema, table, error = %why, "a change's RLS check failed; withheld");
     metrics.change_check_failures_total.increment(1);
     metrics.changes_withheld_total.increment(cands.len() as u64);
-    let mut told = std::collections::HashSet::new();
+    let mut told = HashSet::new();
     for c in cands {
         if !told.insert((c.sub.reach.conn, c.sub.reach.topic.clone())) {
             continue;
@@ -499,7 +697,9 @@ fn withhold_failed(cands: &[Candidate], schema: &str, table: &str, why: &str, me
 }
 
 /// A change the extension could not decode (its table dropped or altered before it was
-/// drained): the channels listening to a table of that name are told it was lost.
+/// drained): the channels that named that table are told it was lost and why. A channel
+/// listening to whole schemas is told only that a change was lost: its role may not read
+/// that table, so neither the name nor the error is its to learn.
 fn report_undeliverable(subscribers: &Subscribers, data: &Value, out: &mut Vec<Outgoing>) {
     let (Some(table), Some(errors)) = (
         data.get("table").and_then(Value::as_str),
@@ -509,14 +709,22 @@ fn report_undeliverable(subscribers: &Subscribers, data: &Value, out: &mut Vec<O
     };
     let why: Vec<&str> = errors.iter().filter_map(Value::as_str).collect();
     for sub in subscribers.named(table) {
-        let notice = Notice::ChangeLost {
-            table: table.into(),
-            why: why.join("; "),
+        let named = sub
+            .bindings
+            .iter()
+            .any(|b| b.table.as_deref() == Some(table));
+        let notice = if named {
+            Notice::ChangeLost {
+                table: table.into(),
+                why: why.join("; "),
+            }
+        } else {
+            Notice::SomeChangeLost
         };
         let text = sub.reach.system_text(notice.status(), &notice.text());
         out.push(Outgoing {
             to: sub,
-            frame: text,
+            frame: Message::text(text),
             change: false,
         });
     }
@@ -597,10 +805,13 @@ const PATTERNS_SQL: &str = "SELECT pattern, subject, matched, error \
      FROM realtime.match_patterns($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4)";
 
 /// The lookups on the drain connection (statements prepared on first use, so a database
-/// without Postgres Changes' functions still drains broadcasts).
+/// without Postgres Changes' functions still drains broadcasts). Each call runs under the
+/// server's statement_timeout of its budget, so the server ends a check that runs long
+/// (the drainer resets it before draining again); the client gives up `grace` later, for
+/// a server that does not answer at all.
 pub struct Db<'a> {
     pub client: &'a tokio_postgres::Client,
-    pub deadline: std::time::Duration,
+    pub grace: Duration,
     /// Each match pattern's time budget within its call (`FILTER_PATTERN_TIMEOUT_MS`).
     pub pattern_budget_ms: i32,
     pub statements: &'a Statements,
@@ -619,10 +830,16 @@ impl Db<'_> {
         if self.client.is_closed() {
             return DbError::Lost(e.to_string());
         }
-        DbError::Failed(
-            e.as_db_error()
-                .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
-        )
+        match e.as_db_error() {
+            Some(d) if *d.code() == tokio_postgres::error::SqlState::QUERY_CANCELED => {
+                DbError::TimedOut
+            }
+            // The server is ending this connection (a FATAL the client has not yet seen
+            // close): the session ends after the batch, as for a closed one.
+            Some(d) if d.code().code().starts_with("57P") => DbError::Lost(d.message().to_owned()),
+            Some(d) => DbError::Failed(d.message().to_owned()),
+            None => DbError::Failed(e.to_string()),
+        }
     }
 
     async fn query(
@@ -630,12 +847,21 @@ impl Db<'_> {
         cell: &tokio::sync::OnceCell<tokio_postgres::Statement>,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        budget: Duration,
     ) -> Result<Vec<tokio_postgres::Row>, DbError> {
+        if budget.is_zero() {
+            return Err(DbError::TimedOut);
+        }
+        // At least 1 ms: 0 would switch the timeout off.
+        let ms = budget.as_millis().clamp(1, i32::MAX as u128);
         let call = async {
+            self.client
+                .batch_execute(&format!("SET statement_timeout = {ms}"))
+                .await?;
             let stmt = cell.get_or_try_init(|| self.client.prepare(sql)).await?;
             self.client.query(stmt, params).await
         };
-        match tokio::time::timeout(self.deadline, call).await {
+        match tokio::time::timeout(budget + self.grace, call).await {
             Err(_) => Err(DbError::Lost(
                 "a Postgres Changes check did not answer in time".into(),
             )),
@@ -650,12 +876,14 @@ impl Lookup for Db<'_> {
         schema: &str,
         table: &str,
         roles: &[String],
+        budget: Duration,
     ) -> Result<Option<TableInfo>, DbError> {
         let rows = self
             .query(
                 &self.statements.table,
                 TABLE_SQL,
                 &[&schema, &table, &roles],
+                budget,
             )
             .await?;
         let Some(first) = rows.first() else {
@@ -683,16 +911,15 @@ impl Lookup for Db<'_> {
     async fn visible(
         &self,
         oid: u32,
-        roles: &[String],
-        claims: &[String],
-        records: &[String],
-        asked: &[i32],
+        call: &VisibleCall,
+        budget: Duration,
     ) -> Result<Vec<VisibleRow>, DbError> {
         let rows = self
             .query(
                 &self.statements.visible,
                 VISIBLE_SQL,
-                &[&oid, &roles, &claims, &records, &asked],
+                &[&oid, &call.roles, &call.claims, &call.records, &call.asked],
+                budget,
             )
             .await?;
         Ok(rows
@@ -707,12 +934,14 @@ impl Lookup for Db<'_> {
         ops: &[&'static str],
         subjects: &[Option<String>],
         asked: &[i32],
+        budget: Duration,
     ) -> Result<Vec<PatternRow>, DbError> {
         let rows = self
             .query(
                 &self.statements.patterns,
                 PATTERNS_SQL,
                 &[&patterns, &ops, &subjects, &asked, &self.pattern_budget_ms],
+                budget,
             )
             .await?;
         Ok(rows
@@ -738,7 +967,7 @@ mod tests {
     use std::sync::Mutex;
     use tokio_tungstenite::tungstenite::Message;
 
-    type VisibleCall = (Vec<String>, Vec<String>, Vec<i32>);
+    type Asked = (Vec<String>, Vec<String>, Vec<i32>);
 
     /// Plays the database: table `public.todos` with RLS and key `id`; role
     /// `authenticated` reads every column but `secret`, `anon` may not read the key (401);
@@ -746,10 +975,12 @@ mod tests {
     #[derive(Default)]
     struct Fake {
         /// Each visible call's (claims, records, asked).
-        visible_calls: Mutex<Vec<VisibleCall>>,
+        visible_calls: Mutex<Vec<Asked>>,
         /// Each patterns call's (patterns, asked).
         pattern_calls: Mutex<Vec<(Vec<String>, Vec<i32>)>>,
         fail_visible: bool,
+        /// Each visible call takes this long, or is cancelled by its budget.
+        visible_takes: Duration,
     }
 
     impl Lookup for Fake {
@@ -758,6 +989,7 @@ mod tests {
             _schema: &str,
             table: &str,
             roles: &[String],
+            _budget: Duration,
         ) -> Result<Option<TableInfo>, DbError> {
             if table == "gone" {
                 return Ok(None);
@@ -783,12 +1015,21 @@ mod tests {
         async fn visible(
             &self,
             oid: u32,
-            roles: &[String],
-            claims: &[String],
-            records: &[String],
-            asked: &[i32],
+            call: &VisibleCall,
+            budget: Duration,
         ) -> Result<Vec<VisibleRow>, DbError> {
+            let VisibleCall {
+                roles,
+                claims,
+                records,
+                asked,
+            } = call;
             assert_eq!(oid, 42);
+            if self.visible_takes > budget {
+                tokio::time::sleep(budget).await;
+                return Err(DbError::TimedOut);
+            }
+            tokio::time::sleep(self.visible_takes).await;
             self.visible_calls.lock().unwrap().push((
                 claims.to_vec(),
                 records.to_vec(),
@@ -823,6 +1064,7 @@ mod tests {
             ops: &[&'static str],
             subjects: &[Option<String>],
             asked: &[i32],
+            _budget: Duration,
         ) -> Result<Vec<PatternRow>, DbError> {
             self.pattern_calls
                 .lock()
@@ -854,6 +1096,15 @@ mod tests {
                 rows.push((p, Some(s), verdict, None));
             }
             Ok(rows)
+        }
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            max_record_bytes: 1 << 20,
+            check_timeout: Duration::from_secs(5),
+            max_changes: 100,
+            max_identities: 100,
         }
     }
 
@@ -898,7 +1149,7 @@ mod tests {
             .map(|v| {
                 v.iter()
                     .map(|o| {
-                        let f: Value = serde_json::from_str(&o.frame).unwrap();
+                        let f: Value = serde_json::from_str(o.frame.to_text().unwrap()).unwrap();
                         (
                             o.to.reach.conn,
                             f["payload"]["ids"].clone(),
@@ -928,7 +1179,7 @@ mod tests {
         ];
         let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
         let m = Metrics::default();
-        let out = prepare(&db, &subs, &datas, 1 << 20, &m).await.unwrap();
+        let out = prepare(&db, &subs, &datas, &limits(), &m).await.frames;
         let got = delivered(&out);
         // Row 1 (odd) is visible to u1 only; row 2 to nobody; the delete reaches both
         // authenticated channels with the key alone, and anon (401) gets nothing.
@@ -972,9 +1223,9 @@ mod tests {
         let db = Fake::default();
         let datas = [change("todos", "INSERT", 3), change("todos", "INSERT", 5)];
         let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
-        let out = prepare(&db, &subs, &datas, 1 << 20, &Metrics::default())
+        let out = prepare(&db, &subs, &datas, &limits(), &Metrics::default())
             .await
-            .unwrap();
+            .frames;
         let got = delivered(&out);
         assert_eq!(got[0][0].1, json!([ids[0], ids[1]]));
         assert_eq!(got[1][0].1, json!([ids[1]]));
@@ -999,7 +1250,7 @@ mod tests {
         let datas = [change("todos", "INSERT", 1), change("notes", "INSERT", 2)];
         let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
         let m = Metrics::default();
-        let out = prepare(&db, &subs, &datas, 1 << 20, &m).await.unwrap();
+        let out = prepare(&db, &subs, &datas, &limits(), &m).await.frames;
         let got = delivered(&out);
         assert!(got[0].is_empty(), "nothing unchecked is sent");
         assert_eq!(got[1].len(), 1, "notes has no RLS");
@@ -1037,9 +1288,9 @@ mod tests {
                           "errors": ["Error 410: the table was dropped before this change was delivered"]})
         .to_string();
         let m = Metrics::default();
-        let out = prepare(&Fake::default(), &subs, &[lost.as_str()], 1 << 20, &m)
+        let out = prepare(&Fake::default(), &subs, &[lost.as_str()], &limits(), &m)
             .await
-            .unwrap();
+            .frames;
         assert_eq!(out[0].len(), 1, "only the channel of that table is told");
         for o in out.into_iter().flatten() {
             o.send(&m);
@@ -1073,8 +1324,8 @@ mod tests {
         let datas = [change("notes", "INSERT", 1)];
         let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
         let m = Metrics::default();
-        let out = prepare(&db, &subs, &datas, 1 << 20, &m).await.unwrap();
-        let mut got: Vec<u64> = delivered(&out)[0].iter().map(|d| d.0).collect();
+        let out = prepare(&db, &subs, &datas, &limits(), &m).await;
+        let mut got: Vec<u64> = delivered(&out.frames)[0].iter().map(|d| d.0).collect();
         got.sort();
         // "t" matches ^t and ^T case-insensitively; not.match excludes it; the slow
         // pattern's channel is withheld and told; the plain channel is untouched.
@@ -1096,6 +1347,183 @@ mod tests {
             "Changes to public.notes were not delivered to this channel: its filter could not be evaluated: too slow"
         );
         assert_eq!(m.value("realtime_changes_withheld_total"), Some(2.0));
+    }
+
+    fn told(rx: &crate::outbound::Receiver) -> Vec<String> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|m| {
+                let v: Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                v["payload"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    /// A bulk write is checked in calls of at most POLL_MAX_CHANGES records; what the
+    /// table's budget decided is delivered, the rest withheld with one word per channel.
+    #[tokio::test]
+    async fn a_bulk_write_past_the_check_budget_delivers_what_was_decided_and_withholds_the_rest() {
+        let subs = Subscribers::default();
+        let all = json!([{"event": "*", "schema": "public", "table": "todos"}]);
+        let (s, rx) = sub(1, "authenticated", r#"{"sub":"u1"}"#, all);
+        subs.add(s);
+        let db = Fake {
+            visible_takes: Duration::from_millis(60),
+            ..Fake::default()
+        };
+        let datas: Vec<String> = (1..=250).map(|id| change("todos", "INSERT", id)).collect();
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let limits = Limits {
+            check_timeout: Duration::from_millis(100),
+            ..limits()
+        };
+        let m = Metrics::default();
+        let started = Instant::now();
+        let out = prepare(&db, &subs, &datas, &limits, &m).await;
+        assert!(started.elapsed() < Duration::from_millis(500));
+        assert!(out.lost.is_none());
+        let calls = db.visible_calls.lock().unwrap();
+        assert_eq!(calls[0].1.len(), 100, "one call asks about 100 records");
+        assert_eq!(
+            calls.len(),
+            1,
+            "the second call was cancelled by the budget"
+        );
+        let got = delivered(&out.frames);
+        // The first 100 records were decided: the odd ones are visible.
+        let sent: usize = got.iter().map(Vec::len).sum();
+        assert_eq!(sent, 50);
+        assert!(got[..100]
+            .iter()
+            .enumerate()
+            .all(|(i, v)| v.len() == (i % 2 == 0) as usize));
+        assert_eq!(
+            told(&rx),
+            vec![
+                "Changes to public.todos could not be authorized and were not delivered: \
+                  the check took longer than CHANGES_CHECK_TIMEOUT_MS (100 ms)"
+            ]
+        );
+        assert_eq!(m.value("realtime_change_check_failures_total"), Some(1.0));
+    }
+
+    #[tokio::test]
+    async fn identities_are_asked_in_chunks_with_their_own_numbering() {
+        let subs = Subscribers::default();
+        let all = json!([{"event": "*", "schema": "public", "table": "todos"}]);
+        let mut rxs = Vec::new();
+        for n in 0..5 {
+            let claims = if n == 3 {
+                r#"{"sub":"u1"}"#.to_owned()
+            } else {
+                format!(r#"{{"sub":"x{n}"}}"#)
+            };
+            let (s, rx) = sub(n, "authenticated", &claims, all.clone());
+            subs.add(s);
+            rxs.push(rx);
+        }
+        let db = Fake::default();
+        let datas = [change("todos", "INSERT", 1), change("todos", "INSERT", 3)];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let limits = Limits {
+            max_changes: 1,
+            max_identities: 2,
+            ..limits()
+        };
+        let out = prepare(&db, &subs, &datas, &limits, &Metrics::default()).await;
+        // 2 records × 3 chunks of identities: six calls, each at most 2 identities.
+        let calls = db.visible_calls.lock().unwrap();
+        assert_eq!(calls.len(), 6);
+        assert!(calls.iter().all(|c| c.0.len() <= 2 && c.1.len() == 1));
+        let got = delivered(&out.frames);
+        assert_eq!(got[0].iter().map(|d| d.0).collect::<Vec<_>>(), vec![3]);
+        assert_eq!(got[1].iter().map(|d| d.0).collect::<Vec<_>>(), vec![3]);
+    }
+
+    /// DELETEs on a table with RLS are not checked and deliver the key alone: a filter on
+    /// another column would reveal, binding by binding, what the hidden row held.
+    #[tokio::test]
+    async fn a_delete_on_an_rls_table_is_filtered_on_its_key_alone() {
+        let subs = Subscribers::default();
+        let (s, _rx) = sub(
+            1,
+            "authenticated",
+            r#"{"sub":"u2"}"#,
+            json!([{"event": "DELETE", "schema": "public", "table": "todos", "filter": "owner=eq.u"},
+                   {"event": "DELETE", "schema": "public", "table": "todos", "filter": "id=eq.4"}]),
+        );
+        let ids: Vec<u32> = s.bindings.iter().map(|b| b.id).collect();
+        subs.add(s);
+        let datas = [change("todos", "DELETE", 4), change("todos", "DELETE", 6)];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let out = prepare(
+            &Fake::default(),
+            &subs,
+            &datas,
+            &limits(),
+            &Metrics::default(),
+        )
+        .await;
+        let got = delivered(&out.frames);
+        assert_eq!(got[0].len(), 1);
+        assert_eq!(
+            got[0][0].1,
+            json!([ids[1]]),
+            "the owner filter is not evaluated"
+        );
+        assert!(got[1].is_empty(), "no filter on the key matched row 6");
+    }
+
+    #[tokio::test]
+    async fn channels_of_one_topic_share_one_frame() {
+        let subs = Subscribers::default();
+        let all = json!([{"event": "*", "schema": "public", "table": "notes"}]);
+        let (a, _ra) = sub(1, "authenticated", "{}", all.clone());
+        let (mut b, _rb) = sub(2, "authenticated", "{}", all);
+        b.reach = a.reach.clone();
+        b.reach.conn = 2;
+        subs.add(a);
+        subs.add(b);
+        let datas = [change("notes", "INSERT", 1)];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let out = prepare(
+            &Fake::default(),
+            &subs,
+            &datas,
+            &limits(),
+            &Metrics::default(),
+        )
+        .await;
+        let f = &out.frames[0];
+        assert_eq!(f.len(), 2);
+        let bytes = |o: &Outgoing| match &o.frame {
+            Message::Text(t) => t.as_str().as_ptr(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(bytes(&f[0]), bytes(&f[1]), "one allocation for both");
+    }
+
+    #[tokio::test]
+    async fn a_lost_change_is_told_without_its_table_to_a_channel_of_whole_schemas() {
+        let subs = Subscribers::default();
+        let (s, _rx) = sub(1, "anon", "{}", json!([{"event": "*", "schema": "*"}]));
+        subs.add(s);
+        let lost = json!({"schema": null, "table": "payroll", "type": "INSERT", "columns": [],
+                          "errors": ["Error 410: the table was dropped before this change was delivered"]})
+        .to_string();
+        let out = prepare(
+            &Fake::default(),
+            &subs,
+            &[lost.as_str()],
+            &limits(),
+            &Metrics::default(),
+        )
+        .await;
+        let text = out.frames[0][0].frame.to_text().unwrap().to_owned();
+        assert!(!text.contains("payroll"), "{text}");
+        assert!(text.contains("A change was lost"), "{text}");
     }
 
     #[test]
