@@ -68,7 +68,7 @@ def run_all(commands, timeout):
 
 
 def one_run(a, pg, epoch, attackers):
-    label = "with 20 attackers" if attackers else "without attackers"
+    label = "with the attackers" if attackers else "without attackers"
     url = f"ws://127.0.0.1:{a.http_port}"
     # The defaults, stated: the ordinary groups each come from one address.
     env = {"MAX_CONNECTIONS_PER_ADDRESS": "1000", "MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS": "1000"}
@@ -88,7 +88,9 @@ def one_run(a, pg, epoch, attackers):
         ]
         if attackers:
             commands.append([ATTACKERS, "--port", str(a.http_port), "--jwt-secret", SECRET, "--dsn", pg.dsn,
-                             "--seconds", str(a.seconds), "--epoch", str(epoch), "--busy-topic", "bench-0"])
+                             "--seconds", str(a.seconds), "--epoch", str(epoch), "--busy-topic", "bench-0",
+                             *(["--skip", a.skip_attackers] if a.skip_attackers else []),
+                             *(["--only", a.only_attackers] if a.only_attackers else [])])
         with harness.Usage([pid], f"{pg.dir}/pg/data") as u:
             results = run_all(commands, timeout=a.seconds + 300)
     r = {"label": label, **u.result}
@@ -103,6 +105,8 @@ def one_run(a, pg, epoch, attackers):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--skip-attackers", default="", help="attackers to leave out, by name (comma-separated)")
+    ap.add_argument("--only-attackers", default="", help="only these attackers, by name (comma-separated)")
     ap.add_argument("--pg-port", type=int, default=24396)
     ap.add_argument("--http-port", type=int, default=24397)
     a = ap.parse_args()

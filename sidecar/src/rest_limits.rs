@@ -102,7 +102,17 @@ impl RestLimits {
     }
 
     /// A place for one request, taken before its body is read (a body may be a megabyte).
+    /// An address that spent its second's messages is refused here, before its body is read:
+    /// reading and parsing a megabyte it would then refuse was the flood's whole cost.
     pub fn admit(&self, who: &Sender) -> Result<Admitted, Refused> {
+        if !who.backend
+            && self
+                .address_rate
+                .check(&who.address, 1, self.max_per_address)
+                == Err(Over::Rate)
+        {
+            return Err(Refused::too_many(RATE_EXCEEDED));
+        }
         let address = match who.backend {
             true => None,
             false => Some(
@@ -121,10 +131,19 @@ impl RestLimits {
         })
     }
 
-    /// Counts a request's `n` messages against every rate that applies, or refuses them all
-    /// (nothing is counted then).
+    /// Counts a request's `n` messages against every rate that applies, or refuses them all.
+    /// A batch over the per-request bound, or too large for what its address has left, still
+    /// spends the address's second (the body was read and parsed): its next requests are
+    /// refused before their bodies are read. Nothing else is counted for a refused batch.
     pub fn charge(&self, who: &Sender, n: usize) -> Result<(), Refused> {
+        let spend_address = |n: usize| {
+            if !who.backend {
+                let n = n.min(self.max_per_address as usize) as u32;
+                self.address_rate.charge(&who.address, n);
+            }
+        };
         if n > self.max_messages {
+            spend_address(n);
             return Err(Refused::too_many(BATCH_TOO_LARGE));
         }
         let n = n as u32;
@@ -135,9 +154,13 @@ impl RestLimits {
             })
         };
         if !who.backend {
-            self.address_rate
+            if let Err(over) = self
+                .address_rate
                 .check(&who.address, n, self.max_per_address)
-                .map_err(answer)?;
+            {
+                spend_address(n as usize);
+                return Err(answer(over));
+            }
             if let Some(sub) = who.sub {
                 self.user_rate
                     .check(&sub.to_owned(), n, self.max_per_user)
@@ -246,9 +269,13 @@ mod tests {
         assert_eq!(refused.message, BATCH_TOO_LARGE);
         // A refused batch counted nothing: the address still has its ten.
         l.charge(&from("192.0.2.4", Some("u2")), 5).unwrap();
-        // A batch over the per-request bound is refused whatever the budgets.
+        // A batch over the per-request bound is refused whatever the budgets, and spends its
+        // address's second: the next request is refused before its body is read.
         let refused = l.charge(&from("192.0.2.5", None), 21).unwrap_err();
         assert_eq!(refused.message, BATCH_TOO_LARGE);
+        let refused = l.admit(&from("192.0.2.5", None)).err().unwrap();
+        assert_eq!(refused.message, RATE_EXCEEDED);
+        assert!(l.admit(&from("192.0.2.6", None)).is_ok());
     }
 
     #[test]

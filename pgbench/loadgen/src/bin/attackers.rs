@@ -46,6 +46,12 @@ struct Args {
     /// The first attacker's address; the others follow (127.0.0.N+1, ...).
     #[arg(long, default_value_t = 10)]
     first_address: u8,
+    /// Attackers to leave out, by name (to tell which one costs the others what).
+    #[arg(long, value_delimiter = ',')]
+    skip: Vec<String>,
+    /// Only these attackers, by name (all when empty).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 type Ws = WebSocketStream<TcpStream>;
@@ -303,12 +309,22 @@ async fn main() {
     let mut attackers: Vec<(&'static str, IpAddr, Arc<Tally>)> = Vec::new();
     let mut tasks = Vec::new();
     let mut next = a.first_address;
+    // An attacker left out (`--skip`, `--only`) keeps its address but gets a run that is
+    // already over: every attacker checks `live()` before it sends anything.
+    let over = Arc::new(Ctx {
+        deadline: Instant::now(),
+        a: a.clone(),
+    });
     let mut enlist = |name: &'static str| {
         let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, next));
         next += 1;
         let t = Arc::new(Tally::default());
-        attackers.push((name, from, t.clone()));
-        (cx.clone(), t, from)
+        let wanted = (a.only.is_empty() || a.only.iter().any(|o| o == name))
+            && !a.skip.iter().any(|s| s == name);
+        if wanted {
+            attackers.push((name, from, t.clone()));
+        }
+        (if wanted { cx.clone() } else { over.clone() }, t, from)
     };
     let sec = Duration::from_secs(1);
 
@@ -622,6 +638,9 @@ async fn main() {
     {
         let (cx, t, from) = enlist("bulk-writer");
         tasks.push(tokio::spawn(async move {
+            if !cx.live() {
+                return;
+            }
             let Some(ws) = cx.ws(from, "1.0.0", "authenticated", &t).await else {
                 return;
             };
