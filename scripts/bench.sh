@@ -44,4 +44,6 @@ run routed:60k --ways routed --processes 8 --clients 30000 --goal-clients 60000 
     --json "$out/routed-60k.json"
 # 100,000 (the design's goal), 250,000 (issue 14's) and one step larger.
 run connections --clients 100000,250000,300000 --json "$out/connections.json"
+# Twenty attackers beside a thousand ordinary subscribers, against the same without them.
+run soak --seconds 60
 echo "tables in $out"
