@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const WINDOW: Duration = Duration::from_secs(1);
+/// Live keys a `RateTally` holds at most, in multiples of its `sweep_at`.
+const HARD_CAP: usize = 4;
 
 /// Why a rate refused: Supabase's two answers to a batch (its texts are in `rest_limits`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,8 +22,10 @@ pub enum Over {
 }
 
 /// Events per key per one-second window (fixed windows, as `rate::Rate`). Entries are made
-/// only by a charge, and charges are bounded by the caller's total rate, so the map holds
-/// at most about that many live keys; expired ones are swept when it reaches `sweep_at`.
+/// only by a charge; expired ones are swept when the map reaches `sweep_at`. Most charges are
+/// bounded by the caller's total rate, but a refused batch also spends its address's second
+/// (`rest_limits`), so the map is capped too: past `HARD_CAP` times `sweep_at` live keys, a
+/// new key is not recorded (the total rate still bounds what it may send).
 pub struct RateTally<K> {
     map: Mutex<HashMap<K, (Instant, u32)>>,
     sweep_at: usize,
@@ -56,6 +60,9 @@ impl<K: Eq + Hash + Clone> RateTally<K> {
         let mut map = self.map.lock().unwrap();
         if map.len() >= self.sweep_at && !map.contains_key(key) {
             map.retain(|_, (start, _)| start.elapsed() < WINDOW);
+            if map.len() >= self.sweep_at * HARD_CAP {
+                return;
+            }
         }
         let entry = map.entry(key.clone()).or_insert((Instant::now(), 0));
         if entry.0.elapsed() >= WINDOW {
@@ -159,6 +166,18 @@ mod tests {
         std::thread::sleep(WINDOW);
         t.charge(&1000, 1);
         assert_eq!(t.len(), 1, "the 64 expired keys went, the new one stayed");
+    }
+
+    #[test]
+    fn live_keys_are_capped_whatever_is_charged() {
+        let t = RateTally::new(64);
+        for i in 0..1000 {
+            t.charge(&i, 1);
+        }
+        assert_eq!(t.len(), 64 * HARD_CAP, "no more live keys than the cap");
+        // A key already held is still counted.
+        t.charge(&0, 5);
+        assert_eq!(t.check(&0, 1, 6), Err(Over::Rate));
     }
 
     #[test]
