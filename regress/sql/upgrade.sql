@@ -98,6 +98,9 @@ $$;
 CREATE TABLE described (version text, how text, line text);
 CREATE TABLE kept (version text, persisted bigint, app_send_works boolean);
 
+-- The resets' cascade notices repeat once per released version: the output must not grow
+-- with each release.
+SET client_min_messages = warning;
 DO $$
 DECLARE
     v text;
@@ -120,6 +123,7 @@ BEGIN
     END LOOP;
 END
 $$;
+RESET client_min_messages;
 
 -- At least one released version was tested, and each ended at the current version.
 SELECT count(DISTINCT version) > 0 AS some_released_version_tested FROM described;

@@ -1,0 +1,3 @@
+-- pg_realtime 0.2.0 -> 0.3.0. Every change of the extension's SQL since 0.2.0 (frozen in
+-- extension/released/pg_realtime--0.2.0.sql) is written here as well, in the order the
+-- changes landed; regress/sql/upgrade.sql proves the result equals a fresh install.
