@@ -53,7 +53,8 @@ struct Held {
     count: usize,
     /// Bytes of the frames in `queue` (a pending slot has none yet).
     bytes: usize,
-    /// Over the bounds: the connection is being closed; nothing more is held or sent.
+    /// Over the bounds (the connection is being closed), or the channel left: nothing more
+    /// is held or sent.
     cut: bool,
 }
 
@@ -193,6 +194,17 @@ impl Hold {
         out.cut_off();
     }
 
+    /// The channel left: what it held is dropped and nothing more passes (a frame of the
+    /// channel that left must not reach a later join of the same topic on the socket).
+    pub fn close(&self) {
+        let mut held = self.held.lock().unwrap();
+        held.cut = true;
+        held.queue.clear();
+        held.count = 0;
+        held.bytes = 0;
+        self.pending.store(1, Ordering::Release);
+    }
+
     /// Frames and slots held (for tests and metrics).
     pub fn held(&self) -> usize {
         self.held.lock().unwrap().queue.len()
@@ -260,6 +272,22 @@ mod tests {
         assert!(!hold.slot(2, 0, &tx));
         hold.fill(1, HashMap::from([(0, vec![text(1)])]), &tx);
         assert!(got(&rx).is_empty(), "nothing more is sent");
+    }
+
+    #[test]
+    fn a_channel_that_left_gets_nothing_more() {
+        let (tx, rx) = outbound::channel(100);
+        let hold = Hold::default();
+        assert!(hold.slot(1, 0, &tx));
+        assert_eq!(hold.send(text(1), &tx), Sent::Queued);
+        hold.close();
+        hold.fill(1, HashMap::from([(0, vec![text(0)])]), &tx);
+        assert_eq!(hold.send(text(2), &tx), Sent::Full);
+        assert!(got(&rx).is_empty());
+        assert!(
+            rx.overflowed().now_or_never().is_none(),
+            "the connection stays"
+        );
     }
 
     #[test]

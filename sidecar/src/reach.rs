@@ -96,6 +96,11 @@ impl Reach {
         self.hold.fill(job, frames, &self.out)
     }
 
+    /// The channel left: nothing held or handed to it later reaches the socket.
+    pub fn close_hold(&self) {
+        self.hold.close()
+    }
+
     /// Names this channel's hold: the same for every clone of this channel's `Reach`.
     pub fn hold_id(&self) -> usize {
         Arc::as_ptr(&self.hold) as usize
