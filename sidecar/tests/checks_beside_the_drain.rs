@@ -257,3 +257,49 @@ async fn a_channel_holding_more_than_its_connection_may_queue_behind_a_slow_chec
     .unwrap();
     drop_table(&db, "offpath_bound").await;
 }
+
+/// The changes waiting for their check are bounded (CHANGES_CHECK_BACKLOG): while one
+/// change's check sleeps, a batch of 20 more of the table does not fit a backlog of 10. It
+/// is withheld at once, its channel told why, after the change before it (in the channel's
+/// order), and nothing of it is sent unchecked.
+#[tokio::test]
+async fn changes_past_the_check_backlog_are_withheld_with_the_reason() {
+    let name = "t_offpath_backlog";
+    let sidecar = sidecar(name, &[("CHANGES_CHECK_BACKLOG", "10")]).await;
+    let db = db().await;
+    slow_table(&db, "offpath_backlog", "2").await;
+    let mut c = subscriber(
+        sidecar.port,
+        "backlog",
+        "realtime:backlog",
+        "offpath_backlog",
+    )
+    .await;
+
+    db.execute("INSERT INTO offpath_backlog VALUES (0, 'first')", &[])
+        .await
+        .unwrap();
+    assert!(
+        seen_checking(&db, name).await,
+        "the first change's check runs"
+    );
+    db.execute(
+        "INSERT INTO offpath_backlog SELECT g, 'more' FROM generate_series(1, 20) g",
+        &[],
+    )
+    .await
+    .unwrap();
+    let first = c.next_json(30).await.expect("the first change");
+    assert_eq!(first["event"], "postgres_changes", "{first}");
+    assert_eq!(first["payload"]["data"]["record"]["v"], "first");
+    let told = c.next_json(30).await.expect("the notice");
+    assert_eq!(told["event"], "system", "{told}");
+    assert_eq!(
+        told["payload"]["message"],
+        "Changes to public.offpath_backlog could not be authorized and were not delivered: \
+         more than CHANGES_CHECK_BACKLOG (10) changes, or CHANGES_CHECK_BACKLOG_BYTES \
+         (67108864), are waiting for their check"
+    );
+    assert!(c.next_json(3).await.is_none(), "nothing of it is sent");
+    drop_table(&db, "offpath_backlog").await;
+}
