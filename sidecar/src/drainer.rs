@@ -15,8 +15,8 @@
 use crate::config::Config;
 use crate::hub::{Hub, QueueMessage};
 use crate::metrics::Metrics;
-use crate::postgres_changes::deliver;
 use crate::postgres_changes::subscribers::Subscribers;
+use crate::postgres_changes::{deliver, position};
 use crate::presence::view::Views;
 use crate::reason::Notice;
 use crate::rows::{As, Columns, Entry, Read};
@@ -370,6 +370,7 @@ async fn session(
         // else in the batch first hands out those before it, so each connection still gets
         // everything in queue order.
         let mut broadcasts: Vec<QueueMessage> = Vec::new();
+        let mut positions = position::Positions::default();
         for Read { seq, entry } in entries {
             pos = seq;
             if !matches!(entry, Entry::Message { .. }) && !broadcasts.is_empty() {
@@ -407,7 +408,8 @@ async fn session(
                     // broadcast topic (one named after its table would get it).
                     dispatched(committed_us);
                     for f in prepared.next().unwrap_or_default() {
-                        f.send(metrics);
+                        positions.note(&f);
+                        f.send_at(now_epoch, seq, metrics);
                     }
                 }
                 Entry::Message {
@@ -420,6 +422,7 @@ async fn session(
             }
         }
         hub.dispatch_batch(&broadcasts);
+        positions.send(now_epoch, pos, metrics);
         metrics.last_seq.set(pos as f64);
         *handed = pos;
         if let Some(why) = lost {

@@ -167,6 +167,21 @@ impl Outgoing {
             }
         }
     }
+
+    /// Queues the frame of the change at (`epoch`, `seq`): through the channel's gate while
+    /// its history is being sent, which holds it, or drops it when the history sent it.
+    /// Returns whether it went out now.
+    pub fn send_at(self, epoch: i64, seq: i64, metrics: &Metrics) -> bool {
+        let frame = match &self.to.gate {
+            None => self.frame,
+            Some(gate) => match gate.pass(epoch, seq, &self.frame) {
+                Some(f) => f,
+                None => return false,
+            },
+        };
+        Outgoing { frame, ..self }.send(metrics);
+        true
+    }
 }
 
 /// A channel a change matched, and the bindings it matched by.
@@ -1121,6 +1136,8 @@ mod tests {
             bindings: parse_bindings(Some(&bindings)).unwrap(),
             role: role.into(),
             claims: claims.into(),
+            gate: None,
+            positions: false,
         };
         (s, rx)
     }

@@ -18,12 +18,14 @@
 //!
 //! `binding` bindings, filters, matching and the join reply · `bounds` what one join's
 //! bindings may cost · `check` the join-time check ·
-//! `subscribers` who listens to which table · `deliver` the drained batch's stage.
+//! `subscribers` who listens to which table · `deliver` the drained batch's stage ·
+//! `position` a channel's position after its changes, for those that asked.
 
 pub mod binding;
 pub mod bounds;
 pub mod check;
 pub mod deliver;
+pub mod position;
 pub mod subscribers;
 
 pub use binding::{parse_bindings, reply, Binding, BindingError, Change};
