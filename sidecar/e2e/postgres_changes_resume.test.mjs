@@ -197,3 +197,45 @@ for (const vsn of ['1.0.0', '2.0.0']) {
     }
   });
 }
+
+test('realtime-js: resent changes count against MAX_RESUME_MESSAGES with the broadcasts; beyond it the newest are sent and the range that was not', async () => {
+  const { process: limited, port: limitedPort } = await startSidecar(SECRET, 'postgres_changes_resume_limit', { MAX_RESUME_MESSAGES: '5' });
+  const run = `limit-${Date.now()}`;
+  const topic = `tasks-${run}`;
+  const c = new RealtimeClient(`ws://127.0.0.1:${limitedPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  try {
+    const stats = async () => (await db.query('SELECT last_seq::int8 AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()')).rows[0];
+    const start = await stats();
+    const at = { epoch: start.epoch, seq: Number(start.seq), changes: true };
+    // Four changes and four broadcasts on the channel's topic, alternating, each at a
+    // position read back: eight after the position, three more than the limit.
+    const positions = [];
+    for (let i = 1; i <= 4; i++) {
+      await db.query('INSERT INTO pcr_tasks VALUES ($1, $2, $3)', [30_000 + i, run, 'over']);
+      positions.push(['change', i, Number((await stats()).seq)]);
+      await db.query(`SELECT realtime.send(jsonb_build_object('n', $2::int), 'n', $1, false)`, [topic, i]);
+      positions.push(['broadcast', i, Number((await stats()).seq)]);
+    }
+    await c.setAuth(apikey);
+    const got = [];
+    const systems = [];
+    const channel = c.channel(topic, { config: { broadcast: { resume: at } } });
+    channel.on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pcr_tasks', filter: `run=eq.${run}` }, (p) => got.push(['change', Number(p.new.id) - 30_000]));
+    channel.on('broadcast', { event: 'n' }, (m) => got.push(['broadcast', m.payload.n]));
+    remember(channel, systems);
+    await subscribed(channel);
+    await waitFor(() => systems.some((s) => 'recovered' in s), 10000, 'the resume system message');
+    const resumed = systems.find((s) => 'recovered' in s);
+    // The newest five, in commit order, whichever kind.
+    assert.deepEqual(got, positions.slice(3).map(([kind, n]) => [kind, n]));
+    assert.equal(resumed.recovered, false, JSON.stringify(resumed));
+    assert.equal(resumed.first_missing, at.seq + 1, JSON.stringify(resumed));
+    assert.equal(resumed.last_missing, positions[3][2] - 1, JSON.stringify(resumed));
+    assert.match(resumed.message, /MAX_RESUME_MESSAGES \(5\)/);
+    assert.equal(resumed.resent, 5);
+    assert.equal(resumed.changes, 2);
+  } finally {
+    await close(c);
+    limited.kill('SIGTERM');
+  }
+});

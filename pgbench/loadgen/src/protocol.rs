@@ -218,15 +218,26 @@ impl Wire {
     }
 
     /// The frames that join Postgres Changes channels (Supabase only): one per topic index
-    /// in `rooms`, binding INSERTs of public.bench_changes with filter `k=eq.<room>`.
-    pub fn change_joins(&self, rooms: &[usize], prefix: &str, token: &str) -> Vec<String> {
+    /// in `rooms`, binding INSERTs of public.bench_changes with filter `k=eq.<room>`; with
+    /// `positions`, asking for the position after each batch of changes.
+    pub fn change_joins(
+        &self,
+        rooms: &[usize],
+        prefix: &str,
+        token: &str,
+        positions: bool,
+    ) -> Vec<String> {
         rooms
             .iter()
             .enumerate()
             .map(|(j, room)| {
                 let binding = json!({"event": "INSERT", "schema": "public", "table": "bench_changes",
                                      "filter": format!("k=eq.{room}")});
-                let payload = json!({"config": {"broadcast": {"self": false, "ack": false}, "private": false,
+                let mut broadcast = json!({"self": false, "ack": false});
+                if positions {
+                    broadcast["resume"] = json!({"changes": true});
+                }
+                let payload = json!({"config": {"broadcast": broadcast, "private": false,
                                                 "postgres_changes": [binding]},
                                      "access_token": token});
                 self.join_frame(j, &format!("{prefix}{room}"), payload)
@@ -446,6 +457,16 @@ mod tests {
                 recovered: true,
                 resent: 12
             }]
+        );
+        // A Postgres Changes position (a channel that asked for them) is neither.
+        assert_eq!(
+            parse(
+                &v2,
+                Message::text(
+                    r#"["1",null,"realtime:a","system",{"extension":"postgres_changes","status":"ok","message":"position","epoch":"17","seq":50}]"#
+                )
+            ),
+            vec![]
         );
         let v1 = Wire {
             protocol: Protocol::Supabase,

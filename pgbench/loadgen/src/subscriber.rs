@@ -133,7 +133,8 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
     };
     let echo = args.publisher == Publisher::Clients;
     let frames = if args.postgres_changes {
-        ctx.wire.change_joins(&topics, &args.topic_prefix, &token)
+        ctx.wire
+            .change_joins(&topics, &args.topic_prefix, &token, args.change_positions)
     } else {
         ctx.wire.joins(&names, args.private, echo, &token)
     };

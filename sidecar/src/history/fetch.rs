@@ -153,6 +153,8 @@ struct FoundChange {
     schema: String,
     table: String,
     data: String,
+    /// `data` parsed, for the bindings' filters.
+    value: Value,
 }
 
 /// What one call of `realtime.history` returned.
@@ -409,11 +411,13 @@ async fn read(
                 // it again, with the filters).
                 let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
                 let name = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                let (schema, table) = (name("schema"), name("table"));
                 out.changes.push(FoundChange {
                     seq,
-                    schema: name("schema"),
-                    table: name("table"),
+                    schema,
+                    table,
                     data: data.to_owned(),
+                    value: v,
                 });
             }
             // A history holds none of these (`extension/src/history.rs`).
@@ -546,7 +550,7 @@ async fn serve_resumes(
                 .changes
                 .iter()
                 .filter(|f| f.seq > after && !skip.contains(&f.seq))
-                .filter(|f| places(&c.bindings, &f.schema, &f.table))
+                .filter(|f| wanted(&c.bindings, f))
                 .collect(),
         };
         // Where what this channel may have lost begins: a topic or table that returned
@@ -669,6 +673,19 @@ async fn serve_resumes(
         }
     }
     Ok(())
+}
+
+/// Whether some binding wants the change (its place, event and filters; a change that could
+/// not be decoded goes on, for the stage to tell the channel it was lost). Matched before
+/// counting against MAX_RESUME_MESSAGES, so another room's changes do not count.
+fn wanted(bindings: &[Binding], f: &FoundChange) -> bool {
+    if !places(bindings, &f.schema, &f.table) {
+        return false;
+    }
+    match crate::postgres_changes::Change::from_data(&f.value) {
+        Some(change) => bindings.iter().any(|b| b.matches(&change)),
+        None => true,
+    }
 }
 
 /// Whether some binding listens at (schema, table).

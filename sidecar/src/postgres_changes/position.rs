@@ -39,8 +39,15 @@ impl Positions {
     /// After the batch was handed out through `seq`: each channel noted gets its position
     /// (through its gate while its history is being sent, as its changes did).
     pub fn send(self, epoch: i64, seq: i64, metrics: &Metrics) {
+        // One encoding per (serializer, topic, join_ref): the members of a room share it.
+        type Shape = (crate::frame::Vsn, Arc<str>, Option<Arc<str>>);
+        let mut frames: HashMap<Shape, Message> = HashMap::new();
         for sub in self.sent.into_values() {
-            let frame = frame(&sub, epoch, seq);
+            let r = &sub.reach;
+            let frame = frames
+                .entry((r.vsn, r.topic.clone(), r.join_ref.clone()))
+                .or_insert_with(|| frame(&sub, epoch, seq))
+                .clone();
             let frame = match &sub.gate {
                 None => Some(frame),
                 Some(gate) => gate.pass(epoch, seq, &frame),
