@@ -32,6 +32,7 @@ run fanout:pinned --pin --rates 500,1000
 run authorize
 run visible --seconds 10
 run changes
+run change_positions
 run joins
 run resume
 run presence

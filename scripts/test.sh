@@ -80,6 +80,7 @@ python3 pgbench/fanout.py --seconds 2 --subscribers 20 --rates 100 > "$log/fanou
 python3 pgbench/authorize.py --seconds 1 --batches 1,100 > "$log/authorize.md"
 python3 pgbench/visible.py --seconds 1 --check-users 20 > "$log/visible.md"
 python3 pgbench/changes.py --seconds 1 --users 100 --rates 100 > "$log/changes.md"
+python3 pgbench/change_positions.py --seconds 1 --users 100 --rates 100 --rounds 1 > "$log/change_positions.md"
 python3 pgbench/joins.py --clients 50 > "$log/joins.md"
 python3 pgbench/resume.py --clients 200 --topics 10 --rate 200 --seconds 4 --storm-after 2 > "$log/resume.md"
 python3 pgbench/presence.py --members 200 --observers 10 --fill-seconds 1 --churn 100:50:100 --churn-seconds 1 > "$log/presence.md"
