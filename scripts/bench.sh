@@ -35,6 +35,7 @@ run changes
 run change_positions
 run joins
 run resume
+run resume:changes --postgres-changes
 run presence
 # Up to rungs both servers miss, so the ratio of the highest rungs met is in the table.
 run peers --rates 100,300,500,1000,1500,2000,3000 --json "$out/peers.json"

@@ -83,6 +83,7 @@ python3 pgbench/changes.py --seconds 1 --users 100 --rates 100 > "$log/changes.m
 python3 pgbench/change_positions.py --seconds 1 --users 100 --rates 100 --rounds 1 > "$log/change_positions.md"
 python3 pgbench/joins.py --clients 50 > "$log/joins.md"
 python3 pgbench/resume.py --clients 200 --topics 10 --rate 200 --seconds 4 --storm-after 2 > "$log/resume.md"
+python3 pgbench/resume.py --postgres-changes --clients 200 --topics 10 --rate 200 --seconds 4 --storm-after 2 > "$log/resume_changes.md"
 python3 pgbench/presence.py --members 200 --observers 10 --fill-seconds 1 --churn 100:50:100 --churn-seconds 1 > "$log/presence.md"
 python3 pgbench/scenarios.py --scale smoke --seconds 2 > "$log/scenarios.md"
 python3 pgbench/routed.py --seconds 2 --topics 100 --clients 200 --processes 1,2 --goal-clients 0 > "$log/routed.md"

@@ -95,6 +95,8 @@ pub enum Event {
         recovered: bool,
         resent: u64,
     },
+    /// A Postgres Changes channel's position after a batch (a channel that asked for them).
+    Position(Position),
 }
 
 #[derive(Deserialize)]
@@ -107,6 +109,9 @@ struct Envelope {
     /// A resume's system message.
     recovered: Option<bool>,
     resent: Option<u64>,
+    /// A position's `system` message (Postgres Changes).
+    epoch: Option<String>,
+    seq: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -186,6 +191,8 @@ impl Wire {
                     if let Some(recovered) = envelope.recovered {
                         let resent = envelope.resent.unwrap_or(0);
                         out.push(Event::Resumed { recovered, resent });
+                    } else if let (Some(epoch), Some(seq)) = (envelope.epoch, envelope.seq) {
+                        out.push(Event::Position(Position { epoch, seq }));
                     }
                 } else if let Some(s) = envelope.payload.or(envelope.data).and_then(|b| b.sample())
                 {
@@ -243,6 +250,23 @@ impl Wire {
                 self.join_frame(j, &format!("{prefix}{room}"), payload)
             })
             .collect()
+    }
+
+    /// The join of a Postgres Changes channel (`change_joins`' first) resuming after `pos`.
+    pub fn change_resume_join(
+        &self,
+        room: usize,
+        prefix: &str,
+        token: &str,
+        pos: &Position,
+    ) -> String {
+        let binding = json!({"event": "INSERT", "schema": "public", "table": "bench_changes",
+                             "filter": format!("k=eq.{room}")});
+        let payload = json!({"config": {"broadcast": {"self": false, "ack": false,
+                                                      "resume": {"epoch": pos.epoch, "seq": pos.seq, "changes": true}},
+                                        "private": false, "postgres_changes": [binding]},
+                             "access_token": token});
+        self.join_frame(0, &format!("{prefix}{room}"), payload)
     }
 
     /// The `phx_join` of the j-th channel of a connection (Supabase), in this serializer.
@@ -458,7 +482,7 @@ mod tests {
                 resent: 12
             }]
         );
-        // A Postgres Changes position (a channel that asked for them) is neither.
+        // A Postgres Changes position (a channel that asked for them).
         assert_eq!(
             parse(
                 &v2,
@@ -466,7 +490,10 @@ mod tests {
                     r#"["1",null,"realtime:a","system",{"extension":"postgres_changes","status":"ok","message":"position","epoch":"17","seq":50}]"#
                 )
             ),
-            vec![]
+            vec![Event::Position(Position {
+                epoch: "17".into(),
+                seq: 50
+            })]
         );
         let v1 = Wire {
             protocol: Protocol::Supabase,
