@@ -32,8 +32,10 @@ run fanout:pinned --pin --rates 500,1000
 run authorize
 run visible --seconds 10
 run changes
+run change_positions
 run joins
 run resume
+run resume:changes --postgres-changes
 run presence
 # Up to rungs both servers miss, so the ratio of the highest rungs met is in the table.
 run peers --rates 100,300,500,1000,1500,2000,3000 --json "$out/peers.json"

@@ -90,7 +90,8 @@ watch=$!
 pids+=($watch)
 # Halfway, the sidecar is killed (SIGKILL: no goodbye to anyone) and started again a second
 # later. The page and the terminal feed rejoin with their last position and say that no
-# row was missed, though rows were committed while it was away.
+# row was missed, though rows were committed while it was away; the page says the same of
+# its task list (its channel keeps its Postgres Changes position).
 sleep $((seconds / 2))
 echo "  -- killing the sidecar (SIGKILL) and starting it again in a second --"
 # Reaped here, so the shell does not report the kill as a job that died.

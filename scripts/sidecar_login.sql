@@ -30,7 +30,7 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
     realtime.selectable(regclass, text[]), realtime.subscribable(jsonb),
     realtime.match_patterns(text[], text[], text[], integer[], integer),
     realtime.table_oids(text[], text[]), realtime.table_access(text, text, text[]),
-    realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer),
+    realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer, oid[]),
     realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint),
     realtime.persisted_history(text[], boolean[], timestamptz, integer),
     realtime.expire_persisted(integer) TO realtime_sidecar;

@@ -1,3 +1,27 @@
 -- pg_realtime 0.2.0 -> 0.3.0. Every change of the extension's SQL since 0.2.0 (frozen in
 -- extension/released/pg_realtime--0.2.0.sql) is written here as well, in the order the
 -- changes landed; regress/sql/upgrade.sql proves the result equals a fresh install.
+
+-- extension/src/history.rs: realtime.history returns the captured changes of the tables a
+-- resuming channel's Postgres Changes bindings name (`changes`). The roles that could call
+-- the old signature (a sidecar's login) may call the new one.
+SELECT pg_catalog.set_config('pg_realtime.history_callers',
+    coalesce(pg_catalog.string_agg(pg_catalog.quote_ident(a.rolname), ','), ''), true)
+FROM pg_catalog.pg_roles a
+WHERE NOT a.rolsuper
+  AND pg_catalog.has_function_privilege(a.oid, 'realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer)', 'EXECUTE');
+DROP FUNCTION realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer);
+CREATE FUNCTION realtime."history"(after_seq bigint, topics text[], private boolean[], since timestamptz DEFAULT NULL, newest integer DEFAULT NULL, relayed boolean DEFAULT true, max_messages integer DEFAULT 100000, changes oid[] DEFAULT NULL)
+RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, origin bigint, lost_first bigint, lost_last bigint)
+VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'history_wrapper';
+REVOKE EXECUTE ON FUNCTION realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer, oid[]) FROM PUBLIC;
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT x FROM pg_catalog.unnest(pg_catalog.string_to_array(
+                 pg_catalog.current_setting('pg_realtime.history_callers'), ',')) x LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer, oid[]) TO %s', r);
+    END LOOP;
+END
+$$;

@@ -10,7 +10,14 @@
 //! records at a time (committing writers need it exclusively); if the ring evicted
 //! records while the lock was released, the loss is reported as a gap row, as a drain
 //! reports it, so a result is never silently incomplete.
+//!
+//! Captured row changes are returned only for the tables a call names (`changes`: a
+//! resuming channel's Postgres Changes bindings), decoded into Supabase's `data` as the
+//! drain decodes them, at the call (so with the table's columns as they are now); the
+//! sidecar then checks them as it checks live changes, as the rejoining channel's role
+//! stands now.
 
+use crate::capture::relid_of;
 use crate::consumer::{gap_row, marker_row, message_row, DrainRow};
 use crate::errors;
 use crate::message::{
@@ -32,6 +39,8 @@ struct Wanted {
     /// Only messages after this sequence.
     after: u64,
     topics: HashMap<(bool, Vec<u8>), usize>,
+    /// Tables whose captured changes are wanted, each with its index after the topics'.
+    changes: HashMap<u32, usize>,
     since: Option<i64>,
     relayed: bool,
     newest: Option<usize>,
@@ -41,11 +50,24 @@ struct Wanted {
 impl Wanted {
     /// The index of the topic the record at `off` belongs to, if it matches.
     fn matches(&self, ring: &Ring, off: u64, h: &RecordHeader) -> Option<usize> {
-        let relayed = h.origin != 0 && h.flags & FLAG_PERSIST == 0;
-        if h.flags & (FLAG_CHANGE | FLAG_PRESENCE) != 0 || (!self.relayed && relayed) {
+        if self.since.is_some_and(|s| h.committed_at < s) {
             return None;
         }
-        if self.since.is_some_and(|s| h.committed_at < s) {
+        if h.flags & FLAG_CHANGE != 0 {
+            if self.changes.is_empty() {
+                return None;
+            }
+            // The table is the payload's first four bytes (`capture.rs`): read only those.
+            let mut relid = [0u8; 4];
+            let at = HEADER_LEN as u64 + h.topic_len as u64 + h.event_len as u64;
+            if h.payload_len < 4 {
+                return None;
+            }
+            ring.read(off + at, &mut relid);
+            return self.changes.get(&relid_of(&relid)?).copied();
+        }
+        let relayed = h.origin != 0 && h.flags & FLAG_PERSIST == 0;
+        if h.flags & FLAG_PRESENCE != 0 || (!self.relayed && relayed) {
             return None;
         }
         let mut topic = vec![0u8; h.topic_len as usize];
@@ -115,10 +137,13 @@ fn walk_once(core: &QueueCore, ring: &Ring, w: &Wanted, off: u64, f: &mut Found)
 /// sent with `persist`; with
 /// `newest`, only the newest that many per topic. At most `max_messages` are returned; when
 /// the limit cut the walk short, the 'end' row says where to go on from. Captured row
-/// changes are never returned: they are authorized per subscriber when delivered; nor are
-/// presence diffs: a joining channel gets the current presence state instead.
+/// changes are returned only of the tables in `changes` (with `newest`, the newest that
+/// many per table), as rows of kind 'change' like the drain's: topic is the table, event
+/// the type, payload Supabase's `data`, decoded now. They are never checked here: the
+/// caller authorizes them per subscriber, as live changes are. Presence diffs are never
+/// returned: a joining channel gets the current presence state instead.
 #[pg_extern(sql = r#"
-CREATE FUNCTION realtime."history"(after_seq bigint, topics text[], private boolean[], since timestamptz DEFAULT NULL, newest integer DEFAULT NULL, relayed boolean DEFAULT true, max_messages integer DEFAULT 100000)
+CREATE FUNCTION realtime."history"(after_seq bigint, topics text[], private boolean[], since timestamptz DEFAULT NULL, newest integer DEFAULT NULL, relayed boolean DEFAULT true, max_messages integer DEFAULT 100000, changes oid[] DEFAULT NULL)
 RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, origin bigint, lost_first bigint, lost_last bigint)
 VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
@@ -131,6 +156,7 @@ fn history(
     newest: Option<i32>,
     relayed: bool,
     max_messages: i32,
+    changes: Option<Vec<Option<pg_sys::Oid>>>,
 ) -> TableIterator<
     'static,
     (
@@ -160,9 +186,11 @@ fn history(
     if max_messages < 1 {
         errors::invalid("max_messages must be at least 1", None);
     }
+    let n_topics = topics.len();
     let mut wanted = Wanted {
         after: after_seq as u64,
         topics: HashMap::new(),
+        changes: HashMap::new(),
         since: since.map(|t| t.into_inner()),
         relayed,
         newest: newest.map(|n| n as usize),
@@ -173,6 +201,17 @@ fn history(
             errors::invalid("topics and private must not contain NULL", None);
         };
         wanted.topics.entry((p, t.into_bytes())).or_insert(i);
+    }
+    // Tables are numbered after every topic, so a table never shares a topic's `newest`.
+    let first_table = n_topics;
+    for (i, oid) in changes.into_iter().flatten().enumerate() {
+        let Some(oid) = oid else {
+            errors::invalid("changes must not contain NULL", None);
+        };
+        wanted
+            .changes
+            .entry(oid.to_u32())
+            .or_insert(first_table + i);
     }
 
     let q = queue();
@@ -226,6 +265,7 @@ fn rows(found: Found) -> Vec<DrainRow> {
     }
     let mut out: Vec<DrainRow> = Vec::with_capacity(records.len() + found.gaps.len() + 1);
     let mut gaps = found.gaps.into_iter().peekable();
+    let mut decoder = crate::change::Decoder::default();
     for rec in &records {
         let m = MessageView::parse(rec);
         while let Some(&(first, last)) = gaps.peek() {
@@ -235,9 +275,33 @@ fn rows(found: Found) -> Vec<DrainRow> {
             out.push(gap_row(first, last));
             gaps.next();
         }
-        out.push(message_row(&m));
+        if m.is_change() {
+            out.push(change_row(&m, &mut decoder));
+        } else {
+            out.push(message_row(&m));
+        }
     }
     out.extend(gaps.map(|(first, last)| gap_row(first, last)));
     out.push(marker_row(found.through, "end"));
     out
+}
+
+/// A row of kind 'change', as `realtime.drain` returns one: decoded now, after the walk, with
+/// no lock held (decoding reads the table's catalog entry).
+fn change_row(m: &MessageView, decoder: &mut crate::change::Decoder) -> DrainRow {
+    let data = decoder.decode(m.payload, m.topic, m.event, m.header.committed_at);
+    (
+        m.header.seq as i64,
+        "change",
+        Some(m.topic.to_owned()),
+        Some(m.event.to_owned()),
+        Some(data),
+        None,
+        None,
+        TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
+        None,
+        None,
+        None,
+        None,
+    )
 }

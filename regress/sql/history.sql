@@ -73,6 +73,42 @@ DROP ROLE history_nobody;
 -- realtime.stats() says how far back a resume reaches.
 SELECT oldest_seq <= :base + 1 AS oldest_retained, oldest_committed_at <= now() AS committed_in_past
 FROM realtime.stats();
+-- A resuming channel's Postgres Changes: the captured changes of the tables it names
+-- (`changes`), decoded as the drain decodes them, in queue order with its topic's
+-- messages; another table's changes are not returned. (They are checked by the sidecar, as
+-- the channel's role stands at the rejoin: nothing here decides who may read them.)
+CREATE TABLE history_other (id int PRIMARY KEY);
+ALTER PUBLICATION supabase_realtime ADD TABLE history_other;
+SELECT last_seq AS cbase FROM realtime.stats() \gset
+INSERT INTO history_items VALUES (2);
+INSERT INTO history_other VALUES (1);
+SELECT realtime.send('{"n": 8}', 'e', 'room:a', false);
+UPDATE history_items SET id = 3 WHERE id = 2;
+DELETE FROM history_items WHERE id = 3;
+SELECT seq - :cbase AS seq, kind, topic, event,
+       payload->>'type' AS type, payload->>'table' AS "table", payload->'record' AS record,
+       payload->'old_record' AS old_record, payload->>'commit_timestamp' IS NOT NULL AS has_time
+FROM realtime.history(:cbase, '{room:a}', '{false}', changes => ARRAY['history_items'::regclass::oid]);
+-- Without `changes`, none (the existing callers are unchanged); with only tables, only changes.
+SELECT seq - :cbase AS seq, kind FROM realtime.history(:cbase, '{room:a}', '{false}');
+SELECT seq - :cbase AS seq, kind, topic
+FROM realtime.history(:cbase, '{}', '{}', changes => ARRAY['history_items'::regclass::oid, 'history_other'::regclass::oid]);
+-- `newest` counts per table, apart from the topics.
+SELECT seq - :cbase AS seq, kind, topic
+FROM realtime.history(:cbase, '{room:a}', '{false}', newest => 1,
+                      changes => ARRAY['history_items'::regclass::oid, 'history_other'::regclass::oid]);
+-- Decoded at the call, as the drain decodes: a change whose table was altered since (a
+-- column dropped) cannot be, and says so in its errors (the sidecar tells the channel it
+-- was lost, as when a drain meets it).
+ALTER TABLE history_other ADD COLUMN note text;
+SELECT last_seq AS cbase2 FROM realtime.stats() \gset
+INSERT INTO history_other VALUES (2, 'secret');
+ALTER TABLE history_other DROP COLUMN note;
+SELECT seq - :cbase2 AS seq, payload->'record' AS record, payload->'errors' AS errors
+FROM realtime.history(:cbase2, '{}', '{}', changes => ARRAY['history_other'::regclass::oid]) WHERE kind = 'change';
+SELECT * FROM realtime.history(0, '{}', '{}', changes => ARRAY[NULL::oid]);
+ALTER PUBLICATION supabase_realtime DROP TABLE history_other;
+DROP TABLE history_other;
 ALTER PUBLICATION supabase_realtime DROP TABLE history_items;
 DROP TABLE history_items;
 SELECT count(*) > 0 AS drained FROM take();

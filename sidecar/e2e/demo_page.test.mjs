@@ -88,7 +88,7 @@ test('the demo page shows who is watching: a second page joins the list, and lea
   await a.close();
 });
 
-test('the demo page survives a sidecar killed and started again, with no missing row, and says so', async () => {
+test('the demo page survives a sidecar killed and started again, with no missing row or task change, and says so', async () => {
   const page = await browser.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
@@ -96,18 +96,32 @@ test('the demo page survives a sidecar killed and started again, with no missing
   await page.waitForSelector('#status span.SUBSCRIBED >> nth=2', { timeout: 15000 });
   const insert = async (body) =>
     (await db.query("INSERT INTO chat_messages (room_id, author, body) VALUES ('den', 'test', $1) RETURNING id", [body])).rows[0].id;
+  const task = async (title) => (await db.query('INSERT INTO demo_tasks (title) VALUES ($1) RETURNING id', [title])).rows[0].id;
   const before = await insert('before the restart');
   await page.locator(`#rows tr[data-id="${before}"]`).waitFor({ timeout: 15000 });
+  const taskBefore = await task('before the restart');
+  await page.locator(`#changes tr[data-id="${taskBefore}"]`).waitFor({ timeout: 15000 });
   sidecar.kill('SIGKILL');
-  // Committed while no sidecar runs.
+  // Committed while no sidecar runs: rows, and task changes (an insert, an edit, a removal).
   const during = [];
   for (let i = 0; i < 3; i++) during.push(await insert(`while away ${i}`));
+  const taskDuring = await task('while away');
+  await db.query('UPDATE demo_tasks SET done = true WHERE id = $1', [taskDuring]);
+  await db.query('DELETE FROM demo_tasks WHERE id = $1', [taskBefore]);
   ({ process: sidecar } = await startSidecar(SECRET, 'demo_page_e2e', { WEB_ROOT: webRoot }, port));
   for (const id of during) await page.locator(`#rows tr[data-id="${id}"]`).waitFor({ timeout: 30000 });
   await page.locator('#resume.recovered').waitFor({ timeout: 15000 });
   assert.match(await page.locator('#resume').textContent(), /^den: reconnected, [1-9]\d* rows? recovered, none missing$/);
   const ids = await page.locator('#rows tr').evaluateAll((trs) => trs.map((tr) => tr.dataset.id));
   assert.equal(new Set(ids).size, ids.length, 'no row shown twice');
+  await page.locator('#tasks-resume.recovered').waitFor({ timeout: 15000 });
+  assert.match(await page.locator('#tasks-resume').textContent(), /^demo_tasks: reconnected, [1-9]\d* changes? recovered, none missing$/);
+  // The task list's changes since the kill, each once, in commit order (the newest first);
+  // the inserted task's INSERT is resent with the row as it is now readable (the row exists),
+  // the removed one's DELETE too.
+  const changes = await page.locator('#changes tr').evaluateAll((trs) => trs.map((tr) => [tr.dataset.op, tr.dataset.id]));
+  const since = changes.slice(0, changes.findIndex(([op, id]) => op === 'INSERT' && id === String(taskBefore)));
+  assert.deepEqual(since, [['DELETE', String(taskBefore)], ['UPDATE', String(taskDuring)], ['INSERT', String(taskDuring)]]);
   // The killed sidecar's member left; the page rejoined and tracked itself again.
   await page.locator('#watchers li', { hasText: 'this page' }).waitFor({ timeout: 15000 });
   assert.deepEqual(errors, []);

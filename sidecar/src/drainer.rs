@@ -18,7 +18,8 @@ use crate::hub::{Hub, QueueMessage};
 use crate::metrics::Metrics;
 use crate::postgres_changes::checks::Checks;
 use crate::postgres_changes::deliver::{self, Outgoing};
-use crate::postgres_changes::subscribers::Subscribers;
+use crate::postgres_changes::position;
+use crate::postgres_changes::subscribers::{Subscriber, Subscribers};
 use crate::presence::view::Views;
 use crate::reach::Reach;
 use crate::reason::Notice;
@@ -338,16 +339,16 @@ async fn session(
         // Row changes are matched to channels here (no database call); each changed table's
         // share goes to the check pool, and each matched channel gets a slot in its queue
         // order, left below as the batch is handed out.
-        let datas: Vec<&str> = entries
+        let (datas, seqs): (Vec<&str>, Vec<i64>) = entries
             .iter()
             .filter_map(|r| match r.entry {
-                Entry::Change { data, .. } => Some(data.unwrap_or("null")),
+                Entry::Change { data, .. } => Some((data.unwrap_or("null"), r.seq)),
                 _ => None,
             })
-            .collect();
+            .unzip();
         let (mut notices, mut slots, mut jobs) = (Vec::new(), Vec::new(), Vec::new());
         if !datas.is_empty() {
-            (notices, slots, jobs) = match_changes(to, &datas, metrics);
+            (notices, slots, jobs) = match_changes(to, &datas, (now_epoch, &seqs), metrics);
         }
         let mut notices = notices.into_iter();
         let mut slots = slots.into_iter();
@@ -364,6 +365,7 @@ async fn session(
         // else in the batch first hands out those before it, so each connection still gets
         // everything in queue order.
         let mut broadcasts: Vec<QueueMessage> = Vec::new();
+        let mut positions = position::Positions::default();
         for Read { seq, entry } in entries {
             pos = seq;
             let (notice, slot) = match entry {
@@ -413,9 +415,13 @@ async fn session(
                     for f in notice {
                         f.send(metrics);
                     }
-                    for (job, change, reach) in slot {
-                        if reach.hold_slot(jobs[job].0, change) {
-                            holders[job].entry(reach.hold_id()).or_insert(reach);
+                    for (job, change, sub) in slot {
+                        if sub.reach.hold_slot(jobs[job].0, change) {
+                            // Its position follows the batch, behind the slot (`position`).
+                            positions.note_slot(&sub);
+                            holders[job]
+                                .entry(sub.reach.hold_id())
+                                .or_insert_with(|| sub.reach.clone());
                         }
                     }
                 }
@@ -429,6 +435,7 @@ async fn session(
             }
         }
         hub.dispatch_batch(&broadcasts);
+        positions.send(now_epoch, pos, metrics);
         metrics.last_seq.set(pos as f64);
         *handed = pos;
         for ((id, set), holders) in jobs.into_iter().zip(holders) {
@@ -441,7 +448,7 @@ async fn session(
 type Notices = Vec<Vec<Outgoing>>;
 /// Per change of a batch: the slots to leave, as (job's index in `Jobs`, the change in the
 /// job, the channel).
-type Slots = Vec<Vec<(usize, u32, Reach)>>;
+type Slots = Vec<Vec<(usize, u32, Arc<Subscriber>)>>;
 /// The checks admitted, as (job id, its table's share).
 type Jobs = Vec<(u64, deliver::TableSet)>;
 
@@ -451,6 +458,7 @@ type Jobs = Vec<(u64, deliver::TableSet)>;
 fn match_changes(
     to: Destinations<'_>,
     datas: &[&str],
+    (epoch, seqs): (i64, &[i64]),
     metrics: &Metrics,
 ) -> (Notices, Slots, Jobs) {
     let mut matched = deliver::matched(to.changes, datas);
@@ -458,12 +466,13 @@ fn match_changes(
     let mut notices = std::mem::take(&mut matched.notices);
     let mut slots: Slots = datas.iter().map(|_| Vec::new()).collect();
     let mut jobs: Jobs = Vec::with_capacity(sets.len());
-    for set in sets {
+    for mut set in sets {
+        set.positions = set.at.iter().map(|&i| (epoch, seqs[i])).collect();
         match to.checks.admit(&set) {
             Ok(id) => {
                 for c in &set.candidates {
                     let change = set.at[c.change];
-                    slots[change].push((jobs.len(), c.change as u32, c.sub.reach.clone()));
+                    slots[change].push((jobs.len(), c.change as u32, c.sub.clone()));
                 }
                 jobs.push((id, set));
             }

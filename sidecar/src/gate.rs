@@ -145,11 +145,16 @@ impl Gate {
         let State::Holding { held, .. } = std::mem::replace(&mut *state, open) else {
             unreachable!("matched above");
         };
-        let held = held
+        // In queue order: a change's frame reaches the gate when its check decides
+        // (`postgres_changes::checks`), after broadcasts committed later may have.
+        let mut held: Vec<(i64, Message)> = held
             .into_iter()
-            .filter(|(seq, _)| *seq > through && !skip.contains(seq));
+            .filter(|(seq, _)| *seq > through && !skip.contains(seq))
+            .collect();
+        held.sort_by_key(|(seq, _)| *seq);
         for (seq, frame) in first.map(|f| (0, f)).into_iter().chain(held) {
-            if to.send(frame) != Sent::Queued {
+            // Behind the channel's changes whose check is still pending (`change_hold`).
+            if to.send_ordered(frame) != Sent::Queued {
                 // A full queue closes the connection as too slow (`outbound`).
                 *state = State::Closed;
                 return Opened::Closed;

@@ -26,6 +26,8 @@ pub struct JoinConfig {
     /// What the join asks of the queue's history (`replay` or `resume`), if anything; an
     /// error refuses the join.
     pub history: Option<Result<Ask, AskError>>,
+    /// The channel's position covers its Postgres Changes (`ask::change_positions`).
+    pub change_positions: bool,
     pub access_token: Option<String>,
 }
 
@@ -74,6 +76,7 @@ pub fn parse_join(payload: &Value) -> JoinConfig {
         .map_or(0, |d| d.as_millis() as i64);
     JoinConfig {
         history: ask::parse(config.and_then(|c| c.get("broadcast")), private, now_ms),
+        change_positions: ask::change_positions(config.and_then(|c| c.get("broadcast"))),
         self_broadcast: flexible_bool(get("broadcast", "self")),
         ack: flexible_bool(get("broadcast", "ack")),
         replication_ready: flexible_bool(get("broadcast", "replication_ready")),

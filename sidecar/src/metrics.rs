@@ -60,6 +60,7 @@ pub struct Metrics {
     pub history_calls_total: Counter,
     pub history_messages_total: Counter,
     pub history_unrecovered_total: Counter,
+    pub change_positions_total: Counter,
     pub persisted_expired_total: Counter,
     pub presence_tracks_total: Counter,
     pub presence_write_batches_total: Counter,
@@ -253,6 +254,10 @@ impl Default for Metrics {
                 "realtime_history_unrecovered_total",
                 "resumes answered recovered: false (evicted, another epoch, a position ahead, or the database unreadable)",
             ),
+            change_positions_total: r.counter(
+                "realtime_change_positions_total",
+                "system messages telling a channel that asked for them its position after a batch of Postgres Changes",
+            ),
             persisted_expired_total: r.counter(
                 "realtime_persisted_expired_total",
                 "persisted client broadcasts deleted past their ttl",
@@ -392,7 +397,7 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 40] = [
+    const COUNTERS: [&str; 41] = [
         "realtime_auth_batches_total",
         "realtime_auth_requests_total",
         "realtime_client_broadcasts_total",
@@ -422,6 +427,7 @@ mod tests {
         "realtime_history_calls_total",
         "realtime_history_messages_total",
         "realtime_history_unrecovered_total",
+        "realtime_change_positions_total",
         "realtime_persisted_expired_total",
         "realtime_presence_tracks_total",
         "realtime_presence_write_batches_total",

@@ -100,10 +100,25 @@ for (const room of config.rooms) {
   channel.subscribe((status) => setStatus(room, status));
 }
 
-client
-  .channel('tasks')
-  .on('postgres_changes', { event: '*', schema: 'public', table: 'demo_tasks' }, showChange)
-  .subscribe((status) => setStatus('demo_tasks', status));
+// The task list's position covers its changes (`resume: {changes: true}`): the sidecar tells
+// it after each batch of changes in a system message, which the page keeps in its join
+// payload as it keeps the rooms' positions, so the rejoin after a dropped socket resends
+// every change committed meanwhile.
+const tasksResumeEl = document.getElementById('tasks-resume');
+const tasks = client.channel('tasks', { config: { broadcast: { resume: { changes: true } } } });
+tasks.on('postgres_changes', { event: '*', schema: 'public', table: 'demo_tasks' }, showChange);
+tasks.on('system', {}, (s) => {
+  if (s.seq !== undefined && s.seq !== null && s.epoch !== undefined) {
+    const { config: c } = tasks.joinPush.payload();
+    tasks.updateJoinPayload({ config: { ...c, broadcast: { ...c.broadcast, resume: { epoch: s.epoch, seq: s.seq, changes: true } } } });
+  }
+  if (!('recovered' in s)) return;
+  tasksResumeEl.className = s.recovered ? 'recovered' : 'lost';
+  tasksResumeEl.textContent = s.recovered
+    ? `demo_tasks: reconnected, ${s.changes} change${s.changes === 1 ? '' : 's'} recovered, none missing`
+    : `demo_tasks: reconnected, changes lost: ${s.message}`;
+});
+tasks.subscribe((status) => setStatus('demo_tasks', status));
 
 // Presence: this page is one of the watchers. It tracks itself once subscribed, and again
 // after every rejoin (realtime-js rejoins by itself when the socket comes back; a member

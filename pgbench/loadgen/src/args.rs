@@ -60,6 +60,10 @@ pub struct Args {
     /// role authenticated, client i with sub = member_uuid(i + 1). Use `--publisher changes`.
     #[arg(long)]
     pub postgres_changes: bool,
+    /// With --postgres-changes: ask for the channel's position after each batch of changes
+    /// (`config.broadcast.resume = {changes: true}`: a `system` message per batch).
+    #[arg(long)]
+    pub change_positions: bool,
     /// Local address to connect from (several 127.x addresses give more than the ~28,000
     /// ephemeral ports one source address has towards one server port).
     #[arg(long)]

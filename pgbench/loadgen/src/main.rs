@@ -116,8 +116,9 @@ async fn main() {
         assert!(
             args.protocol == Protocol::Supabase
                 && args.channels_per_client == 1
-                && !args.postgres_changes,
-            "--storm-after needs the Supabase protocol, broadcasts and one channel per client"
+                && (!args.postgres_changes || args.change_positions),
+            "--storm-after needs the Supabase protocol, one channel per client, and broadcasts \
+             or Postgres Changes with --change-positions (a change carries no position)"
         );
         let totals = totals.clone();
         tokio::spawn(async move {

@@ -95,6 +95,8 @@ pub enum Event {
         recovered: bool,
         resent: u64,
     },
+    /// A Postgres Changes channel's position after a batch (a channel that asked for them).
+    Position(Position),
 }
 
 #[derive(Deserialize)]
@@ -107,6 +109,9 @@ struct Envelope {
     /// A resume's system message.
     recovered: Option<bool>,
     resent: Option<u64>,
+    /// A position's `system` message (Postgres Changes).
+    epoch: Option<String>,
+    seq: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -186,6 +191,8 @@ impl Wire {
                     if let Some(recovered) = envelope.recovered {
                         let resent = envelope.resent.unwrap_or(0);
                         out.push(Event::Resumed { recovered, resent });
+                    } else if let (Some(epoch), Some(seq)) = (envelope.epoch, envelope.seq) {
+                        out.push(Event::Position(Position { epoch, seq }));
                     }
                 } else if let Some(s) = envelope.payload.or(envelope.data).and_then(|b| b.sample())
                 {
@@ -218,20 +225,48 @@ impl Wire {
     }
 
     /// The frames that join Postgres Changes channels (Supabase only): one per topic index
-    /// in `rooms`, binding INSERTs of public.bench_changes with filter `k=eq.<room>`.
-    pub fn change_joins(&self, rooms: &[usize], prefix: &str, token: &str) -> Vec<String> {
+    /// in `rooms`, binding INSERTs of public.bench_changes with filter `k=eq.<room>`; with
+    /// `positions`, asking for the position after each batch of changes.
+    pub fn change_joins(
+        &self,
+        rooms: &[usize],
+        prefix: &str,
+        token: &str,
+        positions: bool,
+    ) -> Vec<String> {
         rooms
             .iter()
             .enumerate()
             .map(|(j, room)| {
                 let binding = json!({"event": "INSERT", "schema": "public", "table": "bench_changes",
                                      "filter": format!("k=eq.{room}")});
-                let payload = json!({"config": {"broadcast": {"self": false, "ack": false}, "private": false,
+                let mut broadcast = json!({"self": false, "ack": false});
+                if positions {
+                    broadcast["resume"] = json!({"changes": true});
+                }
+                let payload = json!({"config": {"broadcast": broadcast, "private": false,
                                                 "postgres_changes": [binding]},
                                      "access_token": token});
                 self.join_frame(j, &format!("{prefix}{room}"), payload)
             })
             .collect()
+    }
+
+    /// The join of a Postgres Changes channel (`change_joins`' first) resuming after `pos`.
+    pub fn change_resume_join(
+        &self,
+        room: usize,
+        prefix: &str,
+        token: &str,
+        pos: &Position,
+    ) -> String {
+        let binding = json!({"event": "INSERT", "schema": "public", "table": "bench_changes",
+                             "filter": format!("k=eq.{room}")});
+        let payload = json!({"config": {"broadcast": {"self": false, "ack": false,
+                                                      "resume": {"epoch": pos.epoch, "seq": pos.seq, "changes": true}},
+                                        "private": false, "postgres_changes": [binding]},
+                             "access_token": token});
+        self.join_frame(0, &format!("{prefix}{room}"), payload)
     }
 
     /// The `phx_join` of the j-th channel of a connection (Supabase), in this serializer.
@@ -446,6 +481,19 @@ mod tests {
                 recovered: true,
                 resent: 12
             }]
+        );
+        // A Postgres Changes position (a channel that asked for them).
+        assert_eq!(
+            parse(
+                &v2,
+                Message::text(
+                    r#"["1",null,"realtime:a","system",{"extension":"postgres_changes","status":"ok","message":"position","epoch":"17","seq":50}]"#
+                )
+            ),
+            vec![Event::Position(Position {
+                epoch: "17".into(),
+                seq: 50
+            })]
         );
         let v1 = Wire {
             protocol: Protocol::Supabase,

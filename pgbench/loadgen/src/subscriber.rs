@@ -133,7 +133,8 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
     };
     let echo = args.publisher == Publisher::Clients;
     let frames = if args.postgres_changes {
-        ctx.wire.change_joins(&topics, &args.topic_prefix, &token)
+        ctx.wire
+            .change_joins(&topics, &args.topic_prefix, &token, args.change_positions)
     } else {
         ctx.wire.joins(&names, args.private, echo, &token)
     };
@@ -211,6 +212,17 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
                             Event::Resumed { recovered, resent } => {
                                 totals.storm.live_again(resent, recovered);
                             }
+                            Event::Position(pos) => {
+                                // A change carries no position: its batch's system message
+                                // does, after it (the changes up to it are those seen).
+                                if storm_on && !stormed && samples.back().is_none_or(|b| b.0.elapsed() >= SAMPLE_EVERY) {
+                                    let n = topics.first().and_then(|&k| last_seen.get(&(k as u64))).copied().unwrap_or(0);
+                                    samples.push_back((Instant::now(), pos, n));
+                                    if samples.len() > SAMPLES {
+                                        samples.pop_front();
+                                    }
+                                }
+                            }
                             Event::Joined(ok) => {
                                 if ok {
                                     totals.joined.fetch_add(1, Relaxed);
@@ -275,11 +287,19 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
                 let frames = match (&pick, topics.first()) {
                     (Some((_, pos, n)), Some(&k)) => {
                         last_seen.insert(k as u64, *n);
-                        vec![ctx.wire.resume_join(&names[0], pos)]
+                        if args.postgres_changes {
+                            vec![ctx.wire.change_resume_join(k, &args.topic_prefix, &token, pos)]
+                        } else {
+                            vec![ctx.wire.resume_join(&names[0], pos)]
+                        }
                     }
                     _ => {
                         totals.storm.without_position.fetch_add(1, Relaxed);
-                        ctx.wire.joins(&names, args.private, echo, &token)
+                        if args.postgres_changes {
+                            ctx.wire.change_joins(&topics, &args.topic_prefix, &token, args.change_positions)
+                        } else {
+                            ctx.wire.joins(&names, args.private, echo, &token)
+                        }
                     }
                 };
                 for frame in frames {

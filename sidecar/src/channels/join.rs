@@ -283,12 +283,23 @@ impl Channels {
         let replied = postgres_changes::reply(&bindings);
         let has_changes = !bindings.is_empty();
         let binding_count = bindings.len();
+        // A channel whose position covers its changes resumes them with its broadcasts:
+        // its live changes then wait behind the same gate, and the history checks its
+        // changes for the identity it joined with (`history::fetch`).
+        let positions = has_changes && config.change_positions;
+        let resumed_changes = (positions && gate.is_some()).then(|| history::fetch::Changes {
+            bindings: bindings.clone(),
+            role: claims.role.clone(),
+            claims: claims.all.to_string(),
+        });
         if has_changes {
             self.shared.changes.add(subscribers::Subscriber {
                 reach: reach.clone(),
                 bindings,
                 role: claims.role.clone(),
                 claims: claims.all.to_string(),
+                gate: if positions { gate.clone() } else { None },
+                positions,
             });
         }
         self.push_text(frame::reply(
@@ -323,6 +334,7 @@ impl Channels {
                 reach: reach.clone(),
                 gate: gate.clone(),
                 carry: None,
+                changes: resumed_changes,
             };
             if let Err(e) = self.shared.history.try_send(request) {
                 let request = match e {

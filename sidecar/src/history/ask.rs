@@ -71,6 +71,22 @@ pub fn parse(
     }
 }
 
+/// Whether the channel's position covers its Postgres Changes (`config.broadcast.resume`
+/// with `changes: true`, with or without a position yet): its changes are then resumed with
+/// its broadcasts, and each delivered batch of them is followed by a `system` message with
+/// the position (`postgres_changes::position`). Asked for, so that apps that did not ask see
+/// nothing new.
+pub fn change_positions(broadcast: Option<&Value>) -> bool {
+    match broadcast
+        .and_then(|b| b.get("resume"))
+        .and_then(|r| r.get("changes"))
+    {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) => s.eq_ignore_ascii_case("true"),
+        _ => false,
+    }
+}
+
 fn replay(r: &Value, private: bool, now_ms: i64) -> Result<Ask, AskError> {
     if !private {
         return Err(AskError::ReplayOnPublic);
@@ -149,6 +165,21 @@ mod tests {
                 }))
             );
         }
+    }
+
+    #[test]
+    fn change_positions_are_asked_for_in_resume() {
+        let asked = |b: Value| change_positions(Some(&b));
+        assert!(asked(json!({"resume": {"changes": true}})));
+        assert!(asked(
+            json!({"resume": {"epoch": "1", "seq": 2, "changes": "true"}})
+        ));
+        assert!(!asked(json!({"resume": {"epoch": "1", "seq": 2}})));
+        assert!(!asked(json!({"resume": {"changes": false}})));
+        assert!(!asked(json!({"self": true})));
+        assert!(!change_positions(None));
+        // No position yet: a live join that still asks for positions.
+        assert_eq!(ask(json!({"resume": {"changes": true}}), false), None);
     }
 
     #[test]

@@ -6,6 +6,16 @@
 //! never fills more than half the socket's outbound queue (live messages of the
 //! connection's other channels keep their room, and a long catch-up is not taken for a
 //! slow client), and finally its gate opens (`gate`).
+//!
+//! A resume whose position covers its Postgres Changes (`ask::change_positions`) also gets
+//! the changes of its bindings' tables after its position, read in the same walk (decoded
+//! by the extension as the drain decodes them) and checked as live changes are, by
+//! `postgres_changes::deliver::prepare` for a set holding only the rejoining channel, on
+//! this connection, in chunks of POLL_MAX_CHANGES under CHANGES_CHECK_TIMEOUT_MS each: so
+//! by RLS and column privileges as they stand at the rejoin. `realtime.visible` judges a
+//! row as it is now: the INSERT or UPDATE of a row deleted (or hidden) since is not resent;
+//! a DELETE is (as live, DELETEs are not checked by row). They count against
+//! MAX_RESUME_MESSAGES with the topic's broadcasts.
 
 use super::ask::Ask;
 use crate::config::Config;
@@ -15,6 +25,9 @@ use crate::gate::{Gate, Opened};
 use crate::hub::{Payload, QueueMessage, TopicKey};
 use crate::metrics::Metrics;
 use crate::outbound::Sent;
+use crate::postgres_changes::deliver;
+use crate::postgres_changes::subscribers::{Subscriber, Subscribers};
+use crate::postgres_changes::Binding;
 use crate::reach::Reach;
 use crate::rows::{self, As, Columns, Entry};
 use serde_json::{json, Value};
@@ -35,7 +48,19 @@ const STALL_LIMIT: Duration = Duration::from_secs(30);
 const SQL: &str = "SELECT seq, kind, topic, event, payload::text AS payload, binary_payload, \
      private, (extract(epoch FROM committed_at) * 1000000)::int8 AS committed_us, id::text AS id, \
      lost_first, lost_last, origin \
-     FROM realtime.history($1, $2, $3, to_timestamp($4::float8 / 1000), $5, $6, $7)";
+     FROM realtime.history($1, $2, $3, to_timestamp($4::float8 / 1000), $5, $6, $7, $8)";
+
+/// The tables (and their partitions, whose changes are captured on the leaf) that bindings
+/// name by (schema or `*`, table or NULL for every table of the schema).
+/// (pg_partition_tree has no row for a table that is not partitioned: the table itself.)
+const TABLES_SQL: &str =
+    "SELECT coalesce(array_agg(DISTINCT coalesce(p.relid, c.oid::regclass)::oid), '{}') AS oids \
+     FROM pg_catalog.pg_class c \
+     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+     JOIN unnest($1::text[], $2::text[]) AS u(s, t) \
+       ON (u.s = '*' OR n.nspname = u.s) AND (u.t IS NULL OR c.relname = u.t) \
+     LEFT JOIN LATERAL pg_catalog.pg_partition_tree(c.oid) p ON true \
+     WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 
 /// The newest persisted client broadcasts (`persist`) of the topics since a time, at most
 /// Supabase's 25 per topic, not expired: what a replay adds from the table when the ring no
@@ -66,6 +91,17 @@ pub struct Request {
     pub gate: Arc<Gate>,
     /// Set on a further pass (the gate overflowed while the last one was sent: `gate`).
     pub carry: Option<Carry>,
+    /// The channel's Postgres Changes, when its position covers them.
+    pub changes: Option<Changes>,
+}
+
+/// A resuming channel's Postgres Changes bindings and the identity it joined with: what
+/// its resent changes are matched and checked against.
+#[derive(Clone)]
+pub struct Changes {
+    pub bindings: Vec<Binding>,
+    pub role: String,
+    pub claims: String,
 }
 
 /// What earlier passes of one join's history came to, for its final system message.
@@ -84,6 +120,10 @@ pub struct Carry {
     /// What a replay sent (it filters the topic's messages, so a later pass must not send
     /// these again, and must send the others).
     pub skip: Vec<i64>,
+    /// The resume covered the channel's Postgres Changes: how many were resent, and how
+    /// many could not be checked (withheld, the channel told why).
+    pub changes: Option<usize>,
+    pub withheld: usize,
 }
 
 /// Passes at most before a client that cannot catch up is cut off as too slow.
@@ -107,10 +147,22 @@ impl Found {
     }
 }
 
+/// A captured change of a history call, decoded.
+struct FoundChange {
+    seq: i64,
+    schema: String,
+    table: String,
+    data: String,
+    /// `data` parsed, for the bindings' filters.
+    value: Value,
+}
+
 /// What one call of `realtime.history` returned.
 #[derive(Default)]
 struct Read {
     found: Vec<Found>,
+    /// Changes of the tables asked for, in queue order.
+    changes: Vec<FoundChange>,
     /// (first, last) sequences evicted before the walk reached them.
     gaps: Vec<(i64, i64)>,
     /// Every message up to this sequence was considered.
@@ -144,6 +196,8 @@ pub async fn run(
                 continue;
             }
         };
+        // The checks of resumed changes prepare their statements once per connection.
+        let statements = deliver::Statements::default();
         let mut expire = tokio::time::interval(EXPIRE_EVERY);
         let mut retried = std::mem::take(&mut retry);
         loop {
@@ -177,7 +231,7 @@ pub async fn run(
                     continue;
                 }
                 let served = if resume {
-                    serve_resumes(&client, &cfg, epoch, group, &again, &metrics).await
+                    serve_resumes(&client, &cfg, epoch, group, &again, &metrics, &statements).await
                 } else {
                     serve_replays(&client, &cfg, epoch, group, &again, &metrics).await
                 };
@@ -301,6 +355,7 @@ async fn read(
     newest: i32,
     relayed: bool,
     epoch: i64,
+    tables: Option<&[u32]>,
     metrics: &Metrics,
 ) -> Result<Read, String> {
     let topics: Vec<&str> = keys.iter().map(|k| k.topic.as_str()).collect();
@@ -312,7 +367,8 @@ async fn read(
     };
     metrics.history_calls_total.increment(1);
     let newest = Some(newest);
-    let params: [&(dyn ToSql + Sync); 7] = [
+    let tables: Option<Vec<tokio_postgres::types::Oid>> = tables.map(<[u32]>::to_vec);
+    let params: [&(dyn ToSql + Sync); 8] = [
         &out.through,
         &topics,
         &private,
@@ -320,6 +376,7 @@ async fn read(
         &newest,
         &relayed,
         &i32::MAX,
+        &tables,
     ];
     let rows = tokio::time::timeout(cfg.db_call_deadline(), client.query(SQL, &params))
         .await
@@ -347,6 +404,22 @@ async fn read(
                 committed_us,
                 message,
             } => out.found.push(found(committed_us, message)),
+            Entry::Change {
+                data: Some(data), ..
+            } => {
+                // Its place, for which channels' bindings it may match (`deliver` matches
+                // it again, with the filters).
+                let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+                let name = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                let (schema, table) = (name("schema"), name("table"));
+                out.changes.push(FoundChange {
+                    seq,
+                    schema,
+                    table,
+                    data: data.to_owned(),
+                    value: v,
+                });
+            }
             // A history holds none of these (`extension/src/history.rs`).
             Entry::Filtered | Entry::Presence { .. } | Entry::Change { .. } => {}
         }
@@ -405,6 +478,7 @@ async fn serve_resumes(
     requests: Vec<Request>,
     again: &mpsc::Sender<Request>,
     metrics: &Metrics,
+    statements: &deliver::Statements,
 ) -> Served {
     // A position of another epoch (the database restarted since): everything this epoch
     // still holds is sent, after a word that what came before is lost.
@@ -414,15 +488,50 @@ async fn serve_resumes(
     };
     let from = requests.iter().map(after).min().unwrap_or(0);
     let keys = distinct_keys(&requests);
-    // One more than a resume may be sent: a topic that returns that many holds more.
+    // One more than a resume may be sent: a topic (or table) that returns that many holds
+    // more.
     let limit = cfg.max_resume_messages as usize;
     let newest = (limit + 1).min(i32::MAX as usize) as i32;
-    let read = match read(client, cfg, from, &keys, None, newest, true, epoch, metrics).await {
+    let tables = match change_tables(client, cfg, &requests).await {
+        Ok(t) => t,
+        Err(e) => return Err((e, requests)),
+    };
+    let read = match read(
+        client,
+        cfg,
+        from,
+        &keys,
+        None,
+        newest,
+        true,
+        epoch,
+        tables.as_deref(),
+        metrics,
+    )
+    .await
+    {
         Ok(r) => r,
         Err(e) => return Err((e, requests)),
     };
     let index = by_topic(&read);
-    for r in requests {
+    // Per table of the read: how many changes it returned and the first one's position.
+    let mut per_table: HashMap<(&str, &str), (usize, i64)> = HashMap::new();
+    for c in &read.changes {
+        let e = per_table
+            .entry((c.schema.as_str(), c.table.as_str()))
+            .or_insert((0, c.seq));
+        e.0 += 1;
+    }
+    let db = deliver::Db {
+        client,
+        grace: Duration::from_secs(5),
+        pattern_budget_ms: cfg.filter_pattern_timeout_ms as i32,
+        statements,
+    };
+    let limits = deliver::Limits::of(cfg);
+    let mut asked = false;
+    let mut pending = requests.into_iter();
+    while let Some(r) = pending.next() {
         let Ask::Resume {
             epoch: asked_epoch,
             seq,
@@ -432,16 +541,79 @@ async fn serve_resumes(
         };
         let after = after(&r);
         let skip = r.carry.as_ref().map_or(&[][..], |c| &c.skip[..]);
-        let mut frames: Vec<(i64, Message)> = of_topic(&read, &index, &r.key)
+        let topic: Vec<&Found> = of_topic(&read, &index, &r.key)
             .filter(|f| f.message.seq > after && !skip.contains(&f.message.seq))
+            .collect();
+        let changes: Vec<&FoundChange> = match &r.changes {
+            None => Vec::new(),
+            Some(c) => read
+                .changes
+                .iter()
+                .filter(|f| f.seq > after && !skip.contains(&f.seq))
+                .filter(|f| wanted(&c.bindings, f))
+                .collect(),
+        };
+        // Where what this channel may have lost begins: a topic or table that returned
+        // `newest` was cut to its newest, so before its first one nothing is known.
+        let mut cut = after + 1;
+        if of_topic(&read, &index, &r.key).count() >= newest as usize {
+            cut = cut.max(
+                of_topic(&read, &index, &r.key)
+                    .next()
+                    .map_or(cut, |f| f.message.seq),
+            );
+        }
+        if let Some(c) = &r.changes {
+            for ((schema, table), (n, first)) in &per_table {
+                if *n >= newest as usize && places(&c.bindings, schema, table) {
+                    cut = cut.max(*first);
+                }
+            }
+        }
+        // Together, in queue order, at most `limit`: the newest are kept.
+        let mut seqs: Vec<i64> = topic
+            .iter()
+            .map(|f| f.message.seq)
+            .chain(changes.iter().map(|c| c.seq))
+            .filter(|&q| q >= cut)
+            .collect();
+        seqs.sort_unstable();
+        if seqs.len() > limit {
+            cut = seqs[seqs.len() - limit];
+        }
+        let over_limit = (cut > after + 1).then(|| (after + 1, cut - 1));
+        let mut frames: Vec<(i64, Message)> = topic
+            .iter()
+            .filter(|f| f.message.seq >= cut)
             .filter_map(|f| Some((f.message.seq, f.frame(r.reach.vsn)?)))
             .collect();
-        // More than a resume may ask for: the newest are sent, and the client is told which
-        // positions were not (never a silent cut).
-        let over_limit = (frames.len() > limit).then(|| {
-            frames.drain(..frames.len() - limit);
-            (after + 1, frames.first().map_or(read.through, |f| f.0 - 1))
-        });
+        let resent_broadcasts = frames.len();
+        let changes: Vec<&FoundChange> = changes.into_iter().filter(|c| c.seq >= cut).collect();
+        let mut resent_changes = None;
+        let mut withheld = 0;
+        if let Some(c) = &r.changes {
+            match check_changes(&db, &r, c, &changes, &limits, metrics).await {
+                Checked::Lost(e) => {
+                    // The connection is gone: this request and the rest are served again on
+                    // the next one.
+                    let mut rest = vec![r];
+                    rest.extend(pending);
+                    return Err((e, rest));
+                }
+                Checked::Done {
+                    frames: checked,
+                    sent,
+                    withheld: w,
+                    asked: a,
+                } => {
+                    asked |= a;
+                    frames.extend(checked);
+                    frames.sort_by_key(|f| f.0);
+                    resent_changes = Some(sent);
+                    withheld = w;
+                }
+            }
+        }
         let missing = read.gaps.iter().filter(|&&(_, last)| last > after).fold(
             None,
             |span: Option<(i64, i64)>, &(first, last)| {
@@ -454,7 +626,11 @@ async fn serve_resumes(
             from: Some((asked_epoch, seq)),
             ..Carry::default()
         });
-        carry.resent += frames.len();
+        carry.resent += resent_broadcasts + resent_changes.unwrap_or(0);
+        if let Some(n) = resent_changes {
+            carry.changes = Some(carry.changes.unwrap_or(0) + n);
+        }
+        carry.withheld += withheld;
         carry.passes += 1;
         if let Some((f, l)) = missing {
             carry.missing = Some(carry.missing.map_or((f, l), |(a, b)| (a.min(f), b.max(l))));
@@ -480,12 +656,148 @@ async fn serve_resumes(
         });
         metrics
             .history_messages_total
-            .increment(frames.len() as u64);
-        // Everything of the topic up to the read's end was sent (now or by an earlier pass).
+            .increment((resent_broadcasts + resent_changes.unwrap_or(0)) as u64);
+        // Everything of the channel up to the read's end was sent (now or by an earlier
+        // pass).
         let dedupe = (read.through, Vec::new());
         tokio::spawn(send(r, epoch, frames, system, dedupe, carry, again.clone()));
     }
+    if asked {
+        // The checks set their statement_timeout; this connection's other calls are bounded
+        // by the client's deadline instead.
+        let reset = client.batch_execute("RESET statement_timeout");
+        match tokio::time::timeout(cfg.db_call_deadline(), reset).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "RESET statement_timeout failed"),
+            Err(_) => tracing::warn!("RESET statement_timeout did not answer in time"),
+        }
+    }
     Ok(())
+}
+
+/// Whether some binding wants the change (its place, event and filters; a change that could
+/// not be decoded goes on, for the stage to tell the channel it was lost). Matched before
+/// counting against MAX_RESUME_MESSAGES, so another room's changes do not count.
+fn wanted(bindings: &[Binding], f: &FoundChange) -> bool {
+    if !places(bindings, &f.schema, &f.table) {
+        return false;
+    }
+    match crate::postgres_changes::Change::from_data(&f.value) {
+        Some(change) => bindings.iter().any(|b| b.matches(&change)),
+        None => true,
+    }
+}
+
+/// Whether some binding listens at (schema, table).
+fn places(bindings: &[Binding], schema: &str, table: &str) -> bool {
+    bindings.iter().any(|b| {
+        (b.schema == "*" || b.schema == schema) && b.table.as_deref().is_none_or(|t| t == table)
+    })
+}
+
+/// The tables whose changes the resuming channels' bindings cover, if any asked.
+async fn change_tables(
+    client: &Client,
+    cfg: &Config,
+    requests: &[Request],
+) -> Result<Option<Vec<u32>>, String> {
+    let mut schemas: Vec<String> = Vec::new();
+    let mut names: Vec<Option<String>> = Vec::new();
+    for c in requests.iter().filter_map(|r| r.changes.as_ref()) {
+        for b in &c.bindings {
+            if !schemas
+                .iter()
+                .zip(&names)
+                .any(|(s, t)| *s == b.schema && *t == b.table)
+            {
+                schemas.push(b.schema.clone());
+                names.push(b.table.clone());
+            }
+        }
+    }
+    if schemas.is_empty() {
+        return Ok(None);
+    }
+    let params: [&(dyn ToSql + Sync); 2] = [&schemas, &names];
+    let row = tokio::time::timeout(
+        cfg.db_call_deadline(),
+        client.query_one(TABLES_SQL, &params),
+    )
+    .await
+    .map_err(|_| "looking up the resumed tables did not answer in time".to_owned())?
+    .map_err(|e| e.to_string())?;
+    Ok(Some(row.get("oids")))
+}
+
+/// What checking one channel's resent changes came to.
+enum Checked {
+    Done {
+        /// (position, frame) in queue order: the changes it may read, and the `system`
+        /// notices of those that could not be checked.
+        frames: Vec<(i64, Message)>,
+        sent: usize,
+        withheld: usize,
+        /// Some check ran (the connection's statement_timeout is set).
+        asked: bool,
+    },
+    Lost(String),
+}
+
+/// Matches and checks one resuming channel's changes as the drain's stage checks live ones
+/// (`deliver::prepare`, for a set holding only this channel, with its identity at the
+/// rejoin), in chunks of POLL_MAX_CHANGES, each under its own CHANGES_CHECK_TIMEOUT_MS.
+async fn check_changes(
+    db: &deliver::Db<'_>,
+    r: &Request,
+    c: &Changes,
+    changes: &[&FoundChange],
+    limits: &deliver::Limits,
+    metrics: &Metrics,
+) -> Checked {
+    // The channel as the stage sees it, reached through a queue of its own: what the stage
+    // sends directly (a notice that a table's changes were withheld) is put in order with
+    // the rest, behind the gate, instead of overtaking the history.
+    let (tx, notices) = crate::outbound::channel(1024);
+    let link = crate::reach::Link::new(r.reach.conn, r.reach.vsn, 0, tx);
+    let only = Subscribers::default();
+    only.add(Subscriber {
+        reach: link.reach(&r.reach.topic, r.reach.join_ref()),
+        bindings: c.bindings.clone(),
+        role: c.role.clone(),
+        claims: c.claims.clone(),
+        gate: None,
+        positions: false,
+    });
+    let mut out = Vec::new();
+    let (mut sent, mut withheld, mut asked) = (0, 0, false);
+    for chunk in changes.chunks(limits.max_changes.max(1)) {
+        let datas: Vec<&str> = chunk.iter().map(|c| c.data.as_str()).collect();
+        let p = deliver::prepare(db, &only, &datas, limits, metrics).await;
+        asked |= p.asked;
+        let first = chunk.first().map_or(0, |c| c.seq);
+        while let Ok(notice) = notices.try_recv() {
+            withheld += 1;
+            out.push((first, notice));
+        }
+        if let Some(why) = p.lost {
+            return Checked::Lost(why);
+        }
+        for (change, frames) in chunk.iter().zip(p.frames) {
+            for f in frames {
+                // A notice that the table's changes were withheld comes among the frames,
+                // at the first change withheld (`deliver`).
+                sent += usize::from(f.change);
+                withheld += usize::from(!f.change);
+                out.push((change.seq, f.frame));
+            }
+        }
+    }
+    Checked::Done {
+        frames: out,
+        sent,
+        withheld,
+        asked,
+    }
 }
 
 /// The system message that ends a resume: recovered or not, and why not.
@@ -516,6 +828,9 @@ fn resume_system(
     } else if let Some((first, last)) = carry.missing {
         json!({"recovered": false, "first_missing": first, "last_missing": last,
                "message": format!("Messages {first} to {last} are no longer retained; the {resent} {messages} after them were sent")})
+    } else if carry.withheld > 0 {
+        json!({"recovered": false, "first_missing": null, "last_missing": null,
+               "message": format!("Some changes after position {seq} could not be checked in time and were withheld (a system message said which table's); the {resent} {messages} that could were sent")})
     } else {
         json!({"recovered": true,
                "message": format!("Resumed after position {seq}: {resent} {messages} sent")})
@@ -529,6 +844,18 @@ fn resume_system(
     payload["channel"] = json!(r.key.topic);
     payload["epoch"] = json!(epoch.to_string());
     payload["resent"] = json!(resent);
+    if let Some(changes) = carry.changes {
+        // The channel's position covers its changes: the position to resume from next
+        // (everything of the channel up to it was sent), and how its changes were judged.
+        if !ahead {
+            payload["seq"] = json!(through);
+        }
+        payload["changes"] = json!(changes);
+        payload["withheld"] = json!(carry.withheld);
+        let judged = " Changes were checked as the channel's role may read them now: an INSERT or UPDATE of a row deleted or no longer visible since is not resent; a DELETE is.";
+        let text = payload["message"].as_str().unwrap_or_default().to_owned() + judged;
+        payload["message"] = json!(text);
+    }
     system_frame(&r.reach, &payload)
 }
 
@@ -568,6 +895,7 @@ async fn serve_replays(
         newest,
         false,
         epoch,
+        None,
         metrics,
     )
     .await

@@ -228,6 +228,7 @@ impl Worker {
     /// Checks `job` on this worker's connection (opened if need be) and fills its slots.
     async fn check(&self, job: Job, conn: &mut Option<Conn>) {
         let Job { id, set, reaches } = job;
+        let positions = set.positions.clone();
         let limits = Limits::of(&self.cfg);
         let mut frames: Vec<Vec<Outgoing>> = set.parsed.iter().map(|_| Vec::new()).collect();
         if conn.is_none() {
@@ -235,7 +236,7 @@ impl Worker {
                 Ok(c) => *conn = Some(c),
                 Err(why) => {
                     deliver::withhold(&set, &why, &self.metrics, &mut frames);
-                    fill(id, reaches, frames, &self.metrics);
+                    fill(id, reaches, frames, &positions, &self.metrics);
                     return;
                 }
             }
@@ -280,7 +281,7 @@ impl Worker {
             tracing::warn!(error = %why, "a Postgres Changes check connection was lost; reconnecting");
             *conn = None;
         }
-        fill(id, reaches, frames, &self.metrics);
+        fill(id, reaches, frames, &positions, &self.metrics);
     }
 
     async fn connect(&self) -> Result<Conn, String> {
@@ -304,8 +305,16 @@ impl Worker {
 }
 
 /// Gives each channel that holds a slot of job `id` its frames of it (by change), which
-/// lets out what waited behind them.
-fn fill(id: u64, reaches: Vec<Reach>, frames: Vec<Vec<Outgoing>>, metrics: &Metrics) {
+/// lets out what waited behind them. A change frame to a channel whose history is being
+/// sent passes its gate first (`positions`: each change's (epoch, seq)), as its broadcasts
+/// do in the hub: held there until the history is sent, or dropped if the history sent it.
+fn fill(
+    id: u64,
+    reaches: Vec<Reach>,
+    frames: Vec<Vec<Outgoing>>,
+    positions: &[(i64, i64)],
+    metrics: &Metrics,
+) {
     let mut at: HashMap<usize, usize> = HashMap::with_capacity(reaches.len());
     let mut by: Vec<(Reach, HashMap<u32, Vec<Message>>)> = Vec::with_capacity(reaches.len());
     for r in reaches {
@@ -320,11 +329,21 @@ fn fill(id: u64, reaches: Vec<Reach>, frames: Vec<Vec<Outgoing>>, metrics: &Metr
             let Some(&i) = at.get(&o.to.reach.hold_id()) else {
                 continue;
             };
+            let frame = match (&o.to.gate, positions.get(change)) {
+                (Some(gate), Some(&(epoch, seq))) if o.change => gate.pass(epoch, seq, &o.frame),
+                _ => Some(o.frame),
+            };
+            let Some(frame) = frame else {
+                // Held by the gate (let out when it opens) or already sent as history: the
+                // slot is filled with nothing here.
+                by[i].1.entry(change as u32).or_default();
+                continue;
+            };
             metrics.deliveries_total.increment(1);
             if o.change {
                 metrics.changes_delivered_total.increment(1);
             }
-            by[i].1.entry(change as u32).or_default().push(o.frame);
+            by[i].1.entry(change as u32).or_default().push(frame);
         }
     }
     for (reach, frames) in by {

@@ -208,6 +208,9 @@ pub(crate) struct TableSet {
     pub(crate) candidates: Vec<Candidate>,
     /// The JSON text bytes of its changes (about what it holds while it waits).
     pub(crate) bytes: usize,
+    /// Each change's queue position (epoch, seq), for the gate of a channel whose history
+    /// is being sent (`crate::gate`); empty when the caller has none to give.
+    pub(crate) positions: Vec<(i64, i64)>,
 }
 
 impl Matched {
@@ -234,6 +237,7 @@ impl Matched {
                 at,
                 candidates,
                 bytes,
+                positions: Vec::new(),
             });
         }
         sets
@@ -1258,6 +1262,8 @@ mod tests {
             bindings: parse_bindings(Some(&bindings)).unwrap(),
             role: role.into(),
             claims: claims.into(),
+            gate: None,
+            positions: false,
         };
         (s, rx)
     }

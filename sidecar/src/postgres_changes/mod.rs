@@ -21,13 +21,15 @@
 //! `binding` bindings, filters, matching and the join reply · `bounds` what one join's
 //! bindings may cost · `check` the join-time check ·
 //! `subscribers` who listens to which table · `deliver` the drained batch's stage (matching,
-//! checking, shaping) · `checks` the pool its checks run on, beside the drain.
+//! checking, shaping) · `checks` the pool its checks run on, beside the drain ·
+//! `position` a channel's position after its changes, for those that asked.
 
 pub mod binding;
 pub mod bounds;
 pub mod check;
 pub mod checks;
 pub mod deliver;
+pub mod position;
 pub mod subscribers;
 
 pub use binding::{parse_bindings, reply, Binding, BindingError, Change};

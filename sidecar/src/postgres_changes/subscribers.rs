@@ -9,6 +9,7 @@
 //! rooms cost 100 checks per change, not 1,000).
 
 use super::binding::{Binding, Op};
+use crate::gate::Gate;
 use crate::hub::ConnId;
 use crate::reach::Reach;
 use std::collections::{HashMap, HashSet};
@@ -21,6 +22,11 @@ pub struct Subscriber {
     /// The JWT's role and claims (JSON): the identity RLS checks the changes for.
     pub role: String,
     pub claims: String,
+    /// Set while the channel's history (its changes among it) is being sent: its live
+    /// changes wait behind the same gate as its broadcasts (`crate::gate`).
+    pub gate: Option<Arc<Gate>>,
+    /// The channel asked for its position after each delivered batch (`position`).
+    pub positions: bool,
 }
 
 impl Subscriber {
@@ -191,6 +197,8 @@ impl Subscribers {
                 claims: claims.to_owned(),
                 bindings: sub.bindings.clone(),
                 reach: sub.reach.clone(),
+                gate: sub.gate.clone(),
+                positions: sub.positions,
             };
             *sub = Arc::new(updated);
         }
@@ -317,6 +325,8 @@ mod tests {
             bindings: parse_bindings(Some(&bindings)).unwrap(),
             role: "authenticated".into(),
             claims: "{}".into(),
+            gate: None,
+            positions: false,
         }
     }
 

@@ -1,0 +1,241 @@
+// Postgres Changes resume with the official realtime-js, on both serializers: a channel
+// whose `config.broadcast.resume` says `changes: true` is told its position in a `system`
+// message after each batch of changes, keeps it in its join payload (README, "Resume after a
+// position"), and a rejoin from it gets every change committed since, checked as the
+// subscriber may read it at the rejoin, then live ones, none twice.
+// Absence is proven by order: a channel gets its changes in commit order, so once it has a
+// later change, an earlier one it did not get will never come.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import WebSocket from 'ws';
+import { RealtimeClient } from '@supabase/realtime-js';
+import { anonClaims, close, database, jwt, startSidecar, subscribed, waitFor } from './harness.mjs';
+
+const SECRET = 'test-secret-with-at-least-32-characters';
+const apikey = jwt(SECRET, anonClaims());
+const U1 = '33333333-aaaa-4aaa-8aaa-333333333333';
+const userToken = (sub) => jwt(SECRET, { role: 'authenticated', sub, exp: Math.floor(Date.now() / 1000) + 3600 });
+
+let sidecar;
+let port;
+let db;
+
+before(async () => {
+  db = await database();
+  await db.query(fs.readFileSync(new URL('../../pgbench/supabase_auth.sql', import.meta.url), 'utf8'));
+  await db.query(`
+    DROP TABLE IF EXISTS pcr_tasks, pcr_notes CASCADE;
+    CREATE TABLE pcr_tasks (id bigint PRIMARY KEY, run text NOT NULL, title text);
+    GRANT SELECT ON pcr_tasks TO anon, authenticated;
+    CREATE TABLE pcr_notes (id bigint PRIMARY KEY, owner uuid NOT NULL, body text);
+    ALTER TABLE pcr_notes ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY own ON pcr_notes FOR SELECT TO authenticated USING (owner = auth.uid());
+    GRANT SELECT ON pcr_notes TO authenticated;
+    ALTER PUBLICATION supabase_realtime ADD TABLE pcr_tasks, pcr_notes;`);
+  ({ process: sidecar, port } = await startSidecar(SECRET, 'postgres_changes_resume_e2e'));
+});
+
+after(async () => {
+  await db?.query('ALTER PUBLICATION supabase_realtime DROP TABLE pcr_tasks, pcr_notes').catch(() => {});
+  await db?.end();
+  sidecar?.kill('SIGTERM');
+});
+
+/// A client whose sockets the test can drop (terminate: no close frame, as a network loss).
+function client(vsn, sockets = []) {
+  class Tracked extends WebSocket {
+    constructor(...args) {
+      super(...args);
+      sockets.push(this);
+    }
+  }
+  return new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: Tracked, params: { apikey }, vsn });
+}
+
+/// What the README tells apps to do: keep the position of each `system` message that
+/// carries one in the join payload, so a rejoin (automatic or not) resumes there.
+function remember(channel, systems) {
+  channel.on('system', {}, (s) => {
+    systems.push(s);
+    if (s.seq === undefined || s.seq === null || s.epoch === undefined) return;
+    const { config } = channel.joinPush.payload();
+    channel.updateJoinPayload({ config: { ...config, broadcast: { ...config.broadcast, resume: { epoch: s.epoch, seq: s.seq, changes: true } } } });
+  });
+}
+
+const position = (channel) => channel.joinPush.payload().config.broadcast.resume;
+
+for (const vsn of ['1.0.0', '2.0.0']) {
+  test(`realtime-js (${vsn}): a socket dropped under 500 changes/s loses no change and gets none twice`, async () => {
+    const run = `drop-${vsn}-${Date.now()}`;
+    const base = vsn === '1.0.0' ? 1_000_000 : 2_000_000;
+    const sockets = [];
+    const c = client(vsn, sockets);
+    let writer;
+    try {
+      await c.setAuth(apikey);
+      const channel = c.channel(`tasks-${run}`, { config: { broadcast: { resume: { changes: true } } } });
+      const seen = [];
+      const systems = [];
+      channel.on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pcr_tasks', filter: `run=eq.${run}` }, (p) => seen.push(Number(p.new.id) - base));
+      remember(channel, systems);
+      await subscribed(channel);
+      // 500 changes a second for 4 seconds, committed whatever happens to the socket.
+      const total = 2000;
+      writer = (async () => {
+        const w = await database();
+        try {
+          for (let n = 0; n < total; n += 5) {
+            await w.query('INSERT INTO pcr_tasks SELECT $1::bigint + g, $2, $3 FROM generate_series($4::int, $5::int) g', [base, run, 'task', n, n + 4]);
+            await new Promise((r) => setTimeout(r, 10));
+          }
+        } finally {
+          await w.end();
+        }
+      })();
+      await waitFor(() => seen.length >= 300, 20000, '300 changes');
+      assert.ok(position(channel)?.seq > 0, 'a position arrived with the changes');
+      // Dropped outside any callback: the frames already read are all handed to the app.
+      await new Promise((r) => setTimeout(r, 0));
+      sockets.at(-1).terminate();
+      await writer;
+      await waitFor(() => seen.length >= total, 40000, `all ${total} changes (have ${seen.length})`);
+      assert.deepEqual(seen, [...Array(total).keys()], 'every change once, in commit order');
+      assert.ok(sockets.length >= 2, 'realtime-js reconnected');
+      const resumed = systems.filter((s) => 'recovered' in s);
+      assert.ok(resumed.length >= 1, JSON.stringify(systems.slice(-5)));
+      assert.ok(resumed.every((s) => s.recovered === true && s.changes >= 0), JSON.stringify(resumed));
+      assert.match(resumed[0].message, /checked as the channel's role may read them now/);
+    } finally {
+      await writer?.catch(() => {});
+      await close(c);
+    }
+  });
+
+  test(`realtime-js (${vsn}): a resumed change is checked as the subscriber may read it at the rejoin`, async () => {
+    const base = vsn === '1.0.0' ? 1000 : 2000;
+    const topic = `notes-${vsn}-${Date.now()}`;
+    const join = (c, resume, got, systems) => {
+      const channel = c.channel(topic, { config: { broadcast: { resume } } });
+      channel.on('postgres_changes', { event: '*', schema: 'public', table: 'pcr_notes' }, (p) =>
+        got.push([p.eventType, Number((p.eventType === 'DELETE' ? p.old : p.new).id) - base]));
+      remember(channel, systems);
+      return channel;
+    };
+    // Subscribed, sees one change, and leaves with its position.
+    const first = client(vsn);
+    let at;
+    try {
+      await first.setAuth(userToken(U1));
+      const got = [];
+      const systems = [];
+      const channel = join(first, { changes: true }, got, systems);
+      await subscribed(channel);
+      await db.query('INSERT INTO pcr_notes VALUES ($1, $2, $3)', [base + 1, U1, 'seen']);
+      await waitFor(() => got.length >= 1 && position(channel)?.seq, 10000, 'the first change and its position');
+      at = position(channel);
+      assert.deepEqual(got, [['INSERT', 1]]);
+    } finally {
+      await close(first);
+    }
+    // While it is away: 2 and 4 stay readable; 3 is hidden by a policy changed since; 5 is
+    // inserted and deleted (its INSERT is not resent, since the row is gone; its DELETE is).
+    await db.query('INSERT INTO pcr_notes VALUES ($1, $2, $3), ($4, $2, $3), ($5, $2, $3), ($6, $2, $3)', [base + 2, U1, 'away', base + 3, base + 4, base + 5]);
+    await db.query('DELETE FROM pcr_notes WHERE id = $1', [base + 5]);
+    await db.query(`DROP POLICY own ON pcr_notes; CREATE POLICY own ON pcr_notes FOR SELECT TO authenticated USING (owner = auth.uid() AND id NOT IN (1003, 2003))`);
+    const again = client(vsn);
+    try {
+      await again.setAuth(userToken(U1));
+      const got = [];
+      const systems = [];
+      const channel = join(again, at, got, systems);
+      await subscribed(channel);
+      await waitFor(() => systems.some((s) => 'recovered' in s), 10000, 'the resume system message');
+      await db.query('INSERT INTO pcr_notes VALUES ($1, $2, $3)', [base + 6, U1, 'live']);
+      await waitFor(() => got.some(([, id]) => id === 6), 10000, 'the live change');
+      assert.deepEqual(got, [['INSERT', 2], ['INSERT', 4], ['DELETE', 5], ['INSERT', 6]]);
+      const resumed = systems.find((s) => 'recovered' in s);
+      assert.equal(resumed.recovered, true, JSON.stringify(resumed));
+      assert.equal(resumed.changes, 3, JSON.stringify(resumed));
+      assert.ok(Number(resumed.seq) > Number(at.seq), JSON.stringify(resumed));
+    } finally {
+      await close(again);
+      await db.query(`DROP POLICY own ON pcr_notes; CREATE POLICY own ON pcr_notes FOR SELECT TO authenticated USING (owner = auth.uid())`);
+    }
+  });
+
+  test(`realtime-js (${vsn}): a resume past the ring's retention says recovered: false with the range`, async () => {
+    const base = vsn === '1.0.0' ? 10_000 : 20_000;
+    const run = `evicted-${vsn}-${Date.now()}`;
+    const { rows } = await db.query('SELECT last_seq::text AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()');
+    const at = { epoch: rows[0].epoch, seq: Number(rows[0].seq), changes: true };
+    await db.query('INSERT INTO pcr_tasks VALUES ($1, $2, $3)', [base + 1, run, 'evicted']);
+    // More than the whole ring (scripts/test.sh: realtime.queue_size = 32MB) on another topic.
+    const { rows: cap } = await db.query('SELECT capacity_bytes FROM realtime.stats()');
+    for (let i = 0; i < Number(cap[0].capacity_bytes) / 900_000 + 2; i++) {
+      await db.query(`SELECT realtime.send(jsonb_build_object('pad', repeat('x', 900000)), 'pad', 'evict', false)`);
+    }
+    await db.query('INSERT INTO pcr_tasks VALUES ($1, $2, $3)', [base + 2, run, 'kept']);
+    const c = client(vsn);
+    try {
+      await c.setAuth(apikey);
+      const got = [];
+      const systems = [];
+      const channel = c.channel(`tasks-${run}`, { config: { broadcast: { resume: at } } });
+      channel.on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pcr_tasks', filter: `run=eq.${run}` }, (p) => got.push(Number(p.new.id) - base));
+      remember(channel, systems);
+      await subscribed(channel);
+      await waitFor(() => systems.some((s) => 'recovered' in s), 10000, 'the resume system message');
+      const resumed = systems.find((s) => 'recovered' in s);
+      assert.equal(resumed.recovered, false, JSON.stringify(resumed));
+      assert.equal(resumed.first_missing, at.seq + 1, JSON.stringify(resumed));
+      assert.ok(resumed.last_missing > at.seq + 1, JSON.stringify(resumed));
+      assert.deepEqual(got, [2], 'the change the ring still holds was sent');
+    } finally {
+      await close(c);
+    }
+  });
+}
+
+test('realtime-js: resent changes count against MAX_RESUME_MESSAGES with the broadcasts; beyond it the newest are sent and the range that was not', async () => {
+  const { process: limited, port: limitedPort } = await startSidecar(SECRET, 'postgres_changes_resume_limit', { MAX_RESUME_MESSAGES: '5' });
+  const run = `limit-${Date.now()}`;
+  const topic = `tasks-${run}`;
+  const c = new RealtimeClient(`ws://127.0.0.1:${limitedPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  try {
+    const stats = async () => (await db.query('SELECT last_seq::int8 AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()')).rows[0];
+    const start = await stats();
+    const at = { epoch: start.epoch, seq: Number(start.seq), changes: true };
+    // Four changes and four broadcasts on the channel's topic, alternating, each at a
+    // position read back: eight after the position, three more than the limit.
+    const positions = [];
+    for (let i = 1; i <= 4; i++) {
+      await db.query('INSERT INTO pcr_tasks VALUES ($1, $2, $3)', [30_000 + i, run, 'over']);
+      positions.push(['change', i, Number((await stats()).seq)]);
+      await db.query(`SELECT realtime.send(jsonb_build_object('n', $2::int), 'n', $1, false)`, [topic, i]);
+      positions.push(['broadcast', i, Number((await stats()).seq)]);
+    }
+    await c.setAuth(apikey);
+    const got = [];
+    const systems = [];
+    const channel = c.channel(topic, { config: { broadcast: { resume: at } } });
+    channel.on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pcr_tasks', filter: `run=eq.${run}` }, (p) => got.push(['change', Number(p.new.id) - 30_000]));
+    channel.on('broadcast', { event: 'n' }, (m) => got.push(['broadcast', m.payload.n]));
+    remember(channel, systems);
+    await subscribed(channel);
+    await waitFor(() => systems.some((s) => 'recovered' in s), 10000, 'the resume system message');
+    const resumed = systems.find((s) => 'recovered' in s);
+    // The newest five, in commit order, whichever kind.
+    assert.deepEqual(got, positions.slice(3).map(([kind, n]) => [kind, n]));
+    assert.equal(resumed.recovered, false, JSON.stringify(resumed));
+    assert.equal(resumed.first_missing, at.seq + 1, JSON.stringify(resumed));
+    assert.equal(resumed.last_missing, positions[3][2] - 1, JSON.stringify(resumed));
+    assert.match(resumed.message, /MAX_RESUME_MESSAGES \(5\)/);
+    assert.equal(resumed.resent, 5);
+    assert.equal(resumed.changes, 2);
+  } finally {
+    await close(c);
+    limited.kill('SIGTERM');
+  }
+});

@@ -1,0 +1,188 @@
+//! A channel's position after its Postgres Changes, for a channel that asked for it
+//! (`config.broadcast.resume.changes`, `history::ask::change_positions`).
+//!
+//! A broadcast carries its position in `meta`, which realtime-js hands to the app. A change
+//! cannot: realtime-js rebuilds the change for the callback from `data`'s schema, table,
+//! commit_timestamp, type, errors and records alone, so a field beside them never reaches
+//! the app, and one inside the records would change the app's rows. A `system` message does
+//! reach it (`channel.on('system', ...)`): after each drained batch that sent a channel a
+//! change, the channel gets one, `{extension: "postgres_changes", status: "ok", message:
+//! "position", epoch, seq}`, where `seq` is the batch's end: everything of the channel up
+//! to it was queued before it (broadcasts and changes in queue order), so a rejoin with
+//! `resume: {epoch, seq, changes: true}` continues exactly after it. One message per batch,
+//! not per change: its cost is measured in `pgbench/RESULTS.md`.
+
+use super::deliver::Outgoing;
+use super::subscribers::Subscriber;
+use crate::hub::ConnId;
+use crate::metrics::Metrics;
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio_tungstenite::tungstenite::Message;
+
+/// The channels of one batch that were sent a change and asked for positions.
+#[derive(Default)]
+pub struct Positions {
+    sent: HashMap<(ConnId, Arc<str>), Arc<Subscriber>>,
+}
+
+impl Positions {
+    /// Notes a frame about to be sent: a change to a channel that asked for positions.
+    pub fn note(&mut self, f: &Outgoing) {
+        if f.change && f.to.positions {
+            let key = (f.to.reach.conn, f.to.reach.topic.clone());
+            self.sent.entry(key).or_insert_with(|| f.to.clone());
+        }
+    }
+
+    /// Notes a channel that was left a slot for a change of this batch (its check runs
+    /// beside the drain, `change_hold`): its position follows the batch behind the slot.
+    pub fn note_slot(&mut self, sub: &Arc<Subscriber>) {
+        if sub.positions {
+            let key = (sub.reach.conn, sub.reach.topic.clone());
+            self.sent.entry(key).or_insert_with(|| sub.clone());
+        }
+    }
+
+    /// After the batch was handed out through `seq`: each channel noted gets its position
+    /// (through its gate while its history is being sent, as its changes did).
+    pub fn send(self, epoch: i64, seq: i64, metrics: &Metrics) {
+        // One encoding per (serializer, topic, join_ref): the members of a room share it.
+        type Shape = (crate::frame::Vsn, Arc<str>, Option<Arc<str>>);
+        let mut frames: HashMap<Shape, Message> = HashMap::new();
+        for sub in self.sent.into_values() {
+            let r = &sub.reach;
+            let frame = frames
+                .entry((r.vsn, r.topic.clone(), r.join_ref.clone()))
+                .or_insert_with(|| frame(&sub, epoch, seq))
+                .clone();
+            let frame = match &sub.gate {
+                None => Some(frame),
+                Some(gate) => gate.pass(epoch, seq, &frame),
+            };
+            if let Some(f) = frame {
+                // In the channel's order: behind its changes whose check is pending.
+                sub.reach.send_ordered(f);
+                metrics.change_positions_total.increment(1);
+            }
+        }
+    }
+}
+
+/// The `system` message that tells a channel its position.
+pub fn frame(sub: &Subscriber, epoch: i64, seq: i64) -> Message {
+    let payload = json!({
+        "extension": "postgres_changes",
+        "status": "ok",
+        "message": "position",
+        "channel": sub.reach.sub_topic(),
+        "epoch": epoch.to_string(),
+        "seq": seq,
+    });
+    Message::text(crate::frame::encode(
+        sub.reach.vsn,
+        sub.reach.join_ref(),
+        None,
+        &sub.reach.topic,
+        "system",
+        &payload,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::Gate;
+    use crate::postgres_changes::parse_bindings;
+    use serde_json::Value;
+
+    fn sub(
+        conn: u64,
+        positions: bool,
+        gate: Option<Arc<Gate>>,
+    ) -> (Arc<Subscriber>, crate::outbound::Receiver) {
+        let (tx, rx) = crate::outbound::channel(16);
+        let link = crate::reach::Link::new(conn, crate::frame::Vsn::V1, conn as i64, tx);
+        let bindings = serde_json::json!([{"event": "*", "schema": "public", "table": "t"}]);
+        let s = Subscriber {
+            reach: link.reach("realtime:tasks", Some("1")),
+            bindings: parse_bindings(Some(&bindings)).unwrap(),
+            role: "anon".into(),
+            claims: "{}".into(),
+            gate,
+            positions,
+        };
+        (Arc::new(s), rx)
+    }
+
+    fn out(to: &Arc<Subscriber>, change: bool) -> Outgoing {
+        Outgoing {
+            to: to.clone(),
+            frame: Message::text("change"),
+            change,
+        }
+    }
+
+    fn payloads(rx: &crate::outbound::Receiver) -> Vec<Value> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|m| {
+                serde_json::from_str::<Value>(&m.into_text().unwrap()).unwrap()["payload"].clone()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_position_per_batch_only_to_channels_that_asked_and_were_sent_a_change() {
+        let m = Metrics::default();
+        let (asked, asked_rx) = sub(1, true, None);
+        let (plain, plain_rx) = sub(2, false, None);
+        let (told_only, told_rx) = sub(3, true, None);
+        let mut p = Positions::default();
+        for f in [
+            out(&asked, true),
+            out(&asked, true),
+            out(&plain, true),
+            out(&told_only, false),
+        ] {
+            p.note(&f);
+        }
+        p.send(7, 42, &m);
+        let got = payloads(&asked_rx);
+        assert_eq!(got.len(), 1, "one per batch, not per change");
+        assert_eq!(got[0]["extension"], "postgres_changes");
+        assert_eq!(got[0]["message"], "position");
+        assert_eq!(got[0]["epoch"], "7", "a string, as meta.epoch is");
+        assert_eq!(got[0]["seq"], 42, "the batch's end");
+        assert_eq!(got[0]["channel"], "tasks");
+        assert!(
+            payloads(&plain_rx).is_empty(),
+            "an app that did not ask sees nothing new"
+        );
+        assert!(payloads(&told_rx).is_empty(), "a notice alone is no change");
+    }
+
+    #[test]
+    fn a_position_waits_behind_the_gate_with_the_changes_and_is_dropped_if_the_history_covered_it()
+    {
+        let m = Metrics::default();
+        let gate = Gate::new(100, usize::MAX);
+        let (s, rx) = sub(1, true, Some(gate.clone()));
+        let mut p = Positions::default();
+        p.note(&out(&s, true));
+        p.send(7, 10, &m);
+        let mut p = Positions::default();
+        p.note(&out(&s, true));
+        p.send(7, 20, &m);
+        assert!(payloads(&rx).is_empty(), "held while the history is sent");
+        // The history went through 15: the position at 10 was covered by it, 20 passes.
+        assert_eq!(
+            gate.open(7, (15, vec![]), None, &s.reach),
+            crate::gate::Opened::Yes
+        );
+        let got = payloads(&rx);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0]["seq"], 20);
+        assert_eq!(gate.last_sent(), Some((7, 20)));
+    }
+}
