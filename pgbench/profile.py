@@ -225,7 +225,10 @@ def consumers(a):
               "… per call | its switches per call (voluntary / not) | sidecar µs per message | … per call | "
               "its switches per call |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for linger in [int(x) for x in a.lingers.split(",")]:
+        # Each linger once per sidecar build named by --sidecars, the builds alternating.
+        builds = [b.split("=", 1) for b in a.sidecars.split(",")] if a.sidecars else [("", harness.SIDECAR_BIN)]
+        for linger, (label, binary) in [(int(x), b) for x in a.lingers.split(",") for b in builds]:
+            harness.SIDECAR_BIN = binary
             with harness.Sidecar(a.http_port, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS=str(linger),
                                  FILTER_TOPICS="false") as sidecar:
                 procs = {"backend": drain_backend(pg), "sidecar": sidecar.process.pid}
@@ -245,7 +248,7 @@ def consumers(a):
                     used = cpu1[k] - cpu0[k]
                     cells += [f"{1e6 * used / msgs:.2f}", f"{1e6 * used / calls:.0f}",
                               f"{(sw1[k][0] - sw0[k][0]) / calls:.1f} / {(sw1[k][1] - sw0[k][1]) / calls:.1f}"]
-                print(f"| {linger} | {tps:,.0f} | {calls / a.seconds:,.0f} | {msgs / calls:.1f} | " + " | ".join(cells) + " |")
+                print(f"| {label + ' ' if label else ''}{linger} | {tps:,.0f} | {calls / a.seconds:,.0f} | {msgs / calls:.1f} | " + " | ".join(cells) + " |")
 
 
 def fanout(a):
@@ -357,6 +360,8 @@ def main():
     ap.add_argument("--base", default="t_plain",
                     help="trigger: the table the variant is compared with (t_native: what the plpgsql path adds)")
     ap.add_argument("--lingers", default="1,2,5", help="consumers: the sidecar's DRAIN_LINGER_MS values to run")
+    ap.add_argument("--sidecars", help="consumers: LABEL=BINARY,... sidecar builds to run in turn at each linger "
+                                       "(default: this tree's release build)")
     ap.add_argument("--drainer", choices=["sql", "sidecar"], default="sql",
                     help="trigger: what drains the queue (the sidecar's CPU is reported per transaction)")
     ap.add_argument("--clients", type=int, default=8, help="trigger, consumers: pgbench clients; joins: joining clients")
