@@ -253,6 +253,25 @@ pub struct Config {
     #[arg(long, env = "CHANGES_CHECK_MAX_IDENTITIES", default_value_t = 100,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub changes_check_max_identities: u64,
+    /// Connections the Postgres Changes checks run on, beside the drain's (which never runs
+    /// one). A table's checks run one at a time, in queue order; different tables' at once,
+    /// up to this many: one slow table holds one connection, never another table's checks.
+    #[arg(long, env = "CHANGES_CHECK_CONNECTIONS", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub changes_check_connections: u64,
+    /// Drained changes waiting for their check, all tables together, at most (and
+    /// CHANGES_CHECK_BACKLOG_BYTES of their data): past it a batch's changes of a table are
+    /// withheld from their channels, which are told "Changes to S.T could not be authorized
+    /// and were not delivered: more than CHANGES_CHECK_BACKLOG (N) changes, or
+    /// CHANGES_CHECK_BACKLOG_BYTES (B), are waiting for their check". It bounds what one
+    /// bulk writer into a table with a costly policy makes the sidecar hold.
+    #[arg(long, env = "CHANGES_CHECK_BACKLOG", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub changes_check_backlog: u64,
+    /// Bytes of drained change data waiting for their check, at most (CHANGES_CHECK_BACKLOG).
+    #[arg(long, env = "CHANGES_CHECK_BACKLOG_BYTES", default_value_t = 64 << 20,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    pub changes_check_backlog_bytes: u64,
 
     /// Most messages of its topic one resume (`config.broadcast.resume`) is sent: a client
     /// further behind gets the newest this many and a `system` error with `recovered:

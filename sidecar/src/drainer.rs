@@ -7,20 +7,24 @@
 //! subscribers are told, and when it comes back with a new epoch (it restarted) they are
 //! told that messages were lost.
 //!
-//! A Postgres Changes check never holds the drain past its table's budget
-//! (`postgres_changes::deliver`): what it could not decide is withheld with a word to its
-//! channels, and even a check that lost the connection lets the rest of the batch out
-//! before the session ends.
+//! A Postgres Changes check never holds the drain: the drain matches a batch's changes to
+//! channels, hands each changed table's share to the check pool (`postgres_changes::checks`,
+//! on connections of its own), leaves a slot in each matched channel's queue order
+//! (`change_hold`) and hands out the rest of the batch at once. Only the channels with a
+//! slot pending wait for it.
 
 use crate::config::Config;
 use crate::hub::{Hub, QueueMessage};
 use crate::metrics::Metrics;
 use crate::packed;
-use crate::postgres_changes::deliver;
+use crate::postgres_changes::checks::Checks;
+use crate::postgres_changes::deliver::{self, Outgoing};
 use crate::postgres_changes::subscribers::Subscribers;
 use crate::presence::view::Views;
+use crate::reach::Reach;
 use crate::reason::Notice;
 use crate::rows::{As, Columns, Entry, Read};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,6 +56,7 @@ pub async fn run(
     cfg: Arc<Config>,
     hub: Arc<Hub>,
     changes: Arc<Subscribers>,
+    checks: Checks,
     presence: Arc<Views>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
@@ -63,6 +68,7 @@ pub async fn run(
     let to = Destinations {
         hub: &hub,
         changes: &changes,
+        checks: &checks,
         presence: &presence,
     };
     loop {
@@ -118,6 +124,7 @@ async fn connect(cfg: &Config) -> Result<Client, tokio_postgres::Error> {
 struct Destinations<'a> {
     hub: &'a Hub,
     changes: &'a Subscribers,
+    checks: &'a Checks,
     presence: &'a Views,
 }
 
@@ -125,7 +132,7 @@ struct Destinations<'a> {
 #[derive(Debug)]
 enum SessionError {
     Db(tokio_postgres::Error),
-    /// A Postgres Changes check lost the connection.
+    /// A drained row could not be read.
     Lost(String),
     /// A call did not answer within its deadline: the connection is given up.
     Stuck(&'static str),
@@ -261,14 +268,6 @@ async fn session(
         (stmt, Some(col))
     };
     let stats = within(setup, "prepare", client.prepare(STATS_SQL)).await?;
-    let statements = deliver::Statements::default();
-    let lookups = deliver::Db {
-        client: &client,
-        grace: Duration::from_secs(5),
-        pattern_budget_ms: cfg.filter_pattern_timeout_ms as i32,
-        statements: &statements,
-    };
-    let limits = deliver::Limits::of(cfg);
     let batch = cfg.drain_batch as i32;
     let linger = cfg.drain_linger_ms as i32;
     let timeout_ms = 1000i32;
@@ -363,8 +362,9 @@ async fn session(
             continue;
         }
         metrics.drain_batches_total.increment(1);
-        // Row changes are authorized for their channels first (a database round trip per
-        // changed table), then everything is handed out in queue order.
+        // Row changes are matched to channels here (no database call); each changed table's
+        // share goes to the check pool, and each matched channel gets a slot in its queue
+        // order, left below as the batch is handed out.
         let datas: Vec<&str> = entries
             .iter()
             .filter_map(|r| match r.entry {
@@ -372,20 +372,14 @@ async fn session(
                 _ => None,
             })
             .collect();
-        let started = Instant::now();
-        let prepared = if datas.is_empty() {
-            deliver::Prepared::default()
-        } else {
-            let p = deliver::prepare(&lookups, to.changes, &datas, &limits, metrics).await;
-            tracing::debug!(
-                changes = datas.len(),
-                ms = started.elapsed().as_secs_f64() * 1000.0,
-                "changes authorized"
-            );
-            p
-        };
-        let (lost, asked) = (prepared.lost, prepared.asked);
-        let mut prepared = prepared.frames.into_iter();
+        let (mut notices, mut slots, mut jobs) = (Vec::new(), Vec::new(), Vec::new());
+        if !datas.is_empty() {
+            (notices, slots, jobs) = match_changes(to, &datas, metrics);
+        }
+        let mut notices = notices.into_iter();
+        let mut slots = slots.into_iter();
+        // The channels that got a slot, per job (by hold: each once).
+        let mut holders: Vec<HashMap<usize, Reach>> = jobs.iter().map(|_| HashMap::new()).collect();
         let now_us = unix_micros();
         let dispatched = |committed_us: i64| {
             metrics
@@ -399,7 +393,17 @@ async fn session(
         let mut broadcasts: Vec<QueueMessage> = Vec::new();
         for Read { seq, entry } in entries {
             pos = seq;
-            if !matches!(entry, Entry::Message { .. }) && !broadcasts.is_empty() {
+            let (notice, slot) = match entry {
+                Entry::Change { .. } => (
+                    notices.next().unwrap_or_default(),
+                    slots.next().unwrap_or_default(),
+                ),
+                _ => (Vec::new(), Vec::new()),
+            };
+            let quiet_change =
+                matches!(entry, Entry::Change { .. }) && notice.is_empty() && slot.is_empty();
+            let ordered = !matches!(entry, Entry::Message { .. } | Entry::Filtered | Entry::End);
+            if ordered && !quiet_change && !broadcasts.is_empty() {
                 hub.dispatch_batch(&broadcasts);
                 broadcasts.clear();
             }
@@ -433,8 +437,13 @@ async fn session(
                     // A row change goes to Postgres Changes channels only, never to a
                     // broadcast topic (one named after its table would get it).
                     dispatched(committed_us);
-                    for f in prepared.next().unwrap_or_default() {
+                    for f in notice {
                         f.send(metrics);
+                    }
+                    for (job, change, reach) in slot {
+                        if reach.hold_slot(jobs[job].0, change) {
+                            holders[job].entry(reach.hold_id()).or_insert(reach);
+                        }
                     }
                 }
                 Entry::Message {
@@ -449,18 +458,50 @@ async fn session(
         hub.dispatch_batch(&broadcasts);
         metrics.last_seq.set(pos as f64);
         *handed = pos;
-        if let Some(why) = lost {
-            return Err(SessionError::Lost(why));
-        }
-        if asked {
-            // The checks set their statement_timeout; the drain waits longer than that. Only
-            // after the batch was handed out: a connection that fails here costs no redrain.
-            within(
-                setup,
-                "setup",
-                client.batch_execute("RESET statement_timeout"),
-            )
-            .await?;
+        for ((id, set), holders) in jobs.into_iter().zip(holders) {
+            to.checks.submit(id, set, holders.into_values().collect());
         }
     }
+}
+
+/// Per change of a batch: the frames it needs no check for, in order.
+type Notices = Vec<Vec<Outgoing>>;
+/// Per change of a batch: the slots to leave, as (job's index in `Jobs`, the change in the
+/// job, the channel).
+type Slots = Vec<Vec<(usize, u32, Reach)>>;
+/// The checks admitted, as (job id, its table's share).
+type Jobs = Vec<(u64, deliver::TableSet)>;
+
+/// Matches a batch's changes (`datas`, in queue order) to channels and admits each changed
+/// table's share to the check pool; a share the pool has no room for is withheld at once
+/// (its channels' notices among the frames).
+fn match_changes(
+    to: Destinations<'_>,
+    datas: &[&str],
+    metrics: &Metrics,
+) -> (Notices, Slots, Jobs) {
+    let mut matched = deliver::matched(to.changes, datas);
+    let sets = matched.split();
+    let mut notices = std::mem::take(&mut matched.notices);
+    let mut slots: Slots = datas.iter().map(|_| Vec::new()).collect();
+    let mut jobs: Jobs = Vec::with_capacity(sets.len());
+    for set in sets {
+        match to.checks.admit(&set) {
+            Ok(id) => {
+                for c in &set.candidates {
+                    let change = set.at[c.change];
+                    slots[change].push((jobs.len(), c.change as u32, c.sub.reach.clone()));
+                }
+                jobs.push((id, set));
+            }
+            Err(why) => {
+                let mut frames: Vec<Vec<Outgoing>> = set.at.iter().map(|_| Vec::new()).collect();
+                deliver::withhold(&set, &why, metrics, &mut frames);
+                for (local, outs) in frames.into_iter().enumerate() {
+                    notices[set.at[local]].extend(outs);
+                }
+            }
+        }
+    }
+    (notices, slots, jobs)
 }

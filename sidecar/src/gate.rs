@@ -9,7 +9,9 @@
 //! the history covers up to its end, and the live side covers everything dispatched after
 //! the subscription, which the history's end is at or past.
 //!
-//! The gate holds at most as many frames as a socket's outbound queue. A drainer far behind
+//! The gate holds at most as many frames, and bytes, as a socket's outbound queue
+//! (MAX_OUTBOUND_FRAMES, MAX_OUTBOUND_BYTES: frames alone let a burst of large messages on
+//! the topic pin up to 20,000 frames of a MiB each per rejoining channel). A drainer far behind
 //! (a burst on the topic while the history is read) could dispatch more: then what is held
 //! is dropped and the gate, instead of opening, asks for the history to be read again from
 //! where the last read ended. Everything dropped was dispatched before that next read
@@ -26,6 +28,8 @@ enum State {
     /// first sequence dropped for want of room, if any was.
     Holding {
         held: Vec<(i64, Message)>,
+        /// The bytes of `held`.
+        bytes: usize,
         dropped_from: Option<i64>,
     },
     /// Live frames after `through` pass, but those in `skip` (the few a Supabase replay
@@ -44,6 +48,8 @@ pub struct Gate {
     last: Mutex<Option<(i64, i64)>>,
     /// Most frames held: past it they are dropped, and read again from the history.
     max_held: usize,
+    /// Most bytes held, the same way (a frame is always taken when nothing is held).
+    max_bytes: usize,
 }
 
 /// What opening the gate came to.
@@ -59,14 +65,16 @@ pub enum Opened {
 }
 
 impl Gate {
-    pub fn new(max_held: usize) -> Arc<Self> {
+    pub fn new(max_held: usize, max_bytes: usize) -> Arc<Self> {
         Arc::new(Gate {
             state: Mutex::new(State::Holding {
                 held: Vec::new(),
+                bytes: 0,
                 dropped_from: None,
             }),
             last: Mutex::new(None),
             max_held,
+            max_bytes,
         })
     }
 
@@ -74,12 +82,20 @@ impl Gate {
     pub fn pass(&self, epoch: i64, seq: i64, frame: &Message) -> Option<Message> {
         let mut state = self.state.lock().unwrap();
         match &mut *state {
-            State::Holding { held, dropped_from } => {
-                if held.len() >= self.max_held {
+            State::Holding {
+                held,
+                bytes,
+                dropped_from,
+            } => {
+                let n = frame.len();
+                let too_many_bytes = !held.is_empty() && *bytes + n > self.max_bytes;
+                if held.len() >= self.max_held || too_many_bytes {
                     let first = held.first().map_or(seq, |h| h.0);
                     *dropped_from = Some(dropped_from.map_or(first, |d| d.min(first)));
                     held.clear();
+                    *bytes = 0;
                 }
+                *bytes += n;
                 held.push((seq, frame.clone()));
                 None
             }
@@ -179,7 +195,7 @@ mod tests {
     fn held_frames_after_the_history_pass_once_and_in_order() {
         let (tx, mut rx) = crate::outbound::channel(16);
         let to = reach(tx);
-        let gate = Gate::new(100);
+        let gate = Gate::new(100, usize::MAX);
         // Live frames 5..=8 arrive while the history (through 6) is being read.
         for n in 5..=8 {
             assert!(gate.pass(1, n, &frame(n)).is_none());
@@ -203,7 +219,7 @@ mod tests {
     fn holding_too_much_drops_it_and_asks_for_the_history_again() {
         let (tx, mut rx) = crate::outbound::channel(16);
         let to = reach(tx);
-        let gate = Gate::new(2);
+        let gate = Gate::new(2, usize::MAX);
         // A drainer far behind dispatches 1..=5 while the first read (through 0) is sent.
         for n in 1..=5 {
             gate.pass(1, n, &frame(n));
@@ -225,6 +241,24 @@ mod tests {
         assert_eq!(gate.open(1, (9, vec![]), None, &to), Opened::Closed);
     }
 
+    /// Held frames are bounded in bytes as well as in count: a few large live messages while
+    /// the history is read are dropped and read again from the history, as too many are.
+    #[test]
+    fn holding_too_many_bytes_drops_them_and_asks_for_the_history_again() {
+        let (tx, mut rx) = crate::outbound::channel(16);
+        let to = reach(tx);
+        let gate = Gate::new(100, 10);
+        gate.pass(1, 1, &Message::text("123456"));
+        gate.pass(1, 2, &Message::text("123456"));
+        assert_eq!(gate.open(1, (0, vec![]), None, &to), Opened::ReadAgain(1));
+        assert!(drain(&mut rx).is_empty());
+        // One frame larger than the bound is still taken when nothing is held.
+        let gate = Gate::new(100, 10);
+        gate.pass(1, 3, &Message::text("a frame of more than ten bytes"));
+        assert_eq!(gate.open(1, (2, vec![]), None, &to), Opened::Yes);
+        assert_eq!(drain(&mut rx), vec!["a frame of more than ten bytes"]);
+    }
+
     /// Regression: a replay opened its gate at the end of its read like a resume does, so a
     /// live message committed after the join but before the read, which the replay's
     /// `since` filtered out, was dropped as if sent, and never reached the client.
@@ -232,7 +266,7 @@ mod tests {
     fn a_replay_skips_only_what_it_replayed() {
         let (tx, mut rx) = crate::outbound::channel(16);
         let to = reach(tx);
-        let gate = Gate::new(100);
+        let gate = Gate::new(100, usize::MAX);
         gate.pass(1, 30, &frame(30));
         gate.pass(1, 31, &frame(31));
         // The replay sent 30 (and older ones), not 31; its read went through 31.

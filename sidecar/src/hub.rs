@@ -194,7 +194,7 @@ impl Hub {
     /// queue closes the connection; a closing one unsubscribes itself): nothing more
     /// should be queued to it.
     fn deliver(&self, sub: &Subscriber, msg: Message) -> bool {
-        let sent = sub.reach.send(msg) == Sent::Queued;
+        let sent = sub.reach.send_ordered(msg) == Sent::Queued;
         if sent {
             self.metrics.deliveries_total.increment(1);
         }

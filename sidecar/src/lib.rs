@@ -132,6 +132,7 @@
 pub mod address;
 pub mod authorizer;
 pub mod broadcast;
+pub mod change_hold;
 pub mod channels;
 pub mod client_text;
 pub mod command;
@@ -217,10 +218,14 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     // The workers whose round trips joins and presence wait on, off the connections' run
     // queue (`db_thread`).
     let db_thread = db_thread::DbThread::start()?;
+    // The Postgres Changes checks, beside the drain (`postgres_changes::checks`).
+    let checks = postgres_changes::checks::Checks::new(&cfg);
+    let check_workers = checks.start(cfg.clone(), metrics.clone(), shutdown.clone());
     let drainer = tokio::spawn(drainer::run(
         cfg.clone(),
         hub,
         changes,
+        checks,
         presence.views.clone(),
         metrics.clone(),
         shutdown.clone(),
@@ -302,6 +307,9 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let _ = tokio::time::timeout(grace, relay).await;
     let _ = tokio::time::timeout(grace, authorizer).await;
     let _ = tokio::time::timeout(grace, checker).await;
+    for w in check_workers {
+        let _ = tokio::time::timeout(grace, w).await;
+    }
     let _ = tokio::time::timeout(grace, history).await;
     let _ = tokio::time::timeout(grace, interest_worker).await;
     let _ = tokio::time::timeout(grace, presence_worker).await;

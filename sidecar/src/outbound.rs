@@ -157,6 +157,11 @@ impl Sender {
         self.inner.capacity
     }
 
+    /// The queue's bound in bytes (a channel's hold counts against it too: `change_hold`).
+    pub fn max_bytes(&self) -> usize {
+        self.inner.max_bytes
+    }
+
     /// The reader (the connection's task) is gone.
     pub fn is_closed(&self) -> bool {
         self.inner.state.lock().unwrap().closed

@@ -8,9 +8,11 @@
 //! outbound queue, which marks itself overflowed when full, and the socket loop closes the
 //! connection (`outbound`).
 
+use crate::change_hold::Hold;
 use crate::frame::{self, Inbound, Vsn};
 use crate::outbound::{self, Sent};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::sync::Arc;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -43,6 +45,7 @@ impl Link {
             topic: topic.into(),
             join_ref: join_ref.map(Into::into),
             out: self.out.clone(),
+            hold: Arc::default(),
         }
     }
 }
@@ -56,6 +59,9 @@ pub struct Reach {
     pub topic: Arc<str>,
     pub join_ref: Option<Arc<str>>,
     out: outbound::Sender,
+    /// What the drain hands this channel waits here behind its changes whose check is
+    /// pending (`change_hold`); shared by every clone of this channel's `Reach`.
+    hold: Arc<Hold>,
 }
 
 impl Reach {
@@ -71,6 +77,33 @@ impl Reach {
     /// Queues a frame made for this channel (or shared by many channels).
     pub fn send(&self, m: Message) -> Sent {
         self.out.send(m)
+    }
+
+    /// Queues a frame the drain hands out (a broadcast, a change, a drain's `system`
+    /// notice): in queue order behind this channel's changes whose check is pending.
+    pub fn send_ordered(&self, m: Message) -> Sent {
+        self.hold.send(m, &self.out)
+    }
+
+    /// Leaves a slot for change `change` of check `job` in this channel's queue order
+    /// (`Hold::slot`); false if the channel was cut off for holding too much.
+    pub fn hold_slot(&self, job: u64, change: u32) -> bool {
+        self.hold.slot(job, change, &self.out)
+    }
+
+    /// Check `job` decided: its slots here get `frames` (`Hold::fill`).
+    pub fn fill_slots(&self, job: u64, frames: HashMap<u32, Vec<Message>>) {
+        self.hold.fill(job, frames, &self.out)
+    }
+
+    /// The channel left: nothing held or handed to it later reaches the socket.
+    pub fn close_hold(&self) {
+        self.hold.close()
+    }
+
+    /// Names this channel's hold: the same for every clone of this channel's `Reach`.
+    pub fn hold_id(&self) -> usize {
+        Arc::as_ptr(&self.hold) as usize
     }
 
     /// Queues a text frame.

@@ -64,6 +64,8 @@ impl Channels {
         if ch.postgres_changes {
             self.shared.changes.remove(self.link.id, topic);
         }
+        // What it holds behind a pending check is the left channel's (`change_hold`).
+        ch.reach.close_hold();
         ch.presence.stop(&self.shared.presence, &ch.reach, &ch.key);
         self.shared.metrics.channels.decrement(1.0);
     }

@@ -272,9 +272,10 @@ impl Channels {
         // A private channel's write verdict is asked at its first push.
         let write = (!config.private).then_some(true);
         let broadcast = broadcast::State::new(&config, read, write);
+        let cfg = &self.shared.cfg;
         let gate = ask
             .as_ref()
-            .map(|_| Gate::new(self.shared.cfg.max_outbound_frames));
+            .map(|_| Gate::new(cfg.max_outbound_frames, cfg.max_outbound_bytes));
         let reach = self.link.reach(&m.topic, m.join_ref.as_deref());
         broadcast.start(&self.shared.hub, &self.link, &reach, &key, gate.clone());
         self.shared.metrics.channels.increment(1.0);

@@ -26,9 +26,14 @@
 //! `CHANGES_CHECK_MAX_IDENTITIES` identities at a time (Supabase polls 100 changes at a
 //! time). A check that fails, is cancelled by its timeout, or finds the budget spent
 //! withholds the changes it did not decide from those channels and tells them (a `system`
-//! error): nothing unchecked is ever sent, and the rest of the batch goes out in queue
-//! order. A lost connection withholds the same way; the drainer delivers the rest of the
-//! batch, then reconnects from after it: no batch is drained again because of a check.
+//! error, among the channel's frames at the first change withheld from it): nothing
+//! unchecked is ever sent. A lost connection withholds the same way.
+//!
+//! The drainer runs the stage in two parts: `matched` (the matching, no database call) in
+//! its loop, then `check` per table on the check pool (`checks`, connections of its own),
+//! off the drain's path; the channels waiting for a check hold their later frames in queue
+//! order (`change_hold`). `prepare` runs both for one set of changes at once, on any
+//! `Lookup`.
 
 use super::binding::Change;
 use super::subscribers::{Subscriber, Subscribers};
@@ -65,7 +70,7 @@ pub type PatternRow = (i32, Option<i32>, Option<bool>, Option<String>);
 /// Why a lookup failed.
 #[derive(Debug)]
 pub enum DbError {
-    /// The connection is gone or stuck: the drain session ends and is started again.
+    /// The connection is gone or stuck: the check's worker connects again for its next.
     Lost(String),
     /// The database refused the call (a policy's error is not this: it comes back per
     /// identity). The table's changes in this batch are withheld.
@@ -139,7 +144,7 @@ impl Limits {
 }
 
 /// What the stage made of a batch: each change's frames in queue order, and whether a
-/// check found the connection lost (the drainer delivers the batch, then reconnects).
+/// check found the connection lost.
 #[derive(Default)]
 pub struct Prepared {
     pub frames: Vec<Vec<Outgoing>>,
@@ -158,9 +163,10 @@ pub struct Outgoing {
 }
 
 impl Outgoing {
-    /// Queues the frame (a full queue cuts the connection off, as the hub's does).
+    /// Queues the frame in the channel's order (`change_hold`; a full queue cuts the
+    /// connection off, as the hub's does).
     pub fn send(self, metrics: &Metrics) {
-        if self.to.reach.send(self.frame) == crate::outbound::Sent::Queued {
+        if self.to.reach.send_ordered(self.frame) == crate::outbound::Sent::Queued {
             metrics.deliveries_total.increment(1);
             if self.change {
                 metrics.changes_delivered_total.increment(1);
@@ -170,39 +176,89 @@ impl Outgoing {
 }
 
 /// A channel a change matched, and the bindings it matched by.
-struct Candidate {
-    change: usize,
-    sub: Arc<Subscriber>,
+pub(crate) struct Candidate {
+    /// The change's index in the batch (or in a check's own set: `Matched::split`).
+    pub(crate) change: usize,
+    pub(crate) sub: Arc<Subscriber>,
     /// Indexes into `sub.bindings`.
     bindings: Vec<usize>,
 }
 
-/// The frames for each change of a batch (`datas`: each change's `data` JSON, in queue
-/// order), in the same order. A check that could not be made withholds what it did not
-/// decide; when it found the connection lost, `lost` says so and the other tables' checks
-/// are not tried (their changes are withheld the same way).
-pub(crate) async fn prepare(
-    db: &impl Lookup,
-    subscribers: &Subscribers,
-    datas: &[&str],
-    limits: &Limits,
-    metrics: &Metrics,
-) -> Prepared {
-    let mut out = Prepared {
-        frames: datas.iter().map(|_| Vec::new()).collect(),
-        lost: None,
-        asked: false,
+/// The channels each change of a batch matched, by table: what is asked of the database.
+pub(crate) struct Matched {
+    /// Each change's `data`, parsed (None: not JSON).
+    pub(crate) parsed: Vec<Option<Value>>,
+    /// Each change's `data` in bytes.
+    sizes: Vec<usize>,
+    /// Per change, what needs no check (a change the extension could not decode: its
+    /// channels are told it was lost).
+    pub(crate) notices: Vec<Vec<Outgoing>>,
+    /// Per changed table (schema, name), in order of first appearance, its candidates in
+    /// queue order.
+    pub(crate) tables: Vec<((String, String), Vec<Candidate>)>,
+}
+
+/// One table's share of a batch, for a check of its own: its changes (renumbered from 0,
+/// in queue order), their batch indexes, and its candidates.
+pub(crate) struct TableSet {
+    pub(crate) schema: String,
+    pub(crate) table: String,
+    pub(crate) parsed: Vec<Option<Value>>,
+    pub(crate) at: Vec<usize>,
+    pub(crate) candidates: Vec<Candidate>,
+    /// The JSON text bytes of its changes (about what it holds while it waits).
+    pub(crate) bytes: usize,
+}
+
+impl Matched {
+    /// Each table's changes and candidates as a set of its own (the parsed changes move
+    /// into it: a change is of one table).
+    pub(crate) fn split(&mut self) -> Vec<TableSet> {
+        let mut sets = Vec::with_capacity(self.tables.len());
+        for ((schema, table), mut candidates) in std::mem::take(&mut self.tables) {
+            let mut local: HashMap<usize, usize> = HashMap::new();
+            let (mut parsed, mut at, mut bytes) = (Vec::new(), Vec::new(), 0);
+            for c in &mut candidates {
+                let i = *local.entry(c.change).or_insert_with(|| {
+                    bytes += self.sizes[c.change];
+                    parsed.push(self.parsed[c.change].take());
+                    at.push(c.change);
+                    at.len() - 1
+                });
+                c.change = i;
+            }
+            sets.push(TableSet {
+                schema,
+                table,
+                parsed,
+                at,
+                candidates,
+                bytes,
+            });
+        }
+        sets
+    }
+}
+
+/// Which channels each change of a batch (`datas`: each change's `data` JSON, in queue
+/// order) may go to by their bindings, before any check: no database call.
+pub(crate) fn matched(subscribers: &Subscribers, datas: &[&str]) -> Matched {
+    let mut out = Matched {
+        parsed: Vec::new(),
+        sizes: datas.iter().map(|d| d.len()).collect(),
+        notices: datas.iter().map(|_| Vec::new()).collect(),
+        tables: Vec::new(),
     };
     if subscribers.is_empty() {
+        out.parsed = datas.iter().map(|_| None).collect();
         return out;
     }
-    let parsed: Vec<Option<Value>> = datas.iter().map(|d| serde_json::from_str(d).ok()).collect();
-    // Candidates grouped by table, tables in order of first appearance.
-    let mut tables: Vec<((String, String), Vec<Candidate>)> = Vec::new();
-    for (i, data) in parsed.iter().enumerate() {
+    out.parsed = datas.iter().map(|d| serde_json::from_str(d).ok()).collect();
+    let mut table_at: HashMap<(String, String), usize> = HashMap::new();
+    for (i, data) in out.parsed.iter().enumerate() {
         let Some(data) = data else { continue };
         let Some(c) = Change::from_data(data) else {
-            report_undeliverable(subscribers, data, &mut out.frames[i]);
+            report_undeliverable(subscribers, data, &mut out.notices[i]);
             continue;
         };
         let mut found = Vec::new();
@@ -227,74 +283,121 @@ pub(crate) async fn prepare(
             continue;
         }
         let key = (c.schema.to_owned(), c.table.to_owned());
-        match tables.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.extend(found),
-            None => tables.push((key, found)),
-        }
-    }
-    for ((schema, table), candidates) in tables {
-        let kept = match &out.lost {
-            // The connection is gone: nothing more can be checked in this batch.
-            Some(why) => {
-                withhold_failed(&candidates, &schema, &table, why, metrics);
-                Vec::new()
-            }
-            None => {
-                out.asked = true;
-                let table = Table {
-                    schema: &schema,
-                    name: &table,
-                };
-                authorize(
-                    db,
-                    table,
-                    &parsed,
-                    candidates,
-                    limits,
-                    metrics,
-                    &mut out.lost,
-                )
-                .await
-            }
-        };
-        // Each change's data as a role sees it is made once; each frame once per
-        // (serializer, topic, ids): channels of one topic and bindings share its bytes.
-        type Shape = (usize, String, Option<Vec<String>>);
-        let mut shaped: HashMap<Shape, (String, HashMap<FrameKey, Message>)> = HashMap::new();
-        for (cand, info_cols, trim_to_key) in kept {
-            let data = parsed[cand.change].as_ref().expect("parsed");
-            let select = common_select(&cand);
-            let key = (cand.change, cand.sub.role.clone(), select.clone());
-            let (text, frames) = shaped.entry(key).or_insert_with(|| {
-                let text = shape(
-                    data,
-                    &info_cols,
-                    select.as_deref(),
-                    trim_to_key.as_deref(),
-                    limits.max_record_bytes,
-                );
-                (text, HashMap::new())
-            });
-            let ids: Vec<u32> = cand
-                .bindings
-                .iter()
-                .map(|&b| cand.sub.bindings[b].id)
-                .collect();
-            let reach = &cand.sub.reach;
-            let frame = frames
-                .entry((reach.vsn, reach.topic.clone(), ids))
-                .or_insert_with_key(|(_, _, ids)| {
-                    Message::text(reach.postgres_changes_text(ids, text))
-                })
-                .clone();
-            out.frames[cand.change].push(Outgoing {
-                to: cand.sub,
-                frame,
-                change: true,
-            });
-        }
+        let t = *table_at.entry(key.clone()).or_insert_with(|| {
+            out.tables.push((key, Vec::new()));
+            out.tables.len() - 1
+        });
+        out.tables[t].1.extend(found);
     }
     out
+}
+
+/// The frames for each change of a batch (`datas`: each change's `data` JSON, in queue
+/// order), in the same order: matched, then checked table by table on `db`. A check that
+/// could not be made withholds what it did not decide (its channels get a `system` notice
+/// among the frames, at the first change withheld from them); when it found the connection
+/// lost, `lost` says so and the other tables' checks are not tried (their changes are
+/// withheld the same way). The drain runs the same steps apart (`matched`, then `check` per
+/// table on the pool, `checks`); this whole is for one set of changes checked at once (a
+/// rejoining channel's resumed changes) and the stage's tests.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) async fn prepare(
+    db: &impl Lookup,
+    subscribers: &Subscribers,
+    datas: &[&str],
+    limits: &Limits,
+    metrics: &Metrics,
+) -> Prepared {
+    let Matched {
+        parsed,
+        notices,
+        tables,
+        ..
+    } = matched(subscribers, datas);
+    let mut out = Prepared {
+        frames: notices,
+        lost: None,
+        asked: false,
+    };
+    for ((schema, table), candidates) in tables {
+        let table = Table {
+            schema: &schema,
+            name: &table,
+        };
+        if let Some(why) = &out.lost {
+            // The connection is gone: nothing more can be checked in this batch.
+            withhold_failed(&candidates, table, why, metrics, &mut out.frames);
+            continue;
+        }
+        out.asked = true;
+        let lost = check(
+            db,
+            table,
+            &parsed,
+            candidates,
+            limits,
+            metrics,
+            &mut out.frames,
+        )
+        .await;
+        out.lost = out.lost.or(lost);
+    }
+    out
+}
+
+/// Checks one table's candidates (`candidates`, whose `change` index `parsed` and
+/// `frames`) on `db` within the table's budget, and adds each kept candidate's frame, and
+/// each withheld channel's notice, to `frames`. Some(why) when the connection was found
+/// lost.
+pub(crate) async fn check(
+    db: &impl Lookup,
+    table: Table<'_>,
+    parsed: &[Option<Value>],
+    candidates: Vec<Candidate>,
+    limits: &Limits,
+    metrics: &Metrics,
+    frames: &mut [Vec<Outgoing>],
+) -> Option<String> {
+    let mut lost = None;
+    let kept = authorize(
+        db, table, parsed, candidates, limits, metrics, &mut lost, frames,
+    )
+    .await;
+    // Each change's data as a role sees it is made once; each frame once per
+    // (serializer, topic, ids): channels of one topic and bindings share its bytes.
+    type Shape = (usize, String, Option<Vec<String>>);
+    let mut shaped: HashMap<Shape, (String, HashMap<FrameKey, Message>)> = HashMap::new();
+    for (cand, info_cols, trim_to_key) in kept {
+        let data = parsed[cand.change].as_ref().expect("parsed");
+        let select = common_select(&cand);
+        let key = (cand.change, cand.sub.role.clone(), select.clone());
+        let (text, shapes) = shaped.entry(key).or_insert_with(|| {
+            let text = shape(
+                data,
+                &info_cols,
+                select.as_deref(),
+                trim_to_key.as_deref(),
+                limits.max_record_bytes,
+            );
+            (text, HashMap::new())
+        });
+        let ids: Vec<u32> = cand
+            .bindings
+            .iter()
+            .map(|&b| cand.sub.bindings[b].id)
+            .collect();
+        let reach = &cand.sub.reach;
+        let frame = shapes
+            .entry((reach.vsn, reach.topic.clone(), ids))
+            .or_insert_with_key(|(_, _, ids)| Message::text(reach.postgres_changes_text(ids, text)))
+            .clone();
+        frames[cand.change].push(Outgoing {
+            to: cand.sub,
+            frame,
+            change: true,
+        });
+    }
+    lost
 }
 
 /// What makes two channels' frames of one shaped change the same bytes.
@@ -304,10 +407,11 @@ type FrameKey = (crate::frame::Vsn, Arc<str>, Vec<u32>);
 /// old_record is trimmed to it (a DELETE on a table with RLS).
 type Kept = (Candidate, Vec<String>, Option<Vec<String>>);
 
+/// A table, as its changes name it.
 #[derive(Clone, Copy)]
-struct Table<'a> {
-    schema: &'a str,
-    name: &'a str,
+pub(crate) struct Table<'a> {
+    pub(crate) schema: &'a str,
+    pub(crate) name: &'a str,
 }
 
 /// Why a check did not decide, as the channels are told.
@@ -321,6 +425,7 @@ fn timed_out(limits: &Limits) -> String {
 /// Keeps the candidates of one table that may see their change, within the table's
 /// budget. Channels whose check could not be made are told; `lost` is set when it found
 /// the connection gone.
+#[allow(clippy::too_many_arguments)]
 async fn authorize(
     db: &impl Lookup,
     table: Table<'_>,
@@ -329,14 +434,17 @@ async fn authorize(
     limits: &Limits,
     metrics: &Metrics,
     lost: &mut Option<String>,
+    frames: &mut [Vec<Outgoing>],
 ) -> Vec<Kept> {
-    let Table { schema, name } = table;
     let started = Instant::now();
     let remaining = || limits.check_timeout.saturating_sub(started.elapsed());
     let mut roles: Vec<String> = candidates.iter().map(|c| c.sub.role.clone()).collect();
     roles.sort();
     roles.dedup();
-    let info = match db.table(schema, name, &roles, remaining()).await {
+    let info = match db
+        .table(table.schema, table.name, &roles, remaining())
+        .await
+    {
         Ok(Some(info)) => info,
         Ok(None) => {
             // Dropped since the change was decoded: nothing can be checked.
@@ -347,7 +455,7 @@ async fn authorize(
         }
         Err(e) => {
             let why = failure(e, limits, lost);
-            withhold_failed(&candidates, schema, name, &why, metrics);
+            withhold_failed(&candidates, table, &why, metrics, frames);
             return Vec::new();
         }
     };
@@ -392,7 +500,7 @@ async fn authorize(
         remaining(),
         limits,
         metrics,
-        lost,
+        (lost, frames),
     )
     .await;
     if !info.rls {
@@ -514,13 +622,13 @@ async fn authorize(
         }
     }
     if let Some(why) = failed {
-        withhold_failed(&undecided, schema, name, &why, metrics);
+        withhold_failed(&undecided, table, &why, metrics, frames);
     }
     kept
 }
 
 /// What the channels are told of a failed check; a lost connection is also noted for the
-/// drainer.
+/// caller.
 fn failure(e: DbError, limits: &Limits, lost: &mut Option<String>) -> String {
     match e {
         DbError::Failed(why) => why,
@@ -536,7 +644,7 @@ fn failure(e: DbError, limits: &Limits, lost: &mut Option<String>) -> String {
 /// as the database judges them in one call for the table (`realtime.match_patterns`). A
 /// binding whose pattern could not be judged (over its time budget, or the call failed) is
 /// dropped and its channel told; a candidate left without bindings is withheld. A lost
-/// connection is noted in `lost` for the drainer.
+/// connection is noted in `lost` for the caller.
 #[allow(clippy::too_many_arguments)]
 async fn match_patterns(
     db: &impl Lookup,
@@ -546,7 +654,7 @@ async fn match_patterns(
     budget: Duration,
     limits: &Limits,
     metrics: &Metrics,
-    lost: &mut Option<String>,
+    (lost, frames): (&mut Option<String>, &mut [Vec<Outgoing>]),
 ) -> Vec<(Candidate, Vec<String>)> {
     let Table {
         schema,
@@ -645,7 +753,12 @@ async fn match_patterns(
                     table: table.into(),
                     why: why.into(),
                 };
-                sub.reach.system(notice.status(), &notice.text());
+                let text = sub.reach.system_text(notice.status(), &notice.text());
+                frames[cand.change].push(Outgoing {
+                    to: sub.clone(),
+                    frame: Message::text(text),
+                    change: false,
+                });
             }
         }
         if cand.bindings.is_empty() {
@@ -674,11 +787,21 @@ fn subject(data: Option<&Value>, column: &str) -> Option<String> {
 }
 
 /// Tells each channel once that changes of a table were withheld because they could not
-/// be checked.
-fn withhold_failed(cands: &[Candidate], schema: &str, table: &str, why: &str, metrics: &Metrics) {
+/// be checked: a `system` notice among `frames`, at the first change withheld from it.
+fn withhold_failed(
+    cands: &[Candidate],
+    table: Table<'_>,
+    why: &str,
+    metrics: &Metrics,
+    frames: &mut [Vec<Outgoing>],
+) {
     if cands.is_empty() {
         return;
     }
+    let Table {
+        schema,
+        name: table,
+    } = table;
     tracing::warn!(schema, table, error = %why, "a change's RLS check failed; withheld");
     metrics.change_check_failures_total.increment(1);
     metrics.changes_withheld_total.increment(cands.len() as u64);
@@ -692,8 +815,23 @@ fn withhold_failed(cands: &[Candidate], schema: &str, table: &str, why: &str, me
             table: table.into(),
             why: why.into(),
         };
-        c.sub.reach.system(notice.status(), &notice.text());
+        let text = c.sub.reach.system_text(notice.status(), &notice.text());
+        frames[c.change].push(Outgoing {
+            to: c.sub.clone(),
+            frame: Message::text(text),
+            change: false,
+        });
     }
+}
+
+/// Withholds a table's candidates with `why` without asking the database (the checks'
+/// backlog is full): each channel is told once, among `frames`.
+pub(crate) fn withhold(set: &TableSet, why: &str, metrics: &Metrics, frames: &mut [Vec<Outgoing>]) {
+    let table = Table {
+        schema: &set.schema,
+        name: &set.table,
+    };
+    withhold_failed(&set.candidates, table, why, metrics, frames);
 }
 
 /// A change the extension could not decode (its table dropped or altered before it was
@@ -804,11 +942,10 @@ const VISIBLE_SQL: &str = "SELECT identity, record, error \
 const PATTERNS_SQL: &str = "SELECT pattern, subject, matched, error \
      FROM realtime.match_patterns($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4)";
 
-/// The lookups on the drain connection (statements prepared on first use, so a database
-/// without Postgres Changes' functions still drains broadcasts). Each call runs under the
-/// server's statement_timeout of its budget, so the server ends a check that runs long
-/// (the drainer resets it before draining again); the client gives up `grace` later, for
-/// a server that does not answer at all.
+/// The lookups on a check connection (`checks`; statements prepared on first use). Each
+/// call runs under the server's statement_timeout of its budget, so the server ends a check
+/// that runs long; the client gives up `grace` later, for a server that does not answer at
+/// all.
 pub struct Db<'a> {
     pub client: &'a tokio_postgres::Client,
     pub grace: Duration,
@@ -817,7 +954,7 @@ pub struct Db<'a> {
     pub statements: &'a Statements,
 }
 
-/// The prepared statements of one drain session.
+/// The prepared statements of one connection.
 #[derive(Default)]
 pub struct Statements {
     table: tokio::sync::OnceCell<tokio_postgres::Statement>,
@@ -1143,11 +1280,12 @@ mod tests {
         d.to_string()
     }
 
-    /// What each outgoing frame carries: (conn, ids, data).
+    /// What each outgoing change frame carries: (conn, ids, data).
     fn delivered(out: &[Vec<Outgoing>]) -> Vec<Vec<(u64, Value, Value)>> {
         out.iter()
             .map(|v| {
                 v.iter()
+                    .filter(|o| o.change)
                     .map(|o| {
                         let f: Value = serde_json::from_str(o.frame.to_text().unwrap()).unwrap();
                         (
@@ -1236,7 +1374,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_check_withholds_and_tells_the_channel_and_a_table_without_rls_is_not_asked() {
         let subs = Subscribers::default();
-        let (s, rx) = sub(
+        let (s, _rx) = sub(
             1,
             "authenticated",
             r#"{"sub":"u1"}"#,
@@ -1254,10 +1392,8 @@ mod tests {
         let got = delivered(&out);
         assert!(got[0].is_empty(), "nothing unchecked is sent");
         assert_eq!(got[1].len(), 1, "notes has no RLS");
-        let told: Value = match rx.try_recv().unwrap() {
-            Message::Text(t) => serde_json::from_str(&t).unwrap(),
-            other => panic!("{other:?}"),
-        };
+        // The notice is among the frames, at the change withheld: in the channel's order.
+        let told = notices(&out[..1]).remove(0).1;
         assert_eq!(told["event"], "system");
         assert!(told["payload"]["message"]
             .as_str()
@@ -1315,7 +1451,7 @@ mod tests {
         let (m1, _r1) = sub(1, "authenticated", "{}", on("title=match.^t"));
         let (m2, _r2) = sub(2, "authenticated", "{}", on("title=imatch.^T"));
         let (m3, _r3) = sub(3, "authenticated", "{}", on("title=not.match.^t"));
-        let (slow, slow_rx) = sub(4, "authenticated", "{}", on("title=match.slow"));
+        let (slow, _slow_rx) = sub(4, "authenticated", "{}", on("title=match.slow"));
         let (plain, _r5) = sub(5, "authenticated", "{}", on("id=eq.1"));
         for s in [m1, m2, m3, slow, plain] {
             subs.add(s);
@@ -1337,10 +1473,8 @@ mod tests {
             3,
             "distinct patterns: ^t (twice), ^T, slow"
         );
-        let told: Value = match slow_rx.try_recv().unwrap() {
-            Message::Text(t) => serde_json::from_str(&t).unwrap(),
-            other => panic!("{other:?}"),
-        };
+        let (to, told) = notices(&out.frames).remove(0);
+        assert_eq!(to, 4);
         assert_eq!(told["event"], "system");
         assert_eq!(
             told["payload"]["message"],
@@ -1349,10 +1483,22 @@ mod tests {
         assert_eq!(m.value("realtime_changes_withheld_total"), Some(2.0));
     }
 
-    fn told(rx: &crate::outbound::Receiver) -> Vec<String> {
-        std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|m| {
-                let v: Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+    /// The `system` notices among the frames, in order: (conn, the notice).
+    fn notices(out: &[Vec<Outgoing>]) -> Vec<(u64, Value)> {
+        out.iter()
+            .flatten()
+            .filter(|o| !o.change)
+            .map(|o| {
+                let v: Value = serde_json::from_str(o.frame.to_text().unwrap()).unwrap();
+                (o.to.reach.conn, v)
+            })
+            .collect()
+    }
+
+    fn told(out: &[Vec<Outgoing>]) -> Vec<String> {
+        notices(out)
+            .into_iter()
+            .map(|(_, v)| {
                 v["payload"]["message"]
                     .as_str()
                     .unwrap_or_default()
@@ -1367,7 +1513,7 @@ mod tests {
     async fn a_bulk_write_past_the_check_budget_delivers_what_was_decided_and_withholds_the_rest() {
         let subs = Subscribers::default();
         let all = json!([{"event": "*", "schema": "public", "table": "todos"}]);
-        let (s, rx) = sub(1, "authenticated", r#"{"sub":"u1"}"#, all);
+        let (s, _rx) = sub(1, "authenticated", r#"{"sub":"u1"}"#, all);
         subs.add(s);
         let db = Fake {
             visible_takes: Duration::from_millis(60),
@@ -1400,12 +1546,14 @@ mod tests {
             .enumerate()
             .all(|(i, v)| v.len() == (i % 2 == 0) as usize));
         assert_eq!(
-            told(&rx),
+            told(&out.frames),
             vec![
                 "Changes to public.todos could not be authorized and were not delivered: \
                   the check took longer than CHANGES_CHECK_TIMEOUT_MS (100 ms)"
             ]
         );
+        // Told at the first change it was not given a verdict on.
+        assert_eq!(notices(&out.frames[100..101]).len(), 1);
         assert_eq!(m.value("realtime_change_check_failures_total"), Some(1.0));
     }
 

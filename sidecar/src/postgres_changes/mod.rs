@@ -8,7 +8,9 @@
 //! (`subscribers`, `binding`), asks the database in one call per table and batch which
 //! values their pattern filters match (Postgres's LIKE, ILIKE, ~, ~*), which of them may see
 //! each row (RLS) and which columns their role may read, and queues each
-//! channel its `postgres_changes` event, in queue order with the batch's broadcasts.
+//! channel its `postgres_changes` event, in queue order with the batch's broadcasts. The
+//! checks run beside the drain (`checks`): only the channels waiting for one wait
+//! (`change_hold`).
 //!
 //! A join's way: the bindings are parsed (`binding`), refused at once when this server
 //! cannot serve them, then checked against the database (`check`: the table exists and is
@@ -18,11 +20,13 @@
 //!
 //! `binding` bindings, filters, matching and the join reply · `bounds` what one join's
 //! bindings may cost · `check` the join-time check ·
-//! `subscribers` who listens to which table · `deliver` the drained batch's stage.
+//! `subscribers` who listens to which table · `deliver` the drained batch's stage (matching,
+//! checking, shaping) · `checks` the pool its checks run on, beside the drain.
 
 pub mod binding;
 pub mod bounds;
 pub mod check;
+pub mod checks;
 pub mod deliver;
 pub mod subscribers;
 

@@ -1,0 +1,302 @@
+//! A channel's ordered hold: what the drain hands a channel waits behind that channel's
+//! Postgres Changes whose check is still running, so the channel gets everything in queue
+//! order while every other channel, and the drain, go on.
+//!
+//! Why: a table's check (`postgres_changes::deliver`, up to CHANGES_CHECK_TIMEOUT_MS) used
+//! to run on the drain's path, so one bulk write into a table with a costly policy delayed
+//! every broadcast of every channel by that long (the soak in `pgbench/RESULTS.md`). The
+//! checks now run beside the drain (`postgres_changes::checks`); the drain hands out the
+//! rest of the batch at once. But a channel's resume position (epoch, seq) means
+//! "everything up to seq was sent on this channel": a change of that channel must not be
+//! overtaken by a broadcast committed after it. So when the drain hands out a change whose
+//! check is pending, it leaves a *slot* in each of the change's channels' holds; anything
+//! the drain hands that channel later (a broadcast, another change, a `system` notice) queues
+//! behind the slot. When the check decides, the slot is filled with what the channel gets of
+//! that change (its frame, a notice that it was withheld, or nothing) and the hold lets out
+//! from its front everything up to the next slot still pending, in order.
+//!
+//! The fast path: a channel with no slot pending queues its frames straight to its socket
+//! after one atomic load (`pending`), no lock. The hold's lock is taken only by a channel that
+//! has a slot pending, by the drain placing a slot, and by a check filling one.
+//!
+//! Bounded: the frames and slots held count against the connection's outbound bounds
+//! (MAX_OUTBOUND_FRAMES, MAX_OUTBOUND_BYTES), as if they were queued already: a channel that
+//! would pass them is cut off as a slow client is (its connection closes as too slow), and
+//! what it held is dropped.
+//!
+//! What the hold does not order: replies to the client's own pushes and presence (neither
+//! carries a queue position) go straight to the socket; a history's frames pass its gate
+//! (`gate`) first and then this hold.
+
+use crate::outbound::{Sender, Sent};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use tokio_tungstenite::tungstenite::Message;
+
+/// One place in the hold's queue.
+enum Item {
+    Frame(Message),
+    /// Change `change` of check `job`: pending until filled with that channel's frames of it.
+    Slot {
+        job: u64,
+        change: u32,
+        filled: Option<Vec<Message>>,
+    },
+}
+
+#[derive(Default)]
+struct Held {
+    queue: VecDeque<Item>,
+    /// Frames in `queue`, a pending slot counted as one (it becomes at most one frame of a
+    /// change, or one notice).
+    count: usize,
+    /// Bytes of the frames in `queue` (a pending slot has none yet).
+    bytes: usize,
+    /// Over the bounds (the connection is being closed), or the channel left: nothing more
+    /// is held or sent.
+    cut: bool,
+}
+
+#[derive(Default)]
+pub struct Hold {
+    /// Slots not yet filled. Written only under `held`'s lock, at the end of the critical
+    /// section (after what it let out was queued to the socket); read without the lock by
+    /// the fast path: 0 means nothing is held, so a frame goes straight to the socket.
+    pending: AtomicUsize,
+    /// The queue of what waits. Lock rule: held for a few instructions, never across an
+    /// await; the outbound queue's own lock is taken inside it (never the reverse).
+    held: Mutex<Held>,
+}
+
+impl Hold {
+    /// Queues `frame` to `out`, or behind the pending slots.
+    pub fn send(&self, frame: Message, out: &Sender) -> Sent {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return out.send(frame);
+        }
+        let mut held = self.held.lock().unwrap();
+        if held.cut {
+            return Sent::Full;
+        }
+        if held.queue.is_empty() {
+            // Filled meanwhile: everything before it was let out.
+            return out.send(frame);
+        }
+        let n = frame.len();
+        if !self.room(&held, n, out) {
+            self.cut(&mut held, out);
+            return Sent::Full;
+        }
+        held.bytes += n;
+        held.count += 1;
+        held.queue.push_back(Item::Frame(frame));
+        Sent::Queued
+    }
+
+    /// Leaves a pending slot for change `change` of check `job`: what the drain hands this
+    /// channel after it waits until `fill`. False if the channel is over its bounds (cut
+    /// off): then nothing is to be filled.
+    pub fn slot(&self, job: u64, change: u32, out: &Sender) -> bool {
+        let mut held = self.held.lock().unwrap();
+        if held.cut {
+            return false;
+        }
+        if !self.room(&held, 0, out) {
+            self.cut(&mut held, out);
+            return false;
+        }
+        held.count += 1;
+        held.queue.push_back(Item::Slot {
+            job,
+            change,
+            filled: None,
+        });
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+
+    /// Check `job` decided: each of its slots here gets its frames of `frames` (by change;
+    /// none for a change not in it), and everything up to the next pending slot is let out.
+    pub fn fill(&self, job: u64, mut frames: HashMap<u32, Vec<Message>>, out: &Sender) {
+        let mut held = self.held.lock().unwrap();
+        let mut filled = 0;
+        let (mut added, mut count) = (0, 0);
+        for item in held.queue.iter_mut() {
+            if let Item::Slot {
+                job: j,
+                change,
+                filled: f @ None,
+            } = item
+            {
+                if *j == job {
+                    let got = frames.remove(change).unwrap_or_default();
+                    added += got.iter().map(Message::len).sum::<usize>();
+                    count += got.len();
+                    *f = Some(got);
+                    filled += 1;
+                }
+            }
+        }
+        held.bytes += added;
+        held.count = held.count + count - filled;
+        let mut pending = self.pending.load(Ordering::Acquire) - filled;
+        if held.cut {
+            held.queue.clear();
+        } else {
+            while let Some(front) = held.queue.front() {
+                if matches!(front, Item::Slot { filled: None, .. }) {
+                    break;
+                }
+                match held.queue.pop_front().expect("looked at") {
+                    Item::Frame(f) => {
+                        held.bytes -= f.len();
+                        held.count -= 1;
+                        out.send(f);
+                    }
+                    Item::Slot { filled, .. } => {
+                        for f in filled.expect("matched") {
+                            held.bytes -= f.len();
+                            held.count -= 1;
+                            out.send(f);
+                        }
+                    }
+                }
+            }
+            // What a check added behind a slot still pending may pass the bounds.
+            if held.count > out.max_capacity() || held.bytes > out.max_bytes() {
+                self.cut(&mut held, out);
+            }
+        }
+        if held.cut {
+            // Nothing of it will be sent; keep the slow path (the connection is closing).
+            pending = pending.max(1);
+        }
+        self.pending.store(pending, Ordering::Release);
+    }
+
+    /// Whether `more` bytes and one more item fit the connection's bounds beside what is
+    /// held (a frame is always taken into an empty hold, as into an empty queue).
+    fn room(&self, held: &Held, more: usize, out: &Sender) -> bool {
+        held.queue.is_empty()
+            || (held.count < out.max_capacity() && held.bytes + more <= out.max_bytes())
+    }
+
+    fn cut(&self, held: &mut Held, out: &Sender) {
+        held.cut = true;
+        held.queue.clear();
+        held.count = 0;
+        held.bytes = 0;
+        self.pending.store(
+            self.pending.load(Ordering::Acquire).max(1),
+            Ordering::Release,
+        );
+        out.cut_off();
+    }
+
+    /// The channel left: what it held is dropped and nothing more passes (a frame of the
+    /// channel that left must not reach a later join of the same topic on the socket).
+    pub fn close(&self) {
+        let mut held = self.held.lock().unwrap();
+        held.cut = true;
+        held.queue.clear();
+        held.count = 0;
+        held.bytes = 0;
+        self.pending.store(1, Ordering::Release);
+    }
+
+    /// Frames and slots held (for tests and metrics).
+    pub fn held(&self) -> usize {
+        self.held.lock().unwrap().queue.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbound;
+    use futures_util::FutureExt;
+
+    fn text(n: u32) -> Message {
+        Message::text(n.to_string())
+    }
+
+    fn got(rx: &outbound::Receiver) -> Vec<String> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|m| m.into_text().unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn frames_behind_a_pending_change_wait_and_go_out_in_queue_order() {
+        let (tx, rx) = outbound::channel(100);
+        let hold = Hold::default();
+        assert_eq!(hold.send(text(1), &tx), Sent::Queued);
+        // Changes 0 and 1 of job 7 are pending; frame 3 comes between them.
+        assert!(hold.slot(7, 0, &tx));
+        assert_eq!(hold.send(text(3), &tx), Sent::Queued);
+        assert!(hold.slot(7, 1, &tx));
+        assert!(hold.slot(8, 0, &tx));
+        assert_eq!(hold.send(text(6), &tx), Sent::Queued);
+        assert_eq!(got(&rx), vec!["1"], "only what came before the slot");
+        // Job 7 decided: change 0 gets frame 2, change 1 nothing (withheld).
+        hold.fill(7, HashMap::from([(0, vec![text(2)])]), &tx);
+        assert_eq!(got(&rx), vec!["2", "3"], "up to job 8's slot");
+        hold.fill(8, HashMap::from([(0, vec![text(4), text(5)])]), &tx);
+        assert_eq!(got(&rx), vec!["4", "5", "6"]);
+        assert_eq!(hold.held(), 0);
+        assert_eq!(
+            hold.pending.load(Ordering::Relaxed),
+            0,
+            "the fast path again"
+        );
+        assert_eq!(hold.send(text(7), &tx), Sent::Queued);
+        assert_eq!(got(&rx), vec!["7"]);
+    }
+
+    #[test]
+    fn a_channel_holding_more_than_its_connection_may_queue_is_cut_off() {
+        let (tx, rx) = outbound::channel(4);
+        let hold = Hold::default();
+        assert!(hold.slot(1, 0, &tx));
+        for n in 0..3 {
+            assert_eq!(hold.send(text(n), &tx), Sent::Queued);
+        }
+        // The slot and three frames fill the connection's four: the fifth is too many.
+        assert_eq!(hold.send(text(9), &tx), Sent::Full);
+        assert!(
+            rx.overflowed().now_or_never().is_some(),
+            "closed as too slow"
+        );
+        assert_eq!(hold.held(), 0, "what it held is dropped");
+        assert!(!hold.slot(2, 0, &tx));
+        hold.fill(1, HashMap::from([(0, vec![text(1)])]), &tx);
+        assert!(got(&rx).is_empty(), "nothing more is sent");
+    }
+
+    #[test]
+    fn a_channel_that_left_gets_nothing_more() {
+        let (tx, rx) = outbound::channel(100);
+        let hold = Hold::default();
+        assert!(hold.slot(1, 0, &tx));
+        assert_eq!(hold.send(text(1), &tx), Sent::Queued);
+        hold.close();
+        hold.fill(1, HashMap::from([(0, vec![text(0)])]), &tx);
+        assert_eq!(hold.send(text(2), &tx), Sent::Full);
+        assert!(got(&rx).is_empty());
+        assert!(
+            rx.overflowed().now_or_never().is_none(),
+            "the connection stays"
+        );
+    }
+
+    #[test]
+    fn held_bytes_count_against_the_connection_s_bytes() {
+        let (tx, rx) = outbound::bounded(100, 10);
+        let hold = Hold::default();
+        assert!(hold.slot(1, 0, &tx));
+        assert_eq!(hold.send(Message::text("12345678"), &tx), Sent::Queued);
+        assert_eq!(hold.send(Message::text("12345"), &tx), Sent::Full);
+        assert!(rx.overflowed().now_or_never().is_some());
+    }
+}

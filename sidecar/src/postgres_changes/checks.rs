@@ -1,0 +1,333 @@
+//! Where the Postgres Changes checks run: beside the drain, on connections of their own.
+//!
+//! Why: a table's check (`deliver::check`) may take up to its budget,
+//! CHANGES_CHECK_TIMEOUT_MS (a bulk write into a table whose policy is costly). Run on the
+//! drain's connection, in the drain's loop, it held every broadcast, presence diff and
+//! other table's change of the batch, and of every batch behind it, that long: in the soak
+//! one bulk writer took ordinary subscribers' p99 from 5 ms to 2.2 s. Now the drain matches
+//! a batch's changes to channels (no database call), hands a job per changed table to this
+//! pool, leaves a slot in each matched channel's hold (`change_hold`) and hands out the
+//! rest of the batch at once; the channels with a slot pending wait, each in its own queue
+//! order, until the check fills it.
+//!
+//! The pool: CHANGES_CHECK_CONNECTIONS workers, each with its connection (opened at its
+//! first job, opened again after it is lost). A table's jobs run one at a time, in the
+//! order drained (so its changes' slots fill in order and one slow table holds one
+//! connection); different tables' jobs run at once on the other connections, the table
+//! that has waited longest first.
+//!
+//! Bounded: the changes waiting (or being checked) count against CHANGES_CHECK_BACKLOG and
+//! their data against CHANGES_CHECK_BACKLOG_BYTES. A table's share of a batch that does not
+//! fit is withheld at once, its channels told why, as for a check that timed out: nothing
+//! unchecked is ever sent, and the drain never waits for the pool.
+//!
+//! The guarantees of the drain stay: a check that fails, times out or loses its connection
+//! withholds what it did not decide with a `system` notice (now in the channel's order);
+//! the drain is never asked to drain a batch again because of a check.
+
+use super::deliver::{self, Limits, Outgoing, TableSet};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::reach::Reach;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify};
+use tokio_postgres::NoTls;
+use tokio_tungstenite::tungstenite::Message;
+
+type TableKey = (String, String);
+
+/// One table's share of one drained batch, to be checked.
+struct Job {
+    id: u64,
+    set: TableSet,
+    /// The channels holding a slot of this job: each is filled once it is decided.
+    reaches: Vec<Reach>,
+}
+
+#[derive(Default)]
+struct Sched {
+    /// Each table's jobs waiting, in the order drained.
+    waiting: HashMap<TableKey, VecDeque<Job>>,
+    /// Tables with a job waiting and none running, the longest waiting first.
+    ready: VecDeque<TableKey>,
+    /// Tables whose job is being checked.
+    running: HashSet<TableKey>,
+    /// Changes and data bytes admitted and not yet decided (CHANGES_CHECK_BACKLOG).
+    changes: usize,
+    bytes: usize,
+}
+
+struct Inner {
+    /// Lock rule: held for a few instructions to take or give a job, never across an
+    /// await; no other lock is taken inside it.
+    sched: Mutex<Sched>,
+    /// Wakes a worker when a table became ready.
+    ready: Notify,
+    next_job: AtomicU64,
+    max_changes: usize,
+    max_bytes: usize,
+}
+
+/// The pool's handle, shared by the drainer and the workers.
+#[derive(Clone)]
+pub struct Checks {
+    inner: Arc<Inner>,
+}
+
+impl Checks {
+    pub fn new(cfg: &Config) -> Checks {
+        Checks {
+            inner: Arc::new(Inner {
+                sched: Mutex::default(),
+                ready: Notify::new(),
+                next_job: AtomicU64::new(1),
+                max_changes: cfg.changes_check_backlog as usize,
+                max_bytes: cfg.changes_check_backlog_bytes as usize,
+            }),
+        }
+    }
+
+    /// Starts the workers; they end when `shutdown` turns true.
+    pub fn start(
+        &self,
+        cfg: Arc<Config>,
+        metrics: Arc<Metrics>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        (0..cfg.changes_check_connections)
+            .map(|_| {
+                let worker = Worker {
+                    inner: self.inner.clone(),
+                    cfg: cfg.clone(),
+                    metrics: metrics.clone(),
+                };
+                tokio::spawn(worker.run(shutdown.clone()))
+            })
+            .collect()
+    }
+
+    /// Admits `set` to the backlog: the id its slots are left under, or why it does not fit
+    /// (then its changes are to be withheld with that).
+    pub(crate) fn admit(&self, set: &TableSet) -> Result<u64, String> {
+        let n = set.parsed.len();
+        let mut s = self.inner.sched.lock().unwrap();
+        // One set is always taken into an empty backlog, so a batch larger than the bound
+        // is still checked (its size is bounded by DRAIN_BATCH).
+        let empty = s.changes == 0;
+        if !empty
+            && (s.changes + n > self.inner.max_changes
+                || s.bytes + set.bytes > self.inner.max_bytes)
+        {
+            return Err(format!(
+                "more than CHANGES_CHECK_BACKLOG ({}) changes, or CHANGES_CHECK_BACKLOG_BYTES \
+                 ({}), are waiting for their check",
+                self.inner.max_changes, self.inner.max_bytes
+            ));
+        }
+        s.changes += n;
+        s.bytes += set.bytes;
+        Ok(self.inner.next_job.fetch_add(1, Relaxed))
+    }
+
+    /// Queues admitted job `id` behind its table's earlier ones; `reaches`: the channels
+    /// given a slot of it. A job no channel holds a slot of is dropped (and un-admitted).
+    pub(crate) fn submit(&self, id: u64, set: TableSet, reaches: Vec<Reach>) {
+        let mut s = self.inner.sched.lock().unwrap();
+        if reaches.is_empty() {
+            s.changes -= set.parsed.len();
+            s.bytes -= set.bytes;
+            return;
+        }
+        let key = (set.schema.clone(), set.table.clone());
+        let queue = s.waiting.entry(key.clone()).or_default();
+        queue.push_back(Job { id, set, reaches });
+        let first = queue.len() == 1;
+        if first && !s.running.contains(&key) {
+            s.ready.push_back(key);
+            drop(s);
+            self.inner.ready.notify_one();
+        }
+    }
+
+    /// Changes admitted and not yet decided.
+    pub fn backlog(&self) -> usize {
+        self.inner.sched.lock().unwrap().changes
+    }
+}
+
+struct Worker {
+    inner: Arc<Inner>,
+    cfg: Arc<Config>,
+    metrics: Arc<Metrics>,
+}
+
+/// A worker's connection and the statements prepared on it.
+struct Conn {
+    client: tokio_postgres::Client,
+    statements: deliver::Statements,
+}
+
+impl Worker {
+    async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut conn: Option<Conn> = None;
+        loop {
+            let job = tokio::select! {
+                job = self.next() => job,
+                _ = shutdown.changed() => return,
+            };
+            let key = (job.set.schema.clone(), job.set.table.clone());
+            let (n, bytes) = (job.set.parsed.len(), job.set.bytes);
+            self.check(job, &mut conn).await;
+            let mut s = self.inner.sched.lock().unwrap();
+            s.changes -= n;
+            s.bytes -= bytes;
+            s.running.remove(&key);
+            if s.waiting.get(&key).is_some_and(|q| !q.is_empty()) {
+                s.ready.push_back(key);
+                drop(s);
+                self.inner.ready.notify_one();
+            }
+        }
+    }
+
+    /// The next job of the table ready longest; waits for one.
+    async fn next(&self) -> Job {
+        loop {
+            // Registered before the queue is looked at, so a submit in between wakes it.
+            let notified = self.inner.ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = self.inner.sched.lock().unwrap();
+                if let Some(key) = s.ready.pop_front() {
+                    let job = s
+                        .waiting
+                        .get_mut(&key)
+                        .and_then(VecDeque::pop_front)
+                        .expect("a ready table has a job");
+                    if s.waiting.get(&key).is_some_and(VecDeque::is_empty) {
+                        s.waiting.remove(&key);
+                    }
+                    s.running.insert(key);
+                    let more = !s.ready.is_empty();
+                    drop(s);
+                    if more {
+                        // Another table is ready too: another worker may take it.
+                        self.inner.ready.notify_one();
+                    }
+                    return job;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Checks `job` on this worker's connection (opened if need be) and fills its slots.
+    async fn check(&self, job: Job, conn: &mut Option<Conn>) {
+        let Job { id, set, reaches } = job;
+        let limits = Limits::of(&self.cfg);
+        let mut frames: Vec<Vec<Outgoing>> = set.parsed.iter().map(|_| Vec::new()).collect();
+        if conn.is_none() {
+            match self.connect().await {
+                Ok(c) => *conn = Some(c),
+                Err(why) => {
+                    deliver::withhold(&set, &why, &self.metrics, &mut frames);
+                    fill(id, reaches, frames, &self.metrics);
+                    return;
+                }
+            }
+        }
+        let c = conn.as_ref().expect("connected above");
+        let db = deliver::Db {
+            client: &c.client,
+            grace: Duration::from_secs(5),
+            pattern_budget_ms: self.cfg.filter_pattern_timeout_ms as i32,
+            statements: &c.statements,
+        };
+        let started = Instant::now();
+        let TableSet {
+            schema,
+            table,
+            parsed,
+            candidates,
+            ..
+        } = set;
+        let on = deliver::Table {
+            schema: &schema,
+            name: &table,
+        };
+        let lost = deliver::check(
+            &db,
+            on,
+            &parsed,
+            candidates,
+            &limits,
+            &self.metrics,
+            &mut frames,
+        )
+        .await;
+        tracing::debug!(
+            %schema,
+            %table,
+            changes = parsed.len(),
+            ms = started.elapsed().as_secs_f64() * 1000.0,
+            "changes authorized"
+        );
+        if let Some(why) = lost {
+            tracing::warn!(error = %why, "a Postgres Changes check connection was lost; reconnecting");
+            *conn = None;
+        }
+        fill(id, reaches, frames, &self.metrics);
+    }
+
+    async fn connect(&self) -> Result<Conn, String> {
+        let cfg = self.cfg.pg_config().expect("validated at startup");
+        let setup = Duration::from_secs(self.cfg.db_connect_timeout_secs);
+        let (client, connection) = match tokio::time::timeout(setup, cfg.connect(NoTls)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(format!("the database is unavailable: {e}")),
+            Err(_) => return Err("the database is unavailable: connecting timed out".into()),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "a check connection closed");
+            }
+        });
+        Ok(Conn {
+            client,
+            statements: deliver::Statements::default(),
+        })
+    }
+}
+
+/// Gives each channel that holds a slot of job `id` its frames of it (by change), which
+/// lets out what waited behind them.
+fn fill(id: u64, reaches: Vec<Reach>, frames: Vec<Vec<Outgoing>>, metrics: &Metrics) {
+    let mut at: HashMap<usize, usize> = HashMap::with_capacity(reaches.len());
+    let mut by: Vec<(Reach, HashMap<u32, Vec<Message>>)> = Vec::with_capacity(reaches.len());
+    for r in reaches {
+        at.entry(r.hold_id()).or_insert_with(|| {
+            by.push((r, HashMap::new()));
+            by.len() - 1
+        });
+    }
+    for (change, outs) in frames.into_iter().enumerate() {
+        for o in outs {
+            // A channel without a slot was cut off for holding too much: nothing for it.
+            let Some(&i) = at.get(&o.to.reach.hold_id()) else {
+                continue;
+            };
+            metrics.deliveries_total.increment(1);
+            if o.change {
+                metrics.changes_delivered_total.increment(1);
+            }
+            by[i].1.entry(change as u32).or_default().push(o.frame);
+        }
+    }
+    for (reach, frames) in by {
+        reach.fill_slots(id, frames);
+    }
+}
