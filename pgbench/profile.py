@@ -170,7 +170,7 @@ def trigger(a):
                 consumers["sidecar process"] = sidecar.process.pid
             consumers["drain backend"] = drain_backend(pg)
             per_txn, per_txn_incl = {}, {}
-            for table in ("t_plain", a.variant):
+            for table in (a.base, a.variant):
                 txns = {}
 
                 def run():
@@ -179,7 +179,7 @@ def trigger(a):
                     txns["n"] = int(re.search(r"actually processed: (\d+)", out).group(1))
                 cpu0 = {name: harness.proc_stats(pid)[0] for name, pid in consumers.items()}
                 counts = perf(a.seconds, f"{table}, {a.clients} pgbench clients", run, keep=True,
-                              callgraph=a.callgraph, callers=a.callers if table != "t_plain" else None)
+                              callgraph=a.callgraph, callers=a.callers if table != a.base else None)
                 if a.callgraph:
                     counts, incl = counts
                     per_txn_incl[table] = {k: v / txns["n"] for k, v in incl.items()}
@@ -187,12 +187,12 @@ def trigger(a):
                 print("Consumers' CPU per transaction: " + ", ".join(
                     f"{name} {1e6 * (harness.proc_stats(pid)[0] - cpu0[name]) / txns['n']:.1f} µs"
                     for name, pid in consumers.items()))
-            # What the trigger adds: CPU samples per 1,000 transactions, variant minus plain.
-            print_growth(per_txn["t_plain"], per_txn[a.variant],
-                         f"Samples per 1,000 transactions (1 sample = 1 ms of CPU), {a.variant} minus t_plain")
+            # What the trigger adds: CPU samples per 1,000 transactions, variant minus base.
+            print_growth(per_txn[a.base], per_txn[a.variant],
+                         f"Samples per 1,000 transactions (1 sample = 1 ms of CPU), {a.variant} minus {a.base}")
             if a.callgraph:
                 # The same difference with callees included: which calls the growth is under.
-                base, var = per_txn_incl["t_plain"], per_txn_incl[a.variant]
+                base, var = per_txn_incl[a.base], per_txn_incl[a.variant]
                 grew = growth(base, var)
                 print(f"\nIncluding callees, backends only, per 1,000 transactions:\n\n```")
                 for d, k in [g for g in grew if g[1].startswith("postgres ")][:60]:
@@ -225,7 +225,10 @@ def consumers(a):
               "… per call | its switches per call (voluntary / not) | sidecar µs per message | … per call | "
               "its switches per call |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for linger in [int(x) for x in a.lingers.split(",")]:
+        # Each linger once per sidecar build named by --sidecars, the builds alternating.
+        builds = [b.split("=", 1) for b in a.sidecars.split(",")] if a.sidecars else [("", harness.SIDECAR_BIN)]
+        for linger, (label, binary) in [(int(x), b) for x in a.lingers.split(",") for b in builds]:
+            harness.SIDECAR_BIN = binary
             with harness.Sidecar(a.http_port, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS=str(linger),
                                  FILTER_TOPICS="false") as sidecar:
                 procs = {"backend": drain_backend(pg), "sidecar": sidecar.process.pid}
@@ -245,7 +248,7 @@ def consumers(a):
                     used = cpu1[k] - cpu0[k]
                     cells += [f"{1e6 * used / msgs:.2f}", f"{1e6 * used / calls:.0f}",
                               f"{(sw1[k][0] - sw0[k][0]) / calls:.1f} / {(sw1[k][1] - sw0[k][1]) / calls:.1f}"]
-                print(f"| {linger} | {tps:,.0f} | {calls / a.seconds:,.0f} | {msgs / calls:.1f} | " + " | ".join(cells) + " |")
+                print(f"| {label + ' ' if label else ''}{linger} | {tps:,.0f} | {calls / a.seconds:,.0f} | {msgs / calls:.1f} | " + " | ".join(cells) + " |")
 
 
 def fanout(a):
@@ -354,7 +357,11 @@ def main():
     ap.add_argument("--messages", type=int, default=100_000, help="drain: messages queued")
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--variant", default="t_native", help="trigger, consumers: the trigger-cost table to insert into")
+    ap.add_argument("--base", default="t_plain",
+                    help="trigger: the table the variant is compared with (t_native: what the plpgsql path adds)")
     ap.add_argument("--lingers", default="1,2,5", help="consumers: the sidecar's DRAIN_LINGER_MS values to run")
+    ap.add_argument("--sidecars", help="consumers: LABEL=BINARY,... sidecar builds to run in turn at each linger "
+                                       "(default: this tree's release build)")
     ap.add_argument("--drainer", choices=["sql", "sidecar"], default="sql",
                     help="trigger: what drains the queue (the sidecar's CPU is reported per transaction)")
     ap.add_argument("--clients", type=int, default=8, help="trigger, consumers: pgbench clients; joins: joining clients")

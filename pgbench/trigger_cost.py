@@ -91,7 +91,11 @@ def main():
                     help="what drains our queue: the release sidecar (no subscribers), or a SQL loop "
                          "calling realtime.drain")
     ap.add_argument("--linger-ms", type=int, default=2, help="the draining sidecar's DRAIN_LINGER_MS")
+    ap.add_argument("--variants", default=",".join(t for t, _ in VARIANTS),
+                    help="the tables to run, comma-separated (t_plain always runs: the ratios are against it)")
     a = ap.parse_args()
+    wanted = set(a.variants.split(",")) | {"t_plain"}
+    variants = [v for v in VARIANTS if v[0] in wanted]
     clients = [int(c) for c in a.clients.split(",")]
     if a.drainer == "sidecar" and not a.no_consumers:
         harness.build()
@@ -103,10 +107,11 @@ def main():
         psql = ["psql", *pg.conn, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"]
         try:
             pg.psql("-f", f"{HERE}/trigger_cost_setup.sql")
-            total = len(clients) * len(VARIANTS) * a.rounds * (a.seconds + 5) + 120
+            total = len(clients) * len(variants) * a.rounds * (a.seconds + 5) + 120
             if not a.no_consumers:
                 background = start_consumers(psql, total, sql_drainer=a.drainer == "sql")
-                stack.enter_context(harness.Centrifugo(a.port + 1, pg.dsn, SECRET))
+                if "t_outbox" in wanted:
+                    stack.enter_context(harness.Centrifugo(a.port + 1, pg.dsn, SECRET))
                 if a.drainer == "sidecar":
                     # No client subscribes here, and a filtering sidecar would skip every
                     # message at the drain: keep the consumer's whole work (every message
@@ -116,7 +121,7 @@ def main():
             results, slot_lag = {}, 0
             for r in range(a.rounds):
                 for c in clients:
-                    for table, _ in VARIANTS:
+                    for table, _ in variants:
                         pg.psql("-c", "CHECKPOINT")
                         wal0 = int(pg.psql("-c", "SELECT wal_bytes FROM pg_stat_wal"))
                         cpu0, _ = harness.postgres_usage(f"{pg.dir}/pg/data")
@@ -149,7 +154,7 @@ def main():
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for c in clients:
         base = statistics.median(x[0] for x in results[(c, "t_plain")])
-        for table, label in VARIANTS:
+        for table, label in variants:
             rs = results[(c, table)]
             tps = statistics.median(x[0] for x in rs)
             print(f"| {c} | {label} | {tps:,.0f} | {tps / base:.2f} | "

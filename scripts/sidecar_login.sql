@@ -22,6 +22,7 @@ GRANT SELECT, INSERT ON realtime.messages TO anon, authenticated, service_role;
 -- What the sidecar calls, and whom it may act as.
 GRANT USAGE ON SCHEMA realtime TO realtime_sidecar;
 GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, bigint, integer, integer, integer, oid[]),
+    realtime.drain_packed(text, bigint, integer, integer, integer, oid[]),
     realtime.confirm(text, bigint), realtime.listen(text, text[], text[], boolean, boolean),
     realtime.unlisten(text, text[], text[], boolean), realtime.listen_all(text),
     realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean),

@@ -9,6 +9,7 @@ REVOKE EXECUTE ON FUNCTION realtime.create_consumer(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.drop_consumer(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.confirm(text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.drain(text, bigint, integer, integer, integer, oid[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.drain_packed(text, bigint, integer, integer, integer, oid[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.listen(text, text[], text[], boolean, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.unlisten(text, text[], text[], boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.listen_all(text) FROM PUBLIC;

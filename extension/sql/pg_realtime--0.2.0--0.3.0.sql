@@ -25,3 +25,25 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- A drained batch as one packed value (extension/src/packed.rs), and back into rows.
+CREATE FUNCTION realtime."drain_packed"(consumer text, after_seq bigint DEFAULT NULL, max_messages integer DEFAULT 10000, timeout_ms integer DEFAULT 1000, linger_ms integer DEFAULT 0, decode oid[] DEFAULT NULL)
+RETURNS bytea
+VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'drain_packed_wrapper';
+REVOKE EXECUTE ON FUNCTION realtime.drain_packed(text, bigint, integer, integer, integer, oid[]) FROM PUBLIC;
+CREATE FUNCTION realtime."drain_unpack"(packed bytea)
+RETURNS TABLE(seq bigint, kind text, topic text, event text, payload json, binary_payload bytea, private boolean, committed_at timestamptz, id uuid, origin bigint, lost_first bigint, lost_last bigint)
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'drain_unpack_wrapper';
+-- The roles that may drain (a sidecar's login) may drain packed too: a sidecar upgraded with
+-- the extension reads the packed form without a new grant.
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT pg_catalog.quote_ident(a.rolname) FROM pg_catalog.pg_roles a
+             WHERE NOT a.rolsuper
+               AND pg_catalog.has_function_privilege(a.oid, 'realtime.drain(text, bigint, integer, integer, integer, oid[])', 'EXECUTE') LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.drain_packed(text, bigint, integer, integer, integer, oid[]) TO %s', r);
+    END LOOP;
+END
+$$;

@@ -232,6 +232,83 @@ fn drain(
         name!(lost_last, Option<i64>),
     ),
 > {
+    let mut rows: Vec<DrainRow> = Vec::new();
+    drain_into(
+        consumer,
+        after_seq,
+        max_messages,
+        timeout_ms,
+        linger_ms,
+        decode,
+        &mut rows,
+    );
+    TableIterator::new(rows)
+}
+
+/// What a drain hands its batch to, entry by entry in queue order: rows for `realtime.drain`,
+/// or one packed value for `realtime.drain_packed` (`packed.rs`). One drain, two shapes of
+/// its answer: both carry the same entries.
+pub trait DrainSink {
+    /// Messages `first..=last` were evicted before this consumer read them.
+    fn gap(&mut self, first: u64, last: u64);
+    /// A broadcast (kind "message") or a presence diff (kind "presence").
+    fn message(&mut self, m: &MessageView, kind: &'static str);
+    /// A captured row change; `data` is None when its table was not asked to be decoded.
+    fn change(&mut self, m: &MessageView, data: Option<String>);
+    /// An entry carrying only a sequence ("filtered").
+    fn marker(&mut self, seq: u64, kind: &'static str);
+    fn is_empty(&self) -> bool;
+    /// The sequence of the last entry handed over.
+    fn last_seq(&self) -> Option<u64>;
+}
+
+impl DrainSink for Vec<DrainRow> {
+    fn gap(&mut self, first: u64, last: u64) {
+        self.push(gap_row(first, last));
+    }
+    fn message(&mut self, m: &MessageView, kind: &'static str) {
+        let mut row = message_row(m);
+        row.1 = kind;
+        self.push(row);
+    }
+    fn change(&mut self, m: &MessageView, data: Option<String>) {
+        self.push((
+            m.header.seq as i64,
+            "change",
+            Some(m.topic.to_owned()),
+            Some(m.event.to_owned()),
+            data,
+            None,
+            None,
+            TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
+            None,
+            None,
+            None,
+            None,
+        ));
+    }
+    fn marker(&mut self, seq: u64, kind: &'static str) {
+        self.push(marker_row(seq, kind));
+    }
+    fn is_empty(&self) -> bool {
+        Vec::is_empty(self)
+    }
+    fn last_seq(&self) -> Option<u64> {
+        self.last().map(|r| r.0 as u64)
+    }
+}
+
+/// The drain itself (`realtime.drain`'s contract above), handing its entries to `sink`.
+#[allow(clippy::too_many_arguments)]
+pub fn drain_into(
+    consumer: &str,
+    after_seq: Option<i64>,
+    max_messages: i32,
+    timeout_ms: i32,
+    linger_ms: i32,
+    decode: Option<Vec<Option<pg_sys::Oid>>>,
+    sink: &mut impl DrainSink,
+) {
     if max_messages < 1 {
         errors::invalid("max_messages must be at least 1", None);
     }
@@ -251,7 +328,6 @@ fn drain(
     let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
     let mut lingered = linger_ms == 0;
     let mut buf = Vec::new();
-    let mut rows: Vec<DrainRow> = Vec::new();
     let mut changes = crate::change::Decoder::default();
     let mut returned = 0u64;
     let mut skipped = false;
@@ -278,7 +354,7 @@ fn drain(
                 slot.gaps.fetch_add(1, Relaxed);
                 slot.lost.fetch_add(last - counted.max(first - 1), Relaxed);
             }
-            rows.push(gap_row(first, last));
+            sink.gap(first, last);
         }
         let mut at = 0;
         for _ in 0..batch.count {
@@ -302,47 +378,36 @@ fn drain(
                     };
                 let data = wanted
                     .then(|| changes.decode(m.payload, m.topic, m.event, m.header.committed_at));
-                rows.push((
-                    m.header.seq as i64,
-                    "change",
-                    Some(m.topic.to_owned()),
-                    Some(m.event.to_owned()),
-                    data,
-                    None,
-                    None,
-                    TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
-                    None,
-                    None,
-                    None,
-                    None,
-                ));
+                sink.change(&m, data);
                 continue;
             }
-            let mut row = message_row(&m);
-            if m.is_presence() {
-                row.1 = "presence";
-            }
-            rows.push(row);
+            sink.message(
+                &m,
+                if m.is_presence() {
+                    "presence"
+                } else {
+                    "message"
+                },
+            );
         }
         slot.last_read.store(read_through, Relaxed);
         let advanced = read_through > after;
         after = read_through;
-        if !rows.is_empty() || !advanced || Instant::now() >= deadline {
+        if !sink.is_empty() || !advanced || Instant::now() >= deadline {
             break;
         }
         // Everything read was for other consumers: wait for more, within the same timeout,
         // rather than wake the consumer for nothing.
     }
-    if skipped && rows.last().is_none_or(|r| (r.0 as u64) < after) {
+    if skipped && sink.last_seq().is_none_or(|s| s < after) {
         // Messages after the last row were skipped: say how far this call read, so the
         // consumer's next position is past them.
-        rows.push(marker_row(after, "filtered"));
+        sink.marker(after, "filtered");
     }
     if let Some(s) = after_seq {
         slot.confirmed.fetch_max(s as u64, Relaxed);
     }
     slot.delivered.fetch_add(returned, Relaxed);
-    TableIterator::new(rows)
 }
 
 /// Waits until something after `after` is readable (or `deadline`), lingering once per

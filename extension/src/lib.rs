@@ -15,6 +15,7 @@ mod history;
 mod identity;
 mod interest;
 mod message;
+mod packed;
 mod pattern;
 mod payload;
 mod presence;

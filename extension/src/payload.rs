@@ -149,6 +149,70 @@ pub fn inject_id(object: &str, id: &[u8; 16]) -> String {
     out
 }
 
+/// JSON text of a composite datum (a row), byte for byte as `row_to_json` prints it, through
+/// the printer kept for its row type (`row_json::for_type`). `broadcast_changes` receives
+/// its rows from plpgsql as composite datums, and `row_to_json` looked up every column's
+/// JSON category and output function again for every row: the largest part of what the
+/// plpgsql path cost per row beyond the native trigger, which already printed this way.
+pub unsafe fn record_json(row: pg_sys::Datum) -> Vec<u8> {
+    unsafe {
+        if let Some(out) = expanded_record_json(row) {
+            return out;
+        }
+        let td = pg_sys::pg_detoast_datum(row.cast_mut_ptr()) as pg_sys::HeapTupleHeader;
+        let fields = (*td).t_choice.t_datum;
+        let (typid, typmod) = (fields.datum_typeid, fields.datum_typmod);
+        let desc = pg_sys::lookup_rowtype_tupdesc(typid, typmod);
+        let mut tuple: pg_sys::HeapTupleData = std::mem::zeroed();
+        tuple.t_len = pgrx::varlena::varsize(td as *const pg_sys::varlena) as u32;
+        tuple.t_data = td;
+        let printer = crate::row_json::for_type(typid, typmod, desc);
+        let mut out = Vec::with_capacity(256);
+        let printed = printer.write(&mut out, &mut tuple, desc, None);
+        // ReleaseTupleDesc: only a reference-counted descriptor was counted for us.
+        if (*desc).tdrefcount >= 0 {
+            pg_sys::DecrTupleDescRefCount(desc);
+        }
+        if !printed {
+            // A column nests (arrays, composites, casts to json): Postgres prints the row.
+            out.extend_from_slice(row_json(row));
+        }
+        out
+    }
+}
+
+/// `record_json` of a row plpgsql passes as an expanded record (its NEW and OLD) whose flat
+/// tuple is still valid, printed from that tuple and the record's descriptor: no flattened
+/// copy, no type cache lookup. None for any other datum.
+unsafe fn expanded_record_json(row: pg_sys::Datum) -> Option<Vec<u8>> {
+    unsafe {
+        // VARATT_IS_EXTERNAL_EXPANDED: a 1-byte external header (0x01 on little-endian
+        // machines) whose tag says expanded, read-only or read-write.
+        let p = row.cast_mut_ptr::<u8>();
+        let tag = *p.add(1) as u32;
+        if cfg!(target_endian = "big")
+            || *p != 0x01
+            || (tag != pg_sys::vartag_external::VARTAG_EXPANDED_RO
+                && tag != pg_sys::vartag_external::VARTAG_EXPANDED_RW)
+        {
+            return None;
+        }
+        let erh = pg_sys::DatumGetEOHP(row).cast::<pg_sys::ExpandedRecordHeader>();
+        if (*erh).er_magic != pg_sys::ER_MAGIC as i32
+            || (*erh).flags & pg_sys::ER_FLAG_FVALUE_VALID as i32 == 0
+            || (*erh).fvalue.is_null()
+        {
+            return None;
+        }
+        let desc = pg_sys::expanded_record_fetch_tupdesc(erh);
+        let printer = crate::row_json::for_type((*erh).er_typeid, (*erh).er_typmod, desc);
+        let mut out = Vec::with_capacity(256);
+        printer
+            .write(&mut out, (*erh).fvalue, desc, None)
+            .then_some(out)
+    }
+}
+
 /// JSON text of a composite datum (a row), via Postgres's own `row_to_json`.
 pub unsafe fn row_json<'a>(row: pg_sys::Datum) -> &'a [u8] {
     unsafe {

@@ -91,6 +91,26 @@ pub unsafe fn for_table(relid: pg_sys::Oid, desc: pg_sys::TupleDesc) -> Rc<RowJs
     }
 }
 
+thread_local! {
+    static BY_TYPE: RefCell<HashMap<(u32, i32), Rc<RowJson>>> = RefCell::new(HashMap::new());
+}
+
+/// The cached `RowJson` of row type `typid` (with `typmod`, which numbers an anonymous
+/// record type) with layout `desc`, built anew if the layout changed since: for rows that
+/// come as composite datums rather than a table's tuples.
+pub unsafe fn for_type(typid: pg_sys::Oid, typmod: i32, desc: pg_sys::TupleDesc) -> Rc<RowJson> {
+    unsafe {
+        let key = (typid.to_u32(), typmod);
+        let cached = BY_TYPE.with_borrow(|m| m.get(&key).cloned());
+        if let Some(r) = cached.filter(|r| r.matches(desc)) {
+            return r;
+        }
+        let r = Rc::new(RowJson::new(desc));
+        BY_TYPE.with_borrow_mut(|m| m.insert(key, r.clone()));
+        r
+    }
+}
+
 impl RowJson {
     pub unsafe fn new(desc: pg_sys::TupleDesc) -> RowJson {
         unsafe {

@@ -188,10 +188,10 @@ fn broadcast_changes(fcinfo: pg_sys::FunctionCallInfo) {
         let event = args::required_text(fcinfo, 1, "event_name");
         let table = args::datum(fcinfo, 3).map(|d| args::text(d, "table_name"));
         let schema = args::datum(fcinfo, 4).map(|d| args::text(d, "table_schema"));
-        let new = args::datum(fcinfo, 5).map(|d| payload::row_json(d));
-        let old = args::datum(fcinfo, 6).map(|d| payload::row_json(d));
+        let new = args::datum(fcinfo, 5).map(|d| payload::record_json(d));
+        let old = args::datum(fcinfo, 6).map(|d| payload::record_json(d));
         let id = payload::new_id();
-        let body = payload::changes_payload(&id, table, schema, op, new, old);
+        let body = payload::changes_payload(&id, table, schema, op, new.as_deref(), old.as_deref());
         xact::append(topic, event, body.as_bytes(), FLAG_PRIVATE, id, 0);
     }
 }

@@ -96,6 +96,37 @@ UPDATE rj SET mood = 'calm' WHERE id = 1;
 SELECT * FROM rj_same();
 SELECT count(*) AS confirmed FROM take();
 
+-- broadcast_changes, called from plpgsql, prints its NEW and OLD the same way (payload.rs,
+-- record_json): from plpgsql's expanded records (with the dropped, renamed, retyped and
+-- added columns above), from a composite value a query read, from an anonymous record,
+-- and one whose columns nest (printed by row_to_json).
+DROP TRIGGER rj_broadcast ON rj;
+CREATE FUNCTION rj_changes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM realtime.broadcast_changes('rj:' || NEW.id, TG_OP, TG_OP, TG_TABLE_NAME, TG_TABLE_SCHEMA, NEW, OLD);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER rj_changes AFTER UPDATE ON rj FOR EACH ROW EXECUTE FUNCTION rj_changes();
+UPDATE rj SET t = t;
+SELECT r.id, (d.payload -> 'record')::text = row_to_json(r)::text AS record_same,
+       (d.payload -> 'old_record')::text = row_to_json(r)::text AS old_record_same
+FROM realtime.drain('test', NULL, 100, 0) d JOIN rj r ON d.topic = 'rj:' || r.id ORDER BY r.id, d.seq;
+SELECT count(*) AS confirmed FROM take();
+SELECT count(*) FROM (SELECT realtime.broadcast_changes('rjv:' || r.id, 'e', 'INSERT', 'rj', 'public', r, NULL) FROM rj r) s;
+SELECT realtime.broadcast_changes('rjv:anon', 'e', 'INSERT', 'x', 'public', ROW(1, 'two', NULL::numeric, '0'::interval), NULL);
+SELECT realtime.broadcast_changes('rjv:nested', 'e', 'INSERT', 'x', 'public', ROW(ARRAY[1, 2], ROW(1, 'x')), NULL);
+SELECT d.topic, (d.payload -> 'record')::text = CASE d.topic
+           WHEN 'rjv:anon' THEN row_to_json(ROW(1, 'two', NULL::numeric, '0'::interval))::text
+           WHEN 'rjv:nested' THEN row_to_json(ROW(ARRAY[1, 2], ROW(1, 'x')))::text
+           ELSE (SELECT row_to_json(r)::text FROM rj r WHERE 'rjv:' || r.id = d.topic) END AS same
+FROM realtime.drain('test', NULL, 100, 0) d ORDER BY d.seq;
+SELECT count(*) AS confirmed FROM take();
+DROP TRIGGER rj_changes ON rj;
+DROP FUNCTION rj_changes();
+CREATE TRIGGER rj_broadcast AFTER INSERT OR UPDATE ON rj
+    FOR EACH ROW EXECUTE FUNCTION realtime.broadcast_trigger('rj:{id}');
+
 -- The topic template's column, renamed or retyped after the trigger's first rows, is
 -- looked up again: a renamed one is refused by name, a retyped one prints anew.
 ALTER TABLE rj ALTER COLUMN id TYPE numeric(10, 2);

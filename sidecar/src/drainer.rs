@@ -16,6 +16,7 @@
 use crate::config::Config;
 use crate::hub::{Hub, QueueMessage};
 use crate::metrics::Metrics;
+use crate::packed;
 use crate::postgres_changes::checks::Checks;
 use crate::postgres_changes::deliver::{self, Outgoing};
 use crate::postgres_changes::position;
@@ -31,7 +32,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
-/// Rows are read by these column names (`rows::Columns`), never by a position written here.
+/// A batch as one packed value (`packed`): what the drainer calls when the extension has it.
+const DRAIN_PACKED_SQL: &str = "SELECT realtime.drain_packed($1, $2, $3, $4, $5, $6) AS packed";
+
+/// Whether this role may call `realtime.drain_packed` (false also when it does not exist: an
+/// extension older than 0.3.0, or a role granted only what an older README listed).
+const HAS_PACKED_SQL: &str = "SELECT coalesce(has_function_privilege(\
+     to_regprocedure('realtime.drain_packed(text, bigint, integer, integer, integer, oid[])'), \
+     'EXECUTE'), false) AS packed";
+
+/// The row form, for an extension without the packed one. Rows are read by these column
+/// names (`rows::Columns`), never by a position written here.
 const DRAIN_SQL: &str =
     "SELECT seq, kind, topic, event, payload::text AS payload, binary_payload, \
      private, (extract(epoch FROM committed_at) * 1000000)::int8 AS committed_us, id::text AS id, \
@@ -242,8 +253,21 @@ async fn session(
     metrics.db_up.store(1, Relaxed);
     tracing::info!(consumer = %cfg.consumer, position = pos, "draining");
 
-    let stmt = within(setup, "prepare", client.prepare(DRAIN_SQL)).await?;
-    let col = Columns::of(stmt.columns()).map_err(SessionError::Missing)?;
+    let packed_form: bool = within(setup, "setup", client.query_one(HAS_PACKED_SQL, &[]))
+        .await?
+        .get("packed");
+    // How a drain's answer is read: one packed value, or rows by column name.
+    let (stmt, col) = if packed_form {
+        (
+            within(setup, "prepare", client.prepare(DRAIN_PACKED_SQL)).await?,
+            None,
+        )
+    } else {
+        tracing::warn!("realtime.drain_packed is not available to this role; draining rows");
+        let stmt = within(setup, "prepare", client.prepare(DRAIN_SQL)).await?;
+        let col = Columns::of(stmt.columns()).map_err(SessionError::Missing)?;
+        (stmt, Some(col))
+    };
     let stats = within(setup, "prepare", client.prepare(STATS_SQL)).await?;
     let batch = cfg.drain_batch as i32;
     let linger = cfg.drain_linger_ms as i32;
@@ -304,11 +328,14 @@ async fn session(
             replayed: false,
             client_ids: false,
         };
-        let mut entries = rows
-            .iter()
-            .map(|r| col.read(r, how))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(SessionError::Lost)?;
+        let mut entries = match &col {
+            Some(col) => rows.iter().map(|r| col.read(r, how)).collect(),
+            None => match rows.first() {
+                Some(row) => packed::read(row.get("packed"), how),
+                None => Err("realtime.drain_packed returned no row".into()),
+            },
+        }
+        .map_err(SessionError::Lost)?;
         // A change left undecoded (no channel listened to its table when the call began)
         // that a channel now listens to (it joined meanwhile): stop before it and drain
         // again from there with its table decoded. Once per change, so a table that cannot

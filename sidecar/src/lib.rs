@@ -153,6 +153,7 @@ pub mod join_config;
 pub mod jwt;
 pub mod metrics;
 pub mod outbound;
+pub mod packed;
 pub mod persist;
 pub mod postgres_changes;
 pub mod presence;
