@@ -10,6 +10,7 @@
 
 use crate::frame::{self, Inbound, Vsn};
 use crate::outbound::{self, Sent};
+use bytes::Bytes;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio_tungstenite::tungstenite::Message;
@@ -71,6 +72,17 @@ impl Reach {
     /// Queues a frame made for this channel (or shared by many channels).
     pub fn send(&self, m: Message) -> Sent {
         self.out.send(m)
+    }
+
+    /// Sends a run of frames in order, written at once when nothing is waiting
+    /// (`outbound::Sender::send_batch`): how many were taken, and why the rest were not.
+    pub fn send_batch(&self, frames: &[Message]) -> (usize, Sent) {
+        self.out.send_batch(frames)
+    }
+
+    /// `send_batch` with the frames encoded once for many channels (`wire::encode`).
+    pub fn send_encoded(&self, frames: &[Message], encoded: &Bytes) -> (usize, Sent) {
+        self.out.send_encoded(frames, encoded)
     }
 
     /// Queues a text frame.
