@@ -243,6 +243,8 @@ pub enum Written {
     All,
     /// The socket takes no more for now: wait until it is writable, then write again.
     Blocked,
+    /// The most frames of one call were written and more wait.
+    More,
 }
 
 /// A queue of at most `capacity` frames, whatever their size.
@@ -453,9 +455,10 @@ impl Receiver {
         }
     }
 
-    /// Writes what is waiting to the attached socket, oldest first, until all is written or
-    /// the socket takes no more.
-    pub fn write_some(&self) -> io::Result<Written> {
+    /// Writes what is waiting to the attached socket, oldest first, until all is written,
+    /// the socket takes no more, or `max_frames` were written (so that a connection whose
+    /// queue never empties still gets back to its other work between calls).
+    pub fn write_some(&self, max_frames: usize) -> io::Result<Written> {
         let mut s = self.inner.state.lock().unwrap();
         let Some(socket) = s.socket.clone() else {
             return Ok(Written::All);
@@ -473,8 +476,13 @@ impl Receiver {
                 Err(e) => return Err(e),
             }
         }
+        let mut budget = max_frames;
         while !s.frames.is_empty() {
-            let n = s.frames.len().min(WRITE_FRAMES);
+            if budget == 0 {
+                return Ok(Written::More);
+            }
+            let n = s.frames.len().min(WRITE_FRAMES).min(budget);
+            budget -= n;
             let (done, cut) = write_direct(&*socket, &s.frames.make_contiguous()[..n])?;
             let st = &mut *s;
             for m in st.frames.drain(..done) {
@@ -770,7 +778,7 @@ mod tests {
         *fake.room.lock().unwrap() = usize::MAX;
         assert_eq!(tx.send_batch(&texts(4..6)), (2, Sent::Queued));
         assert_eq!(fake.messages(), texts(0..1));
-        assert_eq!(rx.write_some().unwrap(), Written::All);
+        assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::All);
         assert_eq!(fake.messages(), texts(0..6));
         assert_eq!(tx.inner.state.lock().unwrap().bytes, 0);
     }
@@ -782,9 +790,9 @@ mod tests {
         assert_eq!(tx.send_batch(&texts(2..5)), (1, Sent::Full));
         assert!(rx.overflowed().now_or_never().is_some());
         assert_eq!(tx.send_batch(&texts(5..6)), (0, Sent::Full), "nothing more");
-        assert_eq!(rx.write_some().unwrap(), Written::Blocked);
+        assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::Blocked);
         *fake.room.lock().unwrap() = usize::MAX;
-        assert_eq!(rx.write_some().unwrap(), Written::All);
+        assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::All);
         assert_eq!(fake.messages(), texts(0..3));
     }
 
@@ -796,7 +804,7 @@ mod tests {
         assert_eq!(tx.send_batch(&texts(1..3)), (2, Sent::Queued));
         assert!(fake.messages().is_empty());
         rx.put_first(vec![text("reply")]);
-        assert_eq!(rx.write_some().unwrap(), Written::All);
+        assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::All);
         let mut want = vec![text("reply")];
         want.extend(texts(1..3));
         assert_eq!(fake.messages(), want);
@@ -818,10 +826,21 @@ mod tests {
         pong.extend_from_slice(p);
         assert!(rx.raw().push(Bytes::from(pong)));
         *fake.room.lock().unwrap() = usize::MAX;
-        assert_eq!(rx.write_some().unwrap(), Written::All);
+        assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::All);
         let got = fake.messages();
         assert_eq!(got[0], texts(0..1)[0]);
         assert_eq!(got[1], Message::Pong(Bytes::from_static(b"p")));
         assert_eq!(got[2..], texts(1..2)[..]);
+    }
+
+    #[test]
+    fn the_task_writes_at_most_its_budget_per_call() {
+        let (tx, rx, fake) = attached(100, 1 << 20, 0);
+        assert_eq!(tx.send_batch(&texts(0..5)), (5, Sent::Queued));
+        *fake.room.lock().unwrap() = usize::MAX;
+        assert_eq!(rx.write_some(2).unwrap(), Written::More);
+        assert_eq!(fake.messages(), texts(0..2));
+        assert_eq!(rx.write_some(3).unwrap(), Written::All);
+        assert_eq!(fake.messages(), texts(0..5));
     }
 }

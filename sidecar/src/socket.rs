@@ -30,6 +30,9 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
+/// Frames written per pass of the loop at most, so that a connection whose queue never
+/// empties is still re-checked and reads its client between passes.
+const WRITE_BATCH: usize = 256;
 /// How long a closing connection may take to send its close frame.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
@@ -134,16 +137,19 @@ pub async fn serve(
             _ = &mut idle => break Some(Disconnect::IdleTimeout),
             _ = rx.pending() => {}
         }
-        // What handling produced goes ahead of what was queued meanwhile; then everything
-        // waiting is written, as far as the socket takes it.
+        // What handling produced goes ahead of what was queued meanwhile; then what waits
+        // is written, as far as the socket takes it, up to a batch per pass.
         rx.put_first(std::mem::take(&mut conn.out));
-        // A client that stops reading leaves this waiting for room; it must not block being
-        // cut off.
-        let write = write_all(&rx, &socket);
-        tokio::select! {
-            r = write => if r.is_err() { break None; },
-            _ = rx.overflowed() => break Some(too_slow_close(&shared)),
-            _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
+        match rx.write_some(WRITE_BATCH) {
+            Ok(Written::All | Written::More) => {}
+            // A client that stops reading leaves this waiting for room; it must not block
+            // being cut off.
+            Ok(Written::Blocked) => tokio::select! {
+                r = socket.writable() => if r.is_err() { break None; },
+                _ = rx.overflowed() => break Some(too_slow_close(&shared)),
+                _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
+            },
+            Err(_) => break None,
         }
     };
 
@@ -175,10 +181,13 @@ async fn write_all(
     rx: &outbound::Receiver,
     socket: &tokio::net::tcp::OwnedWriteHalf,
 ) -> std::io::Result<()> {
-    while rx.write_some()? == Written::Blocked {
-        socket.writable().await?;
+    loop {
+        match rx.write_some(usize::MAX)? {
+            Written::All => return Ok(()),
+            Written::Blocked => socket.writable().await?,
+            Written::More => {}
+        }
     }
-    Ok(())
 }
 
 fn too_slow_close(shared: &Shared) -> Disconnect {
