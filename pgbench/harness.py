@@ -129,14 +129,15 @@ class Sidecar:
     """`with Sidecar(port, dsn, consumer, secret, **env) as s:` the release sidecar, healthy
     (bounded wait) on entry, SIGTERMed on exit."""
 
-    def __init__(self, port, dsn, consumer, secret, **env):
+    def __init__(self, port, dsn, consumer, secret, binary=None, **env):
         self.port = fixed_port(port)
+        self.binary = binary or SIDECAR_BIN
         self.env = dict(os.environ, PORT=str(port), API_JWT_SECRET=secret, DATABASE_URL=dsn, CONSUMER_NAME=consumer,
                         LOG_LEVEL="warn", **dict(ONE_ADDRESS, **env))
 
     def __enter__(self):
         # The sidecar logs to stdout; the runners' stdout is their table.
-        self.process = subprocess.Popen([SIDECAR_BIN], env=self.env, stdout=sys.stderr)
+        self.process = subprocess.Popen([self.binary], env=self.env, stdout=sys.stderr)
         wait_healthy(f"http://127.0.0.1:{self.port}/healthz", self.process, "the sidecar", 15)
         return self
 

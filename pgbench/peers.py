@@ -8,6 +8,7 @@ Prints markdown tables; --json writes every result line. Run as root after
 scripts/install-extension.sh and scripts/install-peers.sh."""
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -27,7 +28,17 @@ def row(label, r):
     return (f"| {label} | {r['sent'] / max(r['send_seconds'], 1e-9):,.0f} | {r['deliveries_per_second']:,.0f} | "
             f"{r['lost']:,} | {r['gaps']:,} | {r['failed_connections'] + r['closed_early']} | {r['p50_ms']:.1f} | "
             f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} | {r['server_cpu_pct']:.0f}% | "
+            f"{r['send_cpu_pct']:.0f}% | {r['cpu_us_per_delivery']:.2f} | "
             f"{r['server_peak_rss_mb']:.0f} MB | {r['pg_cpu_pct']:.0f}% |")
+
+
+def per_delivery(r, u):
+    """The server's CPU while the publisher sent (samples inside the send window, so the
+    subscribers' connects and joins are left out), and per delivery in that window."""
+    w = u.window(r["send_started_unix"], r["send_ended_unix"])
+    cpu_s, secs = (w["server_cpu_s"], w["window_seconds"]) if w else (0.0, 1.0)
+    r["send_cpu_pct"] = 100 * cpu_s / secs
+    r["cpu_us_per_delivery"] = 1e6 * cpu_s / max(r["deliveries_per_second"] * secs, 1)
 
 
 def meets(r):
@@ -82,6 +93,10 @@ def main():
     ap.add_argument("--k6-vus", type=int, default=100)
     ap.add_argument("--k6-rate", type=int, default=100)
     ap.add_argument("--json", help="file to write every result line to")
+    ap.add_argument("--baseline-bin", help="another sidecar build (say, an earlier commit's) run at every rung "
+                    "beside this tree's, in alternating order, as 'pg_realtime sidecar (before)'")
+    ap.add_argument("--baseline-http-port", type=int, default=24403)
+    ap.add_argument("--no-k6", action="store_true", help="leave out the k6 check")
     ap.add_argument("--pg-port", type=int, default=24400)
     ap.add_argument("--http-port", type=int, default=24401)
     ap.add_argument("--centrifugo-port", type=int, default=24402)
@@ -91,39 +106,53 @@ def main():
     with harness.Cluster(a.pg_port, "max_connections = 100") as pg:
         pg.psql("-f", f"{HERE}/scenarios_setup.sql")
         data = f"{pg.dir}/pg/data"
-        with harness.Sidecar(a.http_port, pg.dsn, "peers", SECRET) as ours, \
-                harness.Centrifugo(a.centrifugo_port, pg.dsn, SECRET) as centrifugo:
+        with contextlib.ExitStack() as stack:
+            ours = stack.enter_context(harness.Sidecar(a.http_port, pg.dsn, "peers", SECRET))
+            centrifugo = stack.enter_context(harness.Centrifugo(a.centrifugo_port, pg.dsn, SECRET))
+            before = stack.enter_context(harness.Sidecar(a.baseline_http_port, pg.dsn, "peers_before", SECRET,
+                                                         binary=a.baseline_bin)) if a.baseline_bin else None
             print(f"Machine: {harness.machine()}; {datetime.date.today()}; {a.subscribers:,} subscribers of one "
                   f"channel, {a.seconds} s per row, rungs interleaved; the database publishes (ours: realtime.send; "
                   "Centrifugo: INSERT into its outbox, NOTIFY trigger, its PostgreSQL consumer); servers, Postgres "
-                  "and the load generator on the same 2 cores. Server CPU in % of one core.\n")
+                  "and the load generator on the same 2 cores. Server CPU in % of one core, over the row and "
+                  "while the publisher sent; CPU per delivery from the latter.\n")
             print("| server | msg/s sent | deliveries/s | lost | gaps | failed conns | p50 ms | p95 ms | p99 ms | max ms "
-                  "| server CPU | server peak RSS | Postgres CPU |")
-            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                  "| server CPU | server CPU sending | µs CPU per delivery | server peak RSS | Postgres CPU |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             best = {}
-            for rate in [int(x) for x in a.rates.split(",")]:
-                for name, server, port, flags in (
-                        ("pg_realtime sidecar", ours, a.http_port, ["--publisher", "send", "--topic-prefix", f"f{rate}-"]),
-                        ("Centrifugo v5.4.9", centrifugo, a.centrifugo_port,
-                         ["--protocol", "centrifugo", "--publisher", "outbox", "--topic-prefix", f"bench:f{rate}-"])):
+            for i, rate in enumerate([int(x) for x in a.rates.split(",")]):
+                sidecars = [("pg_realtime sidecar", ours, a.http_port, "f")]
+                if before:
+                    # Alternating which build goes first at each rung.
+                    b = ("pg_realtime sidecar (before)", before, a.baseline_http_port, "b")
+                    sidecars = sidecars + [b] if i % 2 else [b] + sidecars
+                servers = [(name, server, port, ["--publisher", "send", "--topic-prefix", f"{tag}{rate}-"])
+                           for name, server, port, tag in sidecars]
+                servers.append(("Centrifugo v5.4.9", centrifugo, a.centrifugo_port,
+                                ["--protocol", "centrifugo", "--publisher", "outbox", "--topic-prefix", f"bench:f{rate}-"]))
+                for name, server, port, flags in servers:
                     with harness.Usage([server.process.pid], data) as u:
                         r = harness.loadgen(f"ws://127.0.0.1:{port}", pg.dsn, SECRET, "--clients", a.subscribers,
                                             "--rate", rate, "--seconds", a.seconds, "--label", name, *flags)
                     r.update(u.result)
+                    per_delivery(r, u)
                     results.append(r)
                     print(json.dumps(r), file=sys.stderr)
                     print(row(f"{name} @ {rate:,} msg/s", r), flush=True)
                     if meets(r) and r["deliveries_per_second"] > best.get(name, {"deliveries_per_second": 0})[
                             "deliveries_per_second"]:
                         best[name] = r
-            ours_best = best.get("pg_realtime sidecar", {}).get("deliveries_per_second", 0)
             theirs = best.get("Centrifugo v5.4.9", {}).get("deliveries_per_second", 0)
             top = max(int(x) for x in a.rates.split(","))
             bound = [name for name, r in best.items() if r["rate"] == top]
-            print(f"\nHighest deliveries/s with p99 ≤ {P99_GOAL_MS} ms and nothing lost: ours {ours_best:,.0f}, "
-                  f"Centrifugo {theirs:,.0f}" + (f"; ratio {ours_best / theirs:.1f}×" if theirs else "") +
-                  (f" ({', '.join(bound)} met it at the top rung, so its figure is a lower bound)." if bound else "."))
-            k6_check(a, pg, ours, results)
+            for name in [n for n, *_ in sidecars]:
+                ours_best = best.get(name, {}).get("deliveries_per_second", 0)
+                print(f"\nHighest deliveries/s with p99 ≤ {P99_GOAL_MS} ms and nothing lost: {name} {ours_best:,.0f}, "
+                      f"Centrifugo {theirs:,.0f}" + (f"; ratio {ours_best / theirs:.1f}×" if theirs else "") + ".")
+            if bound:
+                print(f"\n{', '.join(bound)} met it at the top rung, so its figure is a lower bound.")
+            if not a.no_k6:
+                k6_check(a, pg, ours, results)
     if a.json:
         with open(a.json, "w") as f:
             for r in results:

@@ -70,6 +70,13 @@ pub struct Hold {
 }
 
 impl Hold {
+    /// Nothing is held: the drain's frames may go straight to the socket, in a run or one
+    /// by one (the hub's batched writes ask this first). Only the drain adds slots, so a
+    /// clear hold stays clear while the drain hands out its batch.
+    pub fn is_clear(&self) -> bool {
+        self.pending.load(Ordering::Acquire) == 0
+    }
+
     /// Queues `frame` to `out`, or behind the pending slots.
     pub fn send(&self, frame: Message, out: &Sender) -> Sent {
         if self.pending.load(Ordering::Acquire) == 0 {

@@ -99,15 +99,41 @@ impl Frames {
         if m.origin == Some(sub.origin) && !sub.self_broadcast {
             return None;
         }
-        let frame = match sub.reach.vsn {
-            Vsn::V1 => self.v1.get_or_init(|| m.frame(Vsn::V1)),
-            Vsn::V2 => self.v2.get_or_init(|| m.frame(Vsn::V2)),
-        };
-        let frame = frame.as_ref()?;
+        let frame = self.of(sub.reach.vsn, m)?;
         match &sub.gate {
             None => Some(frame.clone()),
             Some(gate) => gate.pass(m.epoch, m.seq, frame),
         }
+    }
+}
+
+impl Frames {
+    /// `m`'s frame for sockets of serializer `vsn`, made at the first ask.
+    fn of(&self, vsn: Vsn, m: &QueueMessage) -> Option<&Message> {
+        match vsn {
+            Vsn::V1 => self.v1.get_or_init(|| m.frame(Vsn::V1)),
+            Vsn::V2 => self.v2.get_or_init(|| m.frame(Vsn::V2)),
+        }
+        .as_ref()
+    }
+}
+
+/// A run's frames for one serializer as every plain subscriber gets them (no gate, none of
+/// the run its own broadcast), and those frames encoded for the wire once for all of them.
+struct Shared {
+    frames: Vec<Message>,
+    encoded: Bytes,
+}
+
+impl Shared {
+    fn of(vsn: Vsn, msgs: &[QueueMessage], frames: &[Frames]) -> Shared {
+        let frames: Vec<Message> = msgs
+            .iter()
+            .zip(frames)
+            .filter_map(|(m, f)| f.of(vsn, m).cloned())
+            .collect();
+        let encoded = crate::wire::encode(&frames);
+        Shared { frames, encoded }
     }
 }
 
@@ -201,16 +227,28 @@ impl Hub {
         sent
     }
 
+    /// Hands `frames` to the subscriber's connection in one go (written straight to its
+    /// socket when nothing is waiting there); stops at the first not taken (a full queue
+    /// closes the connection; a closing one unsubscribes itself).
+    fn deliver_batch(&self, sub: &Subscriber, frames: &[Message]) {
+        if frames.is_empty() {
+            return;
+        }
+        let (taken, _) = sub.reach.send_batch(frames);
+        self.metrics.deliveries_total.increment(taken as u64);
+    }
+
     /// Fans a queue message out to the subscribers of its topic.
     pub fn dispatch(&self, m: &QueueMessage) {
         self.dispatch_batch(std::slice::from_ref(m));
     }
 
     /// Fans out a run of queue messages (a drain batch's broadcasts, in queue order) so that
-    /// each connection is handed all its frames of the run one after another: its task
-    /// wakes once for them and writes them in one flush. Handed out a message at a time,
-    /// every subscriber's task woke and wrote once per message, nearly always one frame per
-    /// write. A connection's frames keep the queue's order, across all its topics.
+    /// each connection is handed all its frames of the run at once: written to its socket
+    /// in one system call from here when nothing is waiting there, without waking its task
+    /// (`outbound::Sender::send_batch`). Handed out a message at a time, every subscriber's
+    /// task woke and wrote once per message, nearly always one frame per write. A
+    /// connection's frames keep the queue's order, across all its topics.
     pub fn dispatch_batch(&self, msgs: &[QueueMessage]) {
         let topics = self.topics.read().unwrap();
         let frames: Vec<Frames> = msgs.iter().map(|_| Frames::default()).collect();
@@ -227,14 +265,31 @@ impl Hub {
             let Some(subs) = msgs.first().and_then(|m| topics.get(&key(m))) else {
                 return;
             };
+            // Most subscribers get the same frames: those are encoded once per serializer and
+            // written to each socket as they are.
+            let mut shared: [Option<Shared>; 2] = [None, None];
+            let mut mine = Vec::with_capacity(msgs.len());
             for sub in &subs.list {
-                for (m, f) in msgs.iter().zip(&frames) {
-                    if let Some(frame) = f.for_subscriber(sub, m) {
-                        if !self.deliver(sub, frame) {
-                            break;
-                        }
+                let plain = sub.gate.is_none()
+                    && (sub.self_broadcast || msgs.iter().all(|m| m.origin != Some(sub.origin)));
+                if plain {
+                    let vsn = sub.reach.vsn;
+                    let at = match vsn {
+                        Vsn::V1 => 0,
+                        Vsn::V2 => 1,
+                    };
+                    let run = shared[at].get_or_insert_with(|| Shared::of(vsn, msgs, &frames));
+                    if !run.frames.is_empty() {
+                        let (taken, _) = sub.reach.send_encoded(&run.frames, &run.encoded);
+                        self.metrics.deliveries_total.increment(taken as u64);
                     }
+                    continue;
                 }
+                mine.clear();
+                for (m, f) in msgs.iter().zip(&frames) {
+                    mine.extend(f.for_subscriber(sub, m));
+                }
+                self.deliver_batch(sub, &mine);
             }
             return;
         }
@@ -258,11 +313,7 @@ impl Hub {
             }
         }
         for (sub, frames) in pending {
-            for f in frames {
-                if !self.deliver(sub, f) {
-                    break;
-                }
-            }
+            self.deliver_batch(sub, &frames);
         }
     }
 
@@ -435,5 +486,61 @@ mod tests {
         assert_eq!(std::iter::from_fn(|| fast_rx.try_recv().ok()).count(), 2);
         assert_eq!(std::iter::from_fn(|| slow_rx.try_recv().ok()).count(), 1);
         assert_eq!(hub.metrics.value("realtime_deliveries_total"), Some(3.0));
+    }
+
+    /// A socket that takes everything written to it.
+    #[derive(Default)]
+    struct Taken(std::sync::Mutex<Vec<u8>>);
+
+    impl crate::wire::Socket for Taken {
+        fn try_write_vectored(&self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+            let mut t = self.0.lock().unwrap();
+            bufs.iter().for_each(|b| t.extend_from_slice(b));
+            Ok(bufs.iter().map(|b| b.len()).sum())
+        }
+    }
+
+    /// The `meta.seq` of every frame written to `socket`, in order.
+    fn written_seqs(socket: &Taken) -> Vec<i64> {
+        use tokio_tungstenite::tungstenite::protocol::{Role, WebSocket};
+        let bytes = socket.0.lock().unwrap().clone();
+        let mut ws = WebSocket::from_raw_socket(
+            std::io::Cursor::new(bytes),
+            Role::Client,
+            Some(Default::default()),
+        );
+        std::iter::from_fn(|| ws.read().ok())
+            .map(|m| {
+                let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                v["payload"]["meta"]["seq"].as_i64().unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_is_written_to_idle_sockets_from_the_hub_and_a_client_s_own_broadcast_left_out() {
+        let hub = Hub::new(Arc::new(Metrics::default()));
+        let sockets: Vec<Arc<Taken>> = (0..3).map(|_| Arc::new(Taken::default())).collect();
+        let mut rxs = Vec::new();
+        for (c, socket) in sockets.iter().enumerate() {
+            let (s, rx) = sub(c as ConnId + 1);
+            rx.attach(socket.clone());
+            hub.subscribe(key("t"), s);
+            rxs.push(rx);
+        }
+        // Message 2 is a client broadcast of connection 2, which did not ask for its own.
+        let mut batch: Vec<_> = (1..=3).map(|_| message("t", None)).collect();
+        for (n, m) in batch.iter_mut().enumerate() {
+            m.seq = n as i64 + 1;
+        }
+        batch[1].origin = Some(2);
+        hub.dispatch_batch(&batch);
+        assert_eq!(written_seqs(&sockets[0]), vec![1, 2, 3]);
+        assert_eq!(written_seqs(&sockets[1]), vec![1, 3]);
+        assert_eq!(written_seqs(&sockets[2]), vec![1, 2, 3]);
+        for rx in &rxs {
+            assert!(rx.try_recv().is_err(), "written, not queued");
+        }
+        assert_eq!(hub.metrics.value("realtime_deliveries_total"), Some(8.0));
     }
 }

@@ -170,6 +170,7 @@ pub mod socket;
 pub mod state;
 pub mod tally;
 pub mod url;
+pub mod wire;
 
 use std::future::Future;
 use std::net::SocketAddr;

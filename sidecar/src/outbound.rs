@@ -20,11 +20,26 @@
 //! marks it overflowed, and the reader (the socket loop, waiting on `overflowed`) ends the
 //! connection as too slow. No pusher decides that itself, and nothing more is queued once
 //! the mark is set.
+//!
+//! Once the connection's socket is attached (`Receiver::attach`), the queue also writes:
+//! a batch handed to `Sender::send_batch` while nothing is waiting goes to the socket at
+//! once, in one vectored system call from the pusher's thread, and only what the socket
+//! would not take is queued for the connection's task (`Receiver::write_some`). Every
+//! write, the pusher's or the task's, happens under the queue's lock and takes from its
+//! head, so frames leave in the order they were pushed. While the connection's task is
+//! handling a client frame (`hold`) nothing is written directly: its replies are put ahead
+//! of what was queued meanwhile (`put_first`), as when the task wrote them first itself.
 
+use crate::wire::{self, Socket};
+use bytes::Bytes;
 use std::collections::VecDeque;
+use std::io::{self, IoSlice};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;
+
+/// Frames per vectored write (two slices each: under any system's IOV_MAX).
+const WRITE_FRAMES: usize = 64;
 
 /// A buffer this large or smaller is kept when the queue empties; a larger one is freed.
 const KEEP: usize = 32;
@@ -58,6 +73,126 @@ struct State {
     closed: bool,
     /// A push found the queue full, or a sender cut the connection off: it must close.
     overflowed: bool,
+    /// Bytes to write before `frames`: the tail of a frame the socket took in part, and
+    /// tungstenite's own frames (`Raw`). Each entry ends at a frame boundary.
+    rest: VecDeque<Bytes>,
+    /// Where frames are written (once attached); None: the reader takes them (`recv`).
+    socket: Option<Arc<dyn Socket>>,
+    /// The connection's task is handling a client frame: nothing is written directly.
+    held: bool,
+}
+
+impl State {
+    /// Whether a pusher may write to the socket now: attached, nothing waiting, not held.
+    fn writable_now(&self) -> Option<Arc<dyn Socket>> {
+        if self.held || !self.frames.is_empty() || !self.rest.is_empty() {
+            return None;
+        }
+        self.socket.clone()
+    }
+
+    /// Queues `frame` within the bounds; false (and marked overflowed) if they are reached.
+    fn push(&mut self, frame: Message, capacity: usize, max_bytes: usize) -> bool {
+        let n = frame.len();
+        let too_many_bytes = !self.frames.is_empty() && self.bytes + n > max_bytes;
+        if self.frames.len() >= capacity || too_many_bytes {
+            self.overflowed = true;
+            return false;
+        }
+        self.bytes += n;
+        self.frames.push_back(frame);
+        true
+    }
+}
+
+/// Writes `frames` to `socket` in vectored calls until all are written or the socket takes
+/// no more; returns how many frames were written whole, and the unwritten tail of the one
+/// written in part, if any.
+fn write_direct(socket: &dyn Socket, frames: &[Message]) -> io::Result<(usize, Option<Bytes>)> {
+    let mut done = 0;
+    while done < frames.len() {
+        let chunk = &frames[done..frames.len().min(done + WRITE_FRAMES)];
+        let mut headers = [None; WRITE_FRAMES];
+        for (h, m) in headers.iter_mut().zip(chunk) {
+            *h = wire::parts(m).map(|(h, _)| h);
+        }
+        let mut slices = [IoSlice::new(&[]); WRITE_FRAMES * 2];
+        let mut n = 0;
+        let mut total = 0;
+        for (h, m) in headers.iter().zip(chunk) {
+            let (Some(h), Some((_, payload))) = (h, wire::parts(m)) else {
+                continue;
+            };
+            slices[n] = IoSlice::new(h.as_slice());
+            slices[n + 1] = IoSlice::new(payload);
+            n += 2;
+            total += h.as_slice().len() + payload.len();
+        }
+        let written = match socket.try_write_vectored(&slices[..n]) {
+            Ok(w) => w,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((done, None)),
+            Err(e) => return Err(e),
+        };
+        // Whole frames written, then the tail of the one cut, if any.
+        let mut left = written;
+        for (h, m) in headers.iter().zip(chunk) {
+            let Some((_, payload)) = wire::parts(m) else {
+                done += 1;
+                continue;
+            };
+            let len = h.map_or(0, |h| h.as_slice().len()) + payload.len();
+            if left >= len {
+                left -= len;
+                done += 1;
+                continue;
+            }
+            return Ok((done + 1, Some(tail(m, left))));
+        }
+        if written < total {
+            return Ok((done, None));
+        }
+    }
+    Ok((done, None))
+}
+
+/// Writes `encoded` (the frames `frames`, encoded back to back) in one call; returns as
+/// `write_direct` does.
+fn write_encoded(
+    socket: &dyn Socket,
+    frames: &[Message],
+    encoded: &Bytes,
+) -> io::Result<(usize, Option<Bytes>)> {
+    let written = match socket.try_write_vectored(&[IoSlice::new(encoded)]) {
+        Ok(w) => w,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((0, None)),
+        Err(e) => return Err(e),
+    };
+    let mut at = 0;
+    for (i, m) in frames.iter().enumerate() {
+        let end = at + wire::encoded_len(m);
+        if written < end {
+            if written == at {
+                return Ok((i, None));
+            }
+            return Ok((i + 1, Some(encoded.slice(written..end))));
+        }
+        at = end;
+    }
+    Ok((frames.len(), None))
+}
+
+/// What is left of frame `m` after its first `written` bytes.
+fn tail(m: &Message, written: usize) -> Bytes {
+    let (h, _) = wire::parts(m).expect("only frames with parts are written");
+    let h = h.as_slice();
+    let payload = wire::payload_bytes(m);
+    if written < h.len() {
+        let mut b = h[written..].to_vec();
+        b.extend_from_slice(&payload);
+        Bytes::from(b)
+    } else {
+        payload.slice(written - h.len()..)
+    }
 }
 
 struct Inner {
@@ -80,6 +215,38 @@ pub struct Receiver {
     inner: Arc<Inner>,
 }
 
+/// Bytes written ahead of the queued frames (tungstenite's own frames: pongs, the answer to
+/// a client's close); not a sender (it does not keep the queue open).
+pub struct Raw {
+    inner: Arc<Inner>,
+}
+
+impl Raw {
+    /// Queues whole frames' bytes; false once the reader is gone.
+    pub fn push(&self, bytes: Bytes) -> bool {
+        {
+            let mut s = self.inner.state.lock().unwrap();
+            if s.closed {
+                return false;
+            }
+            s.rest.push_back(bytes);
+        }
+        self.inner.readable.notify_one();
+        true
+    }
+}
+
+/// What `Receiver::write_some` left.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Nothing is waiting.
+    All,
+    /// The socket takes no more for now: wait until it is writable, then write again.
+    Blocked,
+    /// The most frames of one call were written and more wait.
+    More,
+}
+
 /// A queue of at most `capacity` frames, whatever their size.
 pub fn channel(capacity: usize) -> (Sender, Receiver) {
     bounded(capacity, usize::MAX)
@@ -94,6 +261,9 @@ pub fn bounded(capacity: usize, max_bytes: usize) -> (Sender, Receiver) {
             senders: 1,
             closed: false,
             overflowed: false,
+            rest: VecDeque::new(),
+            socket: None,
+            held: false,
         }),
         readable: Notify::new(),
         cut: Notify::new(),
@@ -120,19 +290,74 @@ impl Sender {
             if s.overflowed {
                 return Sent::Full;
             }
-            let n = frame.len();
-            let too_many_bytes = !s.frames.is_empty() && s.bytes + n > self.inner.max_bytes;
-            if s.frames.len() >= self.inner.capacity || too_many_bytes {
-                s.overflowed = true;
+            if !s.push(frame, self.inner.capacity, self.inner.max_bytes) {
                 drop(s);
                 self.inner.cut.notify_one();
                 return Sent::Full;
             }
-            s.bytes += n;
-            s.frames.push_back(frame);
         }
         self.inner.readable.notify_one();
         Sent::Queued
+    }
+
+    /// Sends `frames` in order, as `send` each would, except that when nothing is waiting
+    /// they are written to the attached socket at once (the connection's task is not woken
+    /// for them), and only what the socket would not take is queued. Returns how many were
+    /// taken (written or queued), and what became of the first one that was not.
+    pub fn send_batch(&self, frames: &[Message]) -> (usize, Sent) {
+        self.send_run(frames, None)
+    }
+
+    /// `send_batch` with the frames already encoded, back to back, as `encoded`
+    /// (`wire::encode`): the same bytes for every subscriber of a run, made once, and
+    /// written in one piece.
+    pub fn send_encoded(&self, frames: &[Message], encoded: &Bytes) -> (usize, Sent) {
+        self.send_run(frames, Some(encoded))
+    }
+
+    fn send_run(&self, frames: &[Message], encoded: Option<&Bytes>) -> (usize, Sent) {
+        let mut queued = false;
+        let result = {
+            let mut s = self.inner.state.lock().unwrap();
+            if s.closed {
+                return (0, Sent::Closed);
+            }
+            if s.overflowed {
+                return (0, Sent::Full);
+            }
+            let mut start = 0;
+            if let Some(socket) = s.writable_now() {
+                // An error other than a full socket is left to the connection's task, which
+                // meets it at its next write or read; the frames are queued meanwhile.
+                let written = match encoded {
+                    Some(bytes) => write_encoded(&*socket, frames, bytes),
+                    None => write_direct(&*socket, frames),
+                };
+                if let Ok((done, cut)) = written {
+                    start = done;
+                    if let Some(cut) = cut {
+                        s.rest.push_back(cut);
+                        queued = true;
+                    }
+                }
+            }
+            let mut taken = (frames.len(), Sent::Queued);
+            for (i, f) in frames.iter().enumerate().skip(start) {
+                if !s.push(f.clone(), self.inner.capacity, self.inner.max_bytes) {
+                    taken = (i, Sent::Full);
+                    break;
+                }
+                queued = true;
+            }
+            taken
+        };
+        if result.1 == Sent::Full {
+            self.inner.cut.notify_one();
+        }
+        if queued {
+            self.inner.readable.notify_one();
+        }
+        result
     }
 
     /// Marks the connection too slow without a full queue (a history that made no progress
@@ -191,6 +416,105 @@ impl Drop for Sender {
 }
 
 impl Receiver {
+    /// From now on frames are written to `socket` (by `send_batch` and `write_some`).
+    pub fn attach(&self, socket: Arc<dyn Socket>) {
+        self.inner.state.lock().unwrap().socket = Some(socket);
+    }
+
+    pub fn raw(&self) -> Raw {
+        Raw {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// The connection's task is about to handle something that may answer the client:
+    /// pushers queue rather than write until `put_first`.
+    pub fn hold(&self) {
+        self.inner.state.lock().unwrap().held = true;
+    }
+
+    /// Puts the task's own replies ahead of every queued frame (outside the bounds: they
+    /// answer the client's own frames), and lets pushers write again.
+    pub fn put_first(&self, replies: Vec<Message>) {
+        let mut s = self.inner.state.lock().unwrap();
+        s.held = false;
+        for m in replies.into_iter().rev() {
+            s.bytes += m.len();
+            s.frames.push_front(m);
+        }
+    }
+
+    /// Resolves once something waits to be written. Cancel-safe.
+    pub async fn pending(&self) {
+        loop {
+            let notified = self.inner.readable.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let s = self.inner.state.lock().unwrap();
+                if !s.frames.is_empty() || !s.rest.is_empty() {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Writes what is waiting to the attached socket, oldest first, until all is written,
+    /// the socket takes no more, or `max_frames` were written (so that a connection whose
+    /// queue never empties still gets back to its other work between calls).
+    pub fn write_some(&self, max_frames: usize) -> io::Result<Written> {
+        let mut s = self.inner.state.lock().unwrap();
+        let Some(socket) = s.socket.clone() else {
+            return Ok(Written::All);
+        };
+        while let Some(head) = s.rest.front_mut() {
+            match socket.try_write_vectored(&[IoSlice::new(head)]) {
+                Ok(n) if n >= head.len() => {
+                    s.rest.pop_front();
+                }
+                Ok(n) => {
+                    let _ = head.split_to(n);
+                    return Ok(Written::Blocked);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Written::Blocked),
+                Err(e) => return Err(e),
+            }
+        }
+        let mut budget = max_frames;
+        while !s.frames.is_empty() {
+            if budget == 0 {
+                return Ok(Written::More);
+            }
+            let n = s.frames.len().min(WRITE_FRAMES).min(budget);
+            budget -= n;
+            let (done, cut) = write_direct(&*socket, &s.frames.make_contiguous()[..n])?;
+            let st = &mut *s;
+            for m in st.frames.drain(..done) {
+                st.bytes -= m.len();
+            }
+            if let Some(cut) = cut {
+                s.rest.push_back(cut);
+                return Ok(Written::Blocked);
+            }
+            if done < n {
+                return Ok(Written::Blocked);
+            }
+        }
+        if s.frames.capacity() > KEEP {
+            s.frames = VecDeque::new();
+        }
+        Ok(Written::All)
+    }
+
+    /// Drops the frames not yet written, keeping the tail of one written in part (the
+    /// stream must end at a frame boundary): a closing connection sends its last words only.
+    pub fn discard_queued(&self) {
+        let mut s = self.inner.state.lock().unwrap();
+        s.frames = VecDeque::new();
+        s.bytes = 0;
+    }
+
     /// The oldest frame; waits for one. None once every sender is gone and all was read.
     /// Cancel-safe: a frame is taken only when this returns it.
     pub async fn recv(&self) -> Option<Message> {
@@ -254,12 +578,15 @@ impl Drop for Receiver {
         s.closed = true;
         s.frames = VecDeque::new();
         s.bytes = 0;
+        s.rest = VecDeque::new();
+        s.socket = None;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::FutureExt;
 
     fn text(s: &str) -> Message {
         Message::text(s)
@@ -313,7 +640,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_marks_itself_overflowed_and_takes_nothing_more() {
-        use futures_util::FutureExt;
         let (tx, rx) = channel(1);
         assert!(rx.overflowed().now_or_never().is_none());
         assert_eq!(tx.send(text("a")), Sent::Queued);
@@ -371,5 +697,155 @@ mod tests {
         rx.try_recv().unwrap();
         let kept = tx.inner.state.lock().unwrap().frames.capacity();
         assert!(kept > 0 && kept <= KEEP, "a small buffer is kept: {kept}");
+    }
+
+    /// A socket that takes up to `room` bytes, then would block.
+    struct Fake {
+        taken: Mutex<Vec<u8>>,
+        room: Mutex<usize>,
+        calls: Mutex<usize>,
+    }
+
+    impl Fake {
+        fn new(room: usize) -> Arc<Fake> {
+            Arc::new(Fake {
+                taken: Mutex::new(Vec::new()),
+                room: Mutex::new(room),
+                calls: Mutex::new(0),
+            })
+        }
+
+        /// The messages written so far, read back by tungstenite as a client would.
+        fn messages(&self) -> Vec<Message> {
+            use tokio_tungstenite::tungstenite::protocol::{Role, WebSocket};
+            let bytes = self.taken.lock().unwrap().clone();
+            let mut ws = WebSocket::from_raw_socket(
+                std::io::Cursor::new(bytes),
+                Role::Client,
+                Some(Default::default()),
+            );
+            // Whole frames until the bytes end (a cut frame is not read).
+            std::iter::from_fn(|| ws.read().ok()).collect()
+        }
+    }
+
+    impl Socket for Fake {
+        fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            *self.calls.lock().unwrap() += 1;
+            let mut room = self.room.lock().unwrap();
+            if *room == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let mut taken = self.taken.lock().unwrap();
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(*room - n);
+                taken.extend_from_slice(&b[..k]);
+                n += k;
+            }
+            *room -= n;
+            Ok(n)
+        }
+    }
+
+    fn attached(capacity: usize, max_bytes: usize, room: usize) -> (Sender, Receiver, Arc<Fake>) {
+        let (tx, rx) = bounded(capacity, max_bytes);
+        let fake = Fake::new(room);
+        rx.attach(fake.clone());
+        (tx, rx, fake)
+    }
+
+    fn texts(n: std::ops::Range<usize>) -> Vec<Message> {
+        n.map(|i| text(&format!("frame {i}"))).collect()
+    }
+
+    #[test]
+    fn a_batch_is_written_at_once_in_one_call_when_nothing_waits() {
+        let (tx, rx, fake) = attached(100, 1 << 20, usize::MAX);
+        assert_eq!(tx.send_batch(&texts(0..5)), (5, Sent::Queued));
+        assert_eq!(*fake.calls.lock().unwrap(), 1, "one vectored write");
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty), "nothing queued");
+        assert!(
+            rx.pending().now_or_never().is_none(),
+            "the task is not woken"
+        );
+        assert_eq!(fake.messages(), texts(0..5));
+    }
+
+    #[test]
+    fn what_the_socket_does_not_take_is_queued_and_written_after_in_order() {
+        // Room for the first frame and 3 bytes of the second.
+        let first = wire::parts(&text("frame 0")).map(|(h, p)| h.as_slice().len() + p.len());
+        let (tx, rx, fake) = attached(100, 1 << 20, first.unwrap() + 3);
+        assert_eq!(tx.send_batch(&texts(0..4)), (4, Sent::Queued));
+        assert!(rx.pending().now_or_never().is_some(), "the task is woken");
+        // Later frames queue behind, however much room there is now.
+        *fake.room.lock().unwrap() = usize::MAX;
+        assert_eq!(tx.send_batch(&texts(4..6)), (2, Sent::Queued));
+        assert_eq!(fake.messages(), texts(0..1));
+        assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::All);
+        assert_eq!(fake.messages(), texts(0..6));
+        assert_eq!(tx.inner.state.lock().unwrap().bytes, 0);
+    }
+
+    #[test]
+    fn a_blocked_socket_fills_the_queue_to_its_bounds_and_cuts_the_client_off() {
+        let (tx, rx, fake) = attached(3, 1 << 20, 0);
+        assert_eq!(tx.send_batch(&texts(0..2)), (2, Sent::Queued));
+        assert_eq!(tx.send_batch(&texts(2..5)), (1, Sent::Full));
+        assert!(rx.overflowed().now_or_never().is_some());
+        assert_eq!(tx.send_batch(&texts(5..6)), (0, Sent::Full), "nothing more");
+        assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::Blocked);
+        *fake.room.lock().unwrap() = usize::MAX;
+        assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::All);
+        assert_eq!(fake.messages(), texts(0..3));
+    }
+
+    #[test]
+    fn replies_go_ahead_of_what_was_pushed_while_held() {
+        let (tx, rx, fake) = attached(100, 1 << 20, usize::MAX);
+        rx.hold();
+        // A channel's broadcast while its join is being handled: queued, not written.
+        assert_eq!(tx.send_batch(&texts(1..3)), (2, Sent::Queued));
+        assert!(fake.messages().is_empty());
+        rx.put_first(vec![text("reply")]);
+        assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::All);
+        let mut want = vec![text("reply")];
+        want.extend(texts(1..3));
+        assert_eq!(fake.messages(), want);
+        // Released: written at once again.
+        assert_eq!(tx.send_batch(&texts(3..4)), (1, Sent::Queued));
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        want.extend(texts(3..4));
+        assert_eq!(fake.messages(), want);
+    }
+
+    #[test]
+    fn raw_frames_go_out_at_a_frame_boundary() {
+        // The socket takes 3 bytes of a frame; a pong pushed meanwhile follows that frame.
+        let (tx, rx, fake) = attached(100, 1 << 20, 3);
+        assert_eq!(tx.send_batch(&texts(0..2)), (2, Sent::Queued));
+        let pong_msg = Message::Pong(Bytes::from_static(b"p"));
+        let (h, p) = wire::parts(&pong_msg).unwrap();
+        let mut pong = h.as_slice().to_vec();
+        pong.extend_from_slice(p);
+        assert!(rx.raw().push(Bytes::from(pong)));
+        *fake.room.lock().unwrap() = usize::MAX;
+        assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::All);
+        let got = fake.messages();
+        assert_eq!(got[0], texts(0..1)[0]);
+        assert_eq!(got[1], Message::Pong(Bytes::from_static(b"p")));
+        assert_eq!(got[2..], texts(1..2)[..]);
+    }
+
+    #[test]
+    fn the_task_writes_at_most_its_budget_per_call() {
+        let (tx, rx, fake) = attached(100, 1 << 20, 0);
+        assert_eq!(tx.send_batch(&texts(0..5)), (5, Sent::Queued));
+        *fake.room.lock().unwrap() = usize::MAX;
+        assert_eq!(rx.write_some(2).unwrap(), Written::More);
+        assert_eq!(fake.messages(), texts(0..2));
+        assert_eq!(rx.write_some(3).unwrap(), Written::All);
+        assert_eq!(fake.messages(), texts(0..5));
     }
 }

@@ -11,6 +11,7 @@
 use crate::change_hold::Hold;
 use crate::frame::{self, Inbound, Vsn};
 use crate::outbound::{self, Sent};
+use bytes::Bytes;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -104,6 +105,35 @@ impl Reach {
     /// Names this channel's hold: the same for every clone of this channel's `Reach`.
     pub fn hold_id(&self) -> usize {
         Arc::as_ptr(&self.hold) as usize
+    }
+
+    /// Sends a run of frames in order, written at once when nothing is waiting
+    /// (`outbound::Sender::send_batch`): how many were taken, and why the rest were not.
+    /// A channel with changes whose check is pending queues the run behind them instead
+    /// (`send_ordered`, frame by frame).
+    pub fn send_batch(&self, frames: &[Message]) -> (usize, Sent) {
+        if !self.hold.is_clear() {
+            return self.send_each_ordered(frames);
+        }
+        self.out.send_batch(frames)
+    }
+
+    /// `send_batch` with the frames encoded once for many channels (`wire::encode`).
+    pub fn send_encoded(&self, frames: &[Message], encoded: &Bytes) -> (usize, Sent) {
+        if !self.hold.is_clear() {
+            return self.send_each_ordered(frames);
+        }
+        self.out.send_encoded(frames, encoded)
+    }
+
+    fn send_each_ordered(&self, frames: &[Message]) -> (usize, Sent) {
+        for (i, f) in frames.iter().enumerate() {
+            let sent = self.send_ordered(f.clone());
+            if sent != Sent::Queued {
+                return (i, sent);
+            }
+        }
+        (frames.len(), Sent::Queued)
     }
 
     /// Queues a text frame.

@@ -27,8 +27,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
-use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 /// Binds with SO_REUSEPORT so several sidecar processes can share one port (each process is
 /// limited to 20,000 open files here).
@@ -317,15 +316,27 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>, client: AddressKey) 
     tokio::spawn(async move {
         let _from_address = from_address;
         match on_upgrade.await {
-            Ok(upgraded) => {
-                let ws = WebSocketStream::from_raw_socket(
-                    TokioIo::new(upgraded),
-                    Role::Server,
-                    Some(ws_config),
-                )
-                .await;
-                socket::serve(ws, shared2, vsn, claims, headers, client).await;
-            }
+            // The sidecar writes the socket itself (`wire`): the upgraded connection is the
+            // TcpStream it accepted, with what the HTTP server read past the request.
+            Ok(upgraded) => match upgraded.downcast::<TokioIo<tokio::net::TcpStream>>() {
+                Ok(parts) => {
+                    socket::serve(
+                        parts.io.into_inner(),
+                        parts.read_buf,
+                        ws_config,
+                        shared2,
+                        vsn,
+                        claims,
+                        headers,
+                        client,
+                    )
+                    .await;
+                }
+                Err(_) => {
+                    shared2.metrics.connections.fetch_sub(1, Relaxed);
+                    tracing::warn!("upgraded connection is not a TCP stream");
+                }
+            },
             Err(e) => {
                 shared2.metrics.connections.fetch_sub(1, Relaxed);
                 tracing::debug!(error = %e, "upgrade failed");

@@ -1,55 +1,72 @@
 //! One WebSocket connection's loop: read, write, heartbeat, idle and shutdown.
 //!
-//! A single task owns the connection. Each client frame is parsed once into a `Command` and
-//! handed to the connection's `Channels`, which answer it into their outbound buffer (so a
-//! reply always precedes broadcasts on the channel it opened); hub frames come from a
-//! bounded queue. Each pass writes both, batching whatever is ready into one flush. The
-//! loop ends on close, error, idle timeout, a full queue (the client is too slow), a join
-//! rate limit, or server shutdown, each with a close reason (`reason::Disconnect`), and
-//! leaves every channel on the way out.
+//! A single task owns the connection's reading. Each client frame is parsed once into a
+//! `Command` and handed to the connection's `Channels`, which answer it into their outbound
+//! buffer; those replies are put ahead of anything queued meanwhile (so a reply always
+//! precedes broadcasts on the channel it opened). Everything else comes through the bounded
+//! outbound queue, which the hub's fan-out writes to the socket itself while nothing is
+//! waiting (`outbound`, `wire`); the task writes what the socket would not take, when it
+//! becomes writable, and whatever other pushers queued, in one vectored write per pass.
+//! The loop ends on close, error, idle timeout, a full queue (the client is too slow), a
+//! join rate limit, or server shutdown, each with a close reason (`reason::Disconnect`),
+//! and leaves every channel on the way out.
 
 use crate::address::AddressKey;
 use crate::channels::Channels;
 use crate::command::{self, Frame};
 use crate::frame::{self, Vsn};
 use crate::jwt::{self, Claims};
-use crate::outbound;
+use crate::outbound::{self, Written};
 use crate::reason::Disconnect;
 use crate::state::Shared;
-use futures_util::{SinkExt, StreamExt};
+use crate::wire::{self, Duplex};
+use bytes::Bytes;
+use futures_util::StreamExt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
-/// Frames written per flush at most, so one busy connection cannot hog its task.
+/// Frames written per pass of the loop at most, so that a connection whose queue never
+/// empties is still re-checked and reads its client between passes.
 const WRITE_BATCH: usize = 256;
 /// How long a closing connection may take to send its close frame.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
-pub async fn serve<S>(
-    ws: WebSocketStream<S>,
+/// Serves one upgraded connection: `ahead` is what the HTTP server read past the upgrade
+/// request (the client's first frames, if it sent them at once).
+#[allow(clippy::too_many_arguments)]
+pub async fn serve(
+    tcp: TcpStream,
+    ahead: Bytes,
+    ws_config: WebSocketConfig,
     shared: Arc<Shared>,
     vsn: Vsn,
     socket_claims: Claims,
     headers: String,
     address: AddressKey,
-) where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+) {
     let (tx, rx) = outbound::bounded(
         shared.cfg.max_outbound_frames,
         shared.cfg.max_outbound_bytes,
     );
+    let (reader, writer) = tcp.into_split();
+    let socket = Arc::new(writer);
+    rx.attach(socket.clone());
+    let mut stream = WebSocketStream::from_raw_socket(
+        Duplex::new(ahead, reader, rx.raw()),
+        Role::Server,
+        Some(ws_config),
+    )
+    .await;
     let mut conn = Channels::new(shared.clone(), vsn, socket_claims, headers, tx, address);
     let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
     let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);
     // `connections` was counted at upgrade (server.rs); it is given back when this ends.
     shared.metrics.connections_total.increment(1);
-    let (mut sink, mut stream) = ws.split();
     let mut shutdown = shared.shutdown.clone();
     let idle_timeout = shared.cfg.idle_timeout();
     let idle = tokio::time::sleep(idle_timeout);
@@ -78,13 +95,23 @@ pub async fn serve<S>(
             biased;
             _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
             _ = rx.overflowed() => break Some(too_slow_close(&shared)),
-            Some(answer) = conn.next_answer() => conn.on_answer(answer),
-            _ = recheck.tick() => conn.recheck_all(),
+            // Each branch that may answer the client holds direct writes first (`hold`),
+            // so that nothing of a channel it opens is written before its reply.
+            Some(answer) = conn.next_answer() => {
+                rx.hold();
+                conn.on_answer(answer)
+            }
+            _ = recheck.tick() => {
+                rx.hold();
+                conn.recheck_all()
+            }
             _ = &mut expiry, if conn.has_channels() => {
+                rx.hold();
                 conn.expire_tokens();
                 expiry_exp = i64::MIN;
             }
             frame = stream.next() => {
+                rx.hold();
                 idle.as_mut().reset((Instant::now() + idle_timeout).into());
                 match frame {
                     Some(Ok(msg)) => match read(&conn, vsn, msg) {
@@ -108,54 +135,59 @@ pub async fn serve<S>(
                 }
             }
             _ = &mut idle => break Some(Disconnect::IdleTimeout),
-            Some(msg) = rx.recv() => conn.out.push(msg),
+            _ = rx.pending() => {}
         }
-        // Write what handling produced plus whatever the hub has queued, then flush once.
-        while conn.out.len() < WRITE_BATCH {
-            match rx.try_recv() {
-                Ok(msg) => conn.out.push(msg),
-                Err(_) => break,
-            }
-        }
-        if !conn.out.is_empty() {
-            let batch = std::mem::take(&mut conn.out);
-            let write = async {
-                for msg in batch {
-                    sink.feed(msg).await?;
-                }
-                sink.flush().await
-            };
-            // A client that stops reading blocks this write; it must not block being cut off.
-            tokio::select! {
-                r = write => if r.is_err() { break None; },
+        // What handling produced goes ahead of what was queued meanwhile; then what waits
+        // is written, as far as the socket takes it, up to a batch per pass.
+        rx.put_first(std::mem::take(&mut conn.out));
+        match rx.write_some(WRITE_BATCH) {
+            Ok(Written::All | Written::More) => {}
+            // A client that stops reading leaves this waiting for room; it must not block
+            // being cut off.
+            Ok(Written::Blocked) => tokio::select! {
+                r = socket.writable() => if r.is_err() { break None; },
                 _ = rx.overflowed() => break Some(too_slow_close(&shared)),
                 _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
-            }
+            },
+            Err(_) => break None,
         }
     };
 
     conn.leave_all();
-    drop(rx);
     // A close frame with the reason, unless the client is not reading at all: then the
-    // connection is just dropped after a grace period.
-    let last_words = std::mem::take(&mut conn.out);
+    // connection is just dropped after a grace period. Queued frames are dropped, not the
+    // tail of one written in part (the stream ends at a frame boundary).
+    rx.discard_queued();
+    // Replies produced by the frame that ended the connection (a rate-limit error, say).
+    rx.put_first(std::mem::take(&mut conn.out));
     let goodbye = async {
-        // Replies produced by the frame that ended the connection (a rate-limit error, say).
-        for msg in last_words {
-            let _ = sink.feed(msg).await;
+        write_all(&rx, &socket).await?;
+        // A client's close was answered by tungstenite already.
+        if let Some(why) = close.filter(|why| *why != Disconnect::ClientClosed) {
+            rx.raw()
+                .push(wire::close_frame(why.code().into(), why.text()));
+            write_all(&rx, &socket).await?;
         }
-        if let Some(why) = close {
-            let _ = sink
-                .send(Message::Close(Some(CloseFrame {
-                    code: why.code(),
-                    reason: why.text().into(),
-                })))
-                .await;
-        }
-        let _ = sink.close().await;
+        Ok::<(), std::io::Error>(())
     };
     let _ = tokio::time::timeout(CLOSE_GRACE, goodbye).await;
+    drop(stream);
+    drop(rx);
     shared.metrics.connections.fetch_sub(1, Relaxed);
+}
+
+/// Writes everything waiting in the outbound queue, waiting for room as the socket needs.
+async fn write_all(
+    rx: &outbound::Receiver,
+    socket: &tokio::net::tcp::OwnedWriteHalf,
+) -> std::io::Result<()> {
+    loop {
+        match rx.write_some(usize::MAX)? {
+            Written::All => return Ok(()),
+            Written::Blocked => socket.writable().await?,
+            Written::More => {}
+        }
+    }
 }
 
 fn too_slow_close(shared: &Shared) -> Disconnect {
