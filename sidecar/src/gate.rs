@@ -220,6 +220,24 @@ mod tests {
         assert!(rx.overflowed().now_or_never().is_none());
     }
 
+    /// A change's frame reaches the gate when its check decides, after a broadcast
+    /// committed later may have; opening lets them out in queue order, and behind a change
+    /// of the channel whose check is still pending.
+    #[test]
+    fn a_change_checked_after_a_later_broadcast_is_let_out_before_it() {
+        let (tx, mut rx) = crate::outbound::channel(16);
+        let to = reach(tx);
+        let gate = Gate::new(100, usize::MAX);
+        assert!(gate.pass(1, 7, &frame(7)).is_none());
+        assert!(gate.pass(1, 5, &frame(5)).is_none());
+        // Change 9 of the channel is still being checked when the history ends at 4.
+        assert!(to.hold_slot(1, 0));
+        assert_eq!(gate.open(1, (4, vec![]), None, &to), Opened::Yes);
+        assert!(drain(&mut rx).is_empty(), "behind the pending change");
+        to.fill_slots(1, [(0, vec![frame(9)])].into_iter().collect());
+        assert_eq!(drain(&mut rx), vec!["9", "5", "7"]);
+    }
+
     #[test]
     fn holding_too_much_drops_it_and_asks_for_the_history_again() {
         let (tx, mut rx) = crate::outbound::channel(16);

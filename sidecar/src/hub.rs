@@ -488,6 +488,39 @@ mod tests {
         assert_eq!(hub.metrics.value("realtime_deliveries_total"), Some(3.0));
     }
 
+    /// The hub's batched write to an idle socket must not overtake a change of the channel
+    /// whose check is pending (`change_hold`): the run waits behind it.
+    #[test]
+    fn a_batch_waits_behind_a_change_whose_check_is_pending() {
+        let hub = Hub::new(Arc::new(Metrics::default()));
+        let socket = Arc::new(Taken::default());
+        let (s, rx) = sub(1);
+        rx.attach(socket.clone());
+        let reach = s.reach.clone();
+        hub.subscribe(key("t"), s);
+        assert!(reach.hold_slot(1, 0));
+        let mut m = message("t", None);
+        m.seq = 2;
+        hub.dispatch_batch(&[m]);
+        assert!(
+            written_seqs(&socket).is_empty(),
+            "not written past the pending change"
+        );
+        let mut change = message("t", None);
+        change.seq = 1;
+        let frame = change.frame(Vsn::V1).unwrap();
+        reach.fill_slots(1, [(0, vec![frame])].into_iter().collect());
+        let queued: Vec<i64> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|m| {
+                let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
+                v["payload"]["meta"]["seq"].as_i64().unwrap()
+            })
+            .collect();
+        let mut got = written_seqs(&socket);
+        got.extend(queued);
+        assert_eq!(got, vec![1, 2]);
+    }
+
     /// A socket that takes everything written to it.
     #[derive(Default)]
     struct Taken(std::sync::Mutex<Vec<u8>>);
