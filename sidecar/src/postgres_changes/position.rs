@@ -12,7 +12,6 @@
 //! `resume: {epoch, seq, changes: true}` continues exactly after it. One message per batch,
 //! not per change: its cost is measured in `pgbench/RESULTS.md`.
 
-use super::deliver::Outgoing;
 use super::subscribers::Subscriber;
 use crate::hub::ConnId;
 use crate::metrics::Metrics;
@@ -28,16 +27,9 @@ pub struct Positions {
 }
 
 impl Positions {
-    /// Notes a frame about to be sent: a change to a channel that asked for positions.
-    pub fn note(&mut self, f: &Outgoing) {
-        if f.change && f.to.positions {
-            let key = (f.to.reach.conn, f.to.reach.topic.clone());
-            self.sent.entry(key).or_insert_with(|| f.to.clone());
-        }
-    }
-
     /// Notes a channel that was left a slot for a change of this batch (its check runs
-    /// beside the drain, `change_hold`): its position follows the batch behind the slot.
+    /// beside the drain, `change_hold`): its position follows the batch behind the slot. A
+    /// channel only told that changes were withheld (no slot) is not noted.
     pub fn note_slot(&mut self, sub: &Arc<Subscriber>) {
         if sub.positions {
             let key = (sub.reach.conn, sub.reach.topic.clone());
@@ -116,14 +108,6 @@ mod tests {
         (Arc::new(s), rx)
     }
 
-    fn out(to: &Arc<Subscriber>, change: bool) -> Outgoing {
-        Outgoing {
-            to: to.clone(),
-            frame: Message::text("change"),
-            change,
-        }
-    }
-
     fn payloads(rx: &crate::outbound::Receiver) -> Vec<Value> {
         std::iter::from_fn(|| rx.try_recv().ok())
             .map(|m| {
@@ -137,15 +121,11 @@ mod tests {
         let m = Metrics::default();
         let (asked, asked_rx) = sub(1, true, None);
         let (plain, plain_rx) = sub(2, false, None);
-        let (told_only, told_rx) = sub(3, true, None);
+        // Channel 3 asked, but got no change of this batch (only a notice, or nothing).
+        let (_told_only, told_rx) = sub(3, true, None);
         let mut p = Positions::default();
-        for f in [
-            out(&asked, true),
-            out(&asked, true),
-            out(&plain, true),
-            out(&told_only, false),
-        ] {
-            p.note(&f);
+        for s in [&asked, &asked, &plain] {
+            p.note_slot(s);
         }
         p.send(7, 42, &m);
         let got = payloads(&asked_rx);
@@ -169,10 +149,10 @@ mod tests {
         let gate = Gate::new(100, usize::MAX);
         let (s, rx) = sub(1, true, Some(gate.clone()));
         let mut p = Positions::default();
-        p.note(&out(&s, true));
+        p.note_slot(&s);
         p.send(7, 10, &m);
         let mut p = Positions::default();
-        p.note(&out(&s, true));
+        p.note_slot(&s);
         p.send(7, 20, &m);
         assert!(payloads(&rx).is_empty(), "held while the history is sent");
         // The history went through 15: the position at 10 was covered by it, 20 passes.
