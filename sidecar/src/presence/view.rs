@@ -273,12 +273,13 @@ impl Views {
         self.deliver(w, made);
     }
 
-    fn flush_view(&self, view: &mut View) {
+    /// Sends the view's pending changes as one diff; its next window starts at `now`.
+    fn flush_view(&self, view: &mut View, now: Instant) {
         if !matches!(view.phase, Phase::Ready) || view.pending.is_empty() {
             return;
         }
         let diff = view.take_diff_json();
-        view.flushed_at = Instant::now();
+        view.flushed_at = now;
         let mut frames: HashMap<(Vsn, Option<&str>), Message> = HashMap::new();
         for w in view.watchers.values() {
             let f = frames
@@ -418,7 +419,14 @@ impl Views {
     /// Sends every topic's pending changes as one diff now.
     #[cfg(test)]
     pub fn flush(&self) {
-        self.flush_due_at(None, Duration::ZERO, Duration::ZERO);
+        self.flush_at(Instant::now());
+    }
+
+    /// `flush` as if at `at`: the windows it starts are timed from `at`, so a test's
+    /// later instants are measured from the same one whatever pauses its thread.
+    #[cfg(test)]
+    fn flush_at(&self, at: Instant) {
+        self.flush_due_at(at, true, Duration::ZERO, Duration::ZERO);
     }
 
     /// Sends the pending changes of every topic whose window is over, as one diff each,
@@ -426,15 +434,13 @@ impl Views {
     /// window is `window`, or LARGE_ROOM_WINDOW for a large room, and ends at the tick
     /// nearest its end.
     pub fn flush_due(&self, window: Duration, tick: Duration) {
-        self.flush_due_at(Some(Instant::now()), window, tick);
+        self.flush_due_at(Instant::now(), false, window, tick);
     }
 
-    /// As `flush_due` at `now`; None flushes every topic now.
-    fn flush_due_at(&self, now: Option<Instant>, window: Duration, tick: Duration) {
+    /// As `flush_due` at `now`; `forced` flushes every topic whatever its window.
+    fn flush_due_at(&self, now: Instant, forced: bool, window: Duration, tick: Duration) {
         let mut guard = self.topics.lock().unwrap();
         let Topics { views, dirty } = &mut *guard;
-        let forced = now.is_none();
-        let now = now.unwrap_or_else(Instant::now);
         dirty.retain(|key| {
             let Some(view) = views.get_mut(key) else {
                 return false;
@@ -446,7 +452,7 @@ impl Views {
             if !forced && now.saturating_duration_since(view.flushed_at) + tick / 2 < room_window {
                 return true;
             }
-            self.flush_view(view);
+            self.flush_view(view, now);
             if view.left.len() > view.members.len() + 64 {
                 view.left
                     .retain(|_, at| now.duration_since(*at) < KEEP_LEFT);
@@ -754,13 +760,14 @@ mod tests {
         }
         frames(&mut rx_small);
         frames(&mut rx_large);
-        // A first change after a quiet spell goes out at once, and starts a window. (Times
-        // are taken before it, so each check below holds whatever pauses the test thread.)
+        // A first change after a quiet spell goes out at once, and starts a window. Every
+        // instant below is measured from the one that flush is timed at: the test failed
+        // under load when the flush took its own clock reading later than `flushed`.
         let flushed = Instant::now();
-        let at = |ms: u64| Some(flushed + Duration::from_millis(ms));
+        let at = |ms: u64| flushed + Duration::from_millis(ms);
         v.apply(&small, &join("zoe", "p0", json!({})));
         v.apply(&large, &join("yan", "p9", json!({})));
-        v.flush();
+        v.flush_at(flushed);
         assert_eq!(
             (frames(&mut rx_small).len(), frames(&mut rx_large).len()),
             (1, 1)
@@ -770,17 +777,17 @@ mod tests {
         // Ticks of 10 ms: the small room's 20 ms window is not over at 10 ms and is by 30,
         // the large room's 50 ms one is not at 40 and is by 60.
         let (window, tick) = (Duration::from_millis(20), Duration::from_millis(10));
-        v.flush_due_at(at(10), window, tick);
+        v.flush_due_at(at(10), false, window, tick);
         assert!(frames(&mut rx_small).is_empty() && frames(&mut rx_large).is_empty());
-        v.flush_due_at(at(30), window, tick);
+        v.flush_due_at(at(30), false, window, tick);
         assert_eq!(
             frames(&mut rx_small).len(),
             1,
             "the small room's window is over"
         );
-        v.flush_due_at(at(40), window, tick);
+        v.flush_due_at(at(40), false, window, tick);
         assert!(frames(&mut rx_large).is_empty(), "the large room's is not");
-        v.flush_due_at(at(60), window, tick);
+        v.flush_due_at(at(60), false, window, tick);
         assert_eq!(frames(&mut rx_large).len(), 1);
     }
 
