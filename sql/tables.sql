@@ -6,15 +6,24 @@
 -- checked at delivery (its row security, its primary key, and the columns each role may
 -- read). Granted to the sidecar's login, not to PUBLIC.
 
--- The tables named by (schema, table) pairs, as the oids realtime.drain decodes changes
--- of. Names that are no relation are left out (a channel may name a table created later).
+-- The tables named by (schema, table) pairs, as the oids realtime.drain and realtime.history
+-- decode changes of. A schema of '*' names every schema but the system's, and a NULL table
+-- every table of its schema: a binding on a whole schema, or on every schema. Names that are
+-- no table are left out (a channel may name a table created later). A partitioned table's
+-- changes are captured on the leaf written to, under the leaf's name, and a binding matches
+-- a change by that name, so a root's name adds no leaf here.
 CREATE FUNCTION realtime.table_oids(schemas text[], tables text[])
 RETURNS oid[]
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(c.oid), '{}')
+    SELECT coalesce(array_agg(DISTINCT c.oid), '{}')
     FROM unnest(schemas, tables) AS u(s, t)
-    JOIN pg_catalog.pg_namespace n ON n.nspname = u.s
-    JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = u.t
+    JOIN pg_catalog.pg_namespace n
+      ON n.nspname = u.s
+      OR (u.s = '*' AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+          AND n.nspname NOT LIKE 'pg\_toast%' AND n.nspname NOT LIKE 'pg\_temp\_%')
+    JOIN pg_catalog.pg_class c
+      ON c.relnamespace = n.oid AND (u.t IS NULL OR c.relname = u.t)
+    WHERE c.relkind IN ('r', 'p')
 $$;
 
 -- One table's delivery facts, a row per role asked: its oid, whether row security is

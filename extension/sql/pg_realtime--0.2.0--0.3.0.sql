@@ -47,3 +47,20 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- sql/tables.sql: realtime.table_oids takes the wildcards of a binding on a whole schema
+-- ('*', a NULL table), so realtime.history's callers look a resume's tables up through it
+-- (the sidecar writes no catalog SQL), and names tables only, never views.
+CREATE OR REPLACE FUNCTION realtime.table_oids(schemas text[], tables text[])
+RETURNS oid[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT c.oid), '{}')
+    FROM unnest(schemas, tables) AS u(s, t)
+    JOIN pg_catalog.pg_namespace n
+      ON n.nspname = u.s
+      OR (u.s = '*' AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+          AND n.nspname NOT LIKE 'pg\_toast%' AND n.nspname NOT LIKE 'pg\_temp\_%')
+    JOIN pg_catalog.pg_class c
+      ON c.relnamespace = n.oid AND (u.t IS NULL OR c.relname = u.t)
+    WHERE c.relkind IN ('r', 'p')
+$$;

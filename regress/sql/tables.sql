@@ -18,6 +18,24 @@ FROM realtime.table_oids(ARRAY['tbl_app', 'tbl_app', 'tbl_app', 'nowhere'],
                          ARRAY['open_notes', 'notes', 'missing', 'notes']) AS o;
 SELECT realtime.table_oids('{}', '{}') AS none;
 
+-- As a binding on a whole schema (NULL table) or on every schema ('*') names them, for a
+-- resume's changes: the schema's tables, or the table of that name in any schema but the
+-- system's; never a view, never a system catalog.
+CREATE VIEW tbl_app.a_view AS SELECT 1 AS one;
+SELECT array_length(o, 1) AS found,
+       'tbl_app.keyless'::regclass::oid = ANY (o) AS has_keyless,
+       'tbl_app.a_view'::regclass::oid = ANY (o) AS has_view
+FROM realtime.table_oids(ARRAY['tbl_app'], ARRAY[NULL]) AS o;
+SELECT o = ARRAY['tbl_app.keyless'::regclass::oid] AS only_keyless
+FROM realtime.table_oids(ARRAY['*'], ARRAY['keyless']) AS o;
+SELECT 'tbl_app.open_notes'::regclass::oid = ANY (o) AS has_open_notes,
+       NOT EXISTS (SELECT FROM unnest(o) AS x(oid)
+                   JOIN pg_class c ON c.oid = x.oid
+                   JOIN pg_namespace n ON n.oid = c.relnamespace
+                   WHERE n.nspname IN ('pg_catalog', 'information_schema')
+                      OR n.nspname LIKE 'pg\_toast%') AS no_system_table
+FROM realtime.table_oids(ARRAY['*'], ARRAY[NULL]) AS o;
+
 -- A table's facts per role: row security, the primary key in its order, and the columns
 -- each role may read (or why none).
 SELECT oid = 'tbl_app.notes'::regclass::oid AS same_oid, rls, primary_key, role, columns, error

@@ -50,17 +50,9 @@ const SQL: &str = "SELECT seq, kind, topic, event, payload::text AS payload, bin
      lost_first, lost_last, origin \
      FROM realtime.history($1, $2, $3, to_timestamp($4::float8 / 1000), $5, $6, $7, $8)";
 
-/// The tables (and their partitions, whose changes are captured on the leaf) that bindings
-/// name by (schema or `*`, table or NULL for every table of the schema).
-/// (pg_partition_tree has no row for a table that is not partitioned: the table itself.)
-const TABLES_SQL: &str =
-    "SELECT coalesce(array_agg(DISTINCT coalesce(p.relid, c.oid::regclass)::oid), '{}') AS oids \
-     FROM pg_catalog.pg_class c \
-     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-     JOIN unnest($1::text[], $2::text[]) AS u(s, t) \
-       ON (u.s = '*' OR n.nspname = u.s) AND (u.t IS NULL OR c.relname = u.t) \
-     LEFT JOIN LATERAL pg_catalog.pg_partition_tree(c.oid) p ON true \
-     WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
+/// The tables that bindings name by (schema or `*`, table or NULL for every table of the
+/// schema), looked up by the extension (`sql/tables.sql`).
+const TABLES_SQL: &str = "SELECT realtime.table_oids($1, $2) AS oids";
 
 /// The newest persisted client broadcasts (`persist`) of the topics since a time, at most
 /// Supabase's 25 per topic, not expired: what a replay adds from the table when the ring no
