@@ -198,6 +198,60 @@ for (const vsn of ['1.0.0', '2.0.0']) {
   });
 }
 
+// Regression: when a resume's history was sent, the live changes its gate had held went out
+// behind every change of the channel whose check was still running, so a change held by the
+// gate came after a later change. Here the history's check of a change made while away takes
+// 2 s (a policy that sleeps); meanwhile a fast table's change (held by the gate) and then a
+// slow table's change (its check running 4 s) are committed: the fast one must come first.
+test('realtime-js: a change the gate held is not let out after a later change whose check was still running', async () => {
+  const { process: slow, port: slowPort } = await startSidecar(SECRET, 'postgres_changes_resume_merge', { CHANGES_CHECK_TIMEOUT_MS: '15000' });
+  const run = `merge-${Date.now()}`;
+  const c = new RealtimeClient(`ws://127.0.0.1:${slowPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  try {
+    await db.query(`
+      DROP TABLE IF EXISTS pcr_slow, pcr_fast CASCADE;
+      CREATE OR REPLACE FUNCTION pcr_pause(s float8) RETURNS boolean LANGUAGE plpgsql AS
+        'BEGIN PERFORM pg_sleep(s); RETURN true; END';
+      CREATE TABLE pcr_slow (id bigint PRIMARY KEY, run text NOT NULL, pause float8 NOT NULL);
+      ALTER TABLE pcr_slow ENABLE ROW LEVEL SECURITY;
+      CREATE POLICY pause ON pcr_slow FOR SELECT TO anon USING (pcr_pause(pause));
+      CREATE TABLE pcr_fast (id bigint PRIMARY KEY, run text NOT NULL);
+      GRANT SELECT ON pcr_slow, pcr_fast TO anon;
+      ALTER PUBLICATION supabase_realtime ADD TABLE pcr_slow, pcr_fast;`);
+    const { rows } = await db.query('SELECT last_seq::text AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()');
+    const at = { epoch: rows[0].epoch, seq: Number(rows[0].seq), changes: true };
+    // Made while away: the history's check of 1 sleeps 2 s.
+    await db.query('INSERT INTO pcr_slow VALUES (1, $1, 2)', [run]);
+    await db.query('INSERT INTO pcr_fast VALUES (2, $1)', [run]);
+    await c.setAuth(apikey);
+    const log = [];
+    const channel = c.channel(`merge-${run}`, { config: { broadcast: { resume: at } } });
+    for (const table of ['pcr_slow', 'pcr_fast']) {
+      channel.on('postgres_changes', { event: 'INSERT', schema: 'public', table, filter: `run=eq.${run}` }, (p) => log.push(Number(p.new.id)));
+    }
+    channel.on('system', {}, (s) => 'recovered' in s && log.push(`recovered: ${s.recovered}`));
+    await subscribed(channel);
+    // The history is being checked (its connection sleeps in the policy): what commits now
+    // is live, held by the gate until the history is sent.
+    const sleeping = async () => Number((await db.query(`SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event = 'PgSleep'`)).rows[0].n);
+    const deadline = Date.now() + 10_000;
+    while ((await sleeping()) < 1) {
+      assert.ok(Date.now() < deadline, 'the history check of change 1 never began');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    // 3 on the fast table, then 4, whose check sleeps 4 s: tables are checked on connections of
+    // their own, so 3 is decided at once (and held), and 4 is pending when the 2 s are over.
+    await db.query('INSERT INTO pcr_fast VALUES (3, $1)', [run]);
+    await db.query('INSERT INTO pcr_slow VALUES (4, $1, 4)', [run]);
+    await waitFor(() => log.includes(4), 30_000, `change 4 (have ${JSON.stringify(log)})`);
+    assert.deepEqual(log, [1, 2, 'recovered: true', 3, 4], 'history, the resume message, then live changes in commit order');
+  } finally {
+    await close(c);
+    slow.kill('SIGTERM');
+    await db.query('ALTER PUBLICATION supabase_realtime DROP TABLE pcr_slow, pcr_fast').catch(() => {});
+  }
+});
+
 test('realtime-js: resent changes count against MAX_RESUME_MESSAGES with the broadcasts; beyond it the newest are sent and the range that was not', async () => {
   const { process: limited, port: limitedPort } = await startSidecar(SECRET, 'postgres_changes_resume_limit', { MAX_RESUME_MESSAGES: '5' });
   const run = `limit-${Date.now()}`;

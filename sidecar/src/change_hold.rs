@@ -24,9 +24,15 @@
 //! would pass them is cut off as a slow client is (its connection closes as too slow), and
 //! what it held is dropped.
 //!
+//! A history's gate (`gate`) hands the live frames it held while the history was sent to
+//! this hold in one `merge`, each put where its position falls among the slots: a frame
+//! before the first pending slot of a later change goes out at once, one after it waits.
+//! Queued one by one behind every pending slot, a change that passed the gate while it held
+//! was let out after a later change whose check was still running when it opened.
+//!
 //! What the hold does not order: replies to the client's own pushes and presence (neither
-//! carries a queue position) go straight to the socket; a history's frames pass its gate
-//! (`gate`) first and then this hold.
+//! carries a queue position) go straight to the socket, and so does a history's resent
+//! frames, which precede every live frame the gate held.
 
 use crate::outbound::{Sender, Sent};
 use std::collections::{HashMap, VecDeque};
@@ -37,10 +43,12 @@ use tokio_tungstenite::tungstenite::Message;
 /// One place in the hold's queue.
 enum Item {
     Frame(Message),
-    /// Change `change` of check `job`: pending until filled with that channel's frames of it.
+    /// Change `change` of check `job`, at queue position `seq`: pending until filled with
+    /// that channel's frames of it.
     Slot {
         job: u64,
         change: u32,
+        seq: i64,
         filled: Option<Vec<Message>>,
     },
 }
@@ -101,10 +109,10 @@ impl Hold {
         Sent::Queued
     }
 
-    /// Leaves a pending slot for change `change` of check `job`: what the drain hands this
-    /// channel after it waits until `fill`. False if the channel is over its bounds (cut
-    /// off): then nothing is to be filled.
-    pub fn slot(&self, job: u64, change: u32, out: &Sender) -> bool {
+    /// Leaves a pending slot for change `change` of check `job`, at queue position `seq`:
+    /// what the drain hands this channel after it waits until `fill`. False if the channel
+    /// is over its bounds (cut off): then nothing is to be filled.
+    pub fn slot(&self, job: u64, change: u32, seq: i64, out: &Sender) -> bool {
         let mut held = self.held.lock().unwrap();
         if held.cut {
             return false;
@@ -117,6 +125,7 @@ impl Hold {
         held.queue.push_back(Item::Slot {
             job,
             change,
+            seq,
             filled: None,
         });
         self.pending.fetch_add(1, Ordering::AcqRel);
@@ -134,6 +143,7 @@ impl Hold {
                 job: j,
                 change,
                 filled: f @ None,
+                ..
             } = item
             {
                 if *j == job {
@@ -147,7 +157,45 @@ impl Hold {
         }
         held.bytes += added;
         held.count = held.count + count - filled;
-        let mut pending = self.pending.load(Ordering::Acquire) - filled;
+        let pending = self.pending.load(Ordering::Acquire) - filled;
+        self.release(&mut held, pending, out);
+    }
+
+    /// Puts the live frames a history's gate held (`gate`), sorted by their place (queue
+    /// position, and whether the frame tells of the place after it, as a position message
+    /// does), each before the first slot of a later position, then lets out what is no
+    /// longer behind a pending slot. A frame of an earlier position than every pending slot
+    /// goes out at once; one after a pending slot waits for it.
+    pub fn merge(&self, frames: Vec<((i64, bool), Message)>, out: &Sender) -> Sent {
+        let mut held = self.held.lock().unwrap();
+        if held.cut {
+            return Sent::Full;
+        }
+        let mut at = 0;
+        for ((seq, _), frame) in frames {
+            while at < held.queue.len()
+                && !matches!(held.queue[at], Item::Slot { seq: s, .. } if s > seq)
+            {
+                at += 1;
+            }
+            held.bytes += frame.len();
+            held.count += 1;
+            held.queue.insert(at, Item::Frame(frame));
+            at += 1;
+        }
+        let pending = self.pending.load(Ordering::Acquire);
+        self.release(&mut held, pending, out);
+        if held.cut {
+            Sent::Full
+        } else {
+            Sent::Queued
+        }
+    }
+
+    /// Lets out from the front of the queue everything up to the first pending slot, then
+    /// publishes `pending` (the slots left) for the fast path; a queue over the
+    /// connection's bounds is cut.
+    fn release(&self, held: &mut Held, mut pending: usize, out: &Sender) {
         if held.cut {
             held.queue.clear();
         } else {
@@ -170,9 +218,9 @@ impl Hold {
                     }
                 }
             }
-            // What a check added behind a slot still pending may pass the bounds.
+            // What a check or a merge added behind a slot still pending may pass the bounds.
             if held.count > out.max_capacity() || held.bytes > out.max_bytes() {
-                self.cut(&mut held, out);
+                self.cut(held, out);
             }
         }
         if held.cut {
@@ -240,10 +288,10 @@ mod tests {
         let hold = Hold::default();
         assert_eq!(hold.send(text(1), &tx), Sent::Queued);
         // Changes 0 and 1 of job 7 are pending; frame 3 comes between them.
-        assert!(hold.slot(7, 0, &tx));
+        assert!(hold.slot(7, 0, 2, &tx));
         assert_eq!(hold.send(text(3), &tx), Sent::Queued);
-        assert!(hold.slot(7, 1, &tx));
-        assert!(hold.slot(8, 0, &tx));
+        assert!(hold.slot(7, 1, 4, &tx));
+        assert!(hold.slot(8, 0, 5, &tx));
         assert_eq!(hold.send(text(6), &tx), Sent::Queued);
         assert_eq!(got(&rx), vec!["1"], "only what came before the slot");
         // Job 7 decided: change 0 gets frame 2, change 1 nothing (withheld).
@@ -261,11 +309,32 @@ mod tests {
         assert_eq!(got(&rx), vec!["7"]);
     }
 
+    /// Regression: the frames a history's gate held were queued behind every pending slot,
+    /// so change 5, held while the history was sent, came out after change 9, whose check was
+    /// still running when the gate opened. Merged by position, 5 goes out at once and 12 (a
+    /// broadcast drained after 9) waits for it.
+    #[test]
+    fn frames_a_gate_held_are_merged_among_the_pending_slots_by_position() {
+        let (tx, rx) = outbound::channel(100);
+        let hold = Hold::default();
+        assert!(hold.slot(1, 0, 9, &tx));
+        let merged = vec![((5, false), text(5)), ((12, false), text(12))];
+        assert_eq!(hold.merge(merged, &tx), Sent::Queued);
+        assert_eq!(got(&rx), vec!["5"], "before the pending change 9");
+        hold.fill(1, HashMap::from([(0, vec![text(9)])]), &tx);
+        assert_eq!(got(&rx), vec!["9", "12"]);
+        assert_eq!(hold.pending.load(Ordering::Relaxed), 0);
+        // With nothing pending, a merge goes straight out, in order.
+        let merged = vec![((13, false), text(13)), ((13, true), text(14))];
+        assert_eq!(hold.merge(merged, &tx), Sent::Queued);
+        assert_eq!(got(&rx), vec!["13", "14"]);
+    }
+
     #[test]
     fn a_channel_holding_more_than_its_connection_may_queue_is_cut_off() {
         let (tx, rx) = outbound::channel(4);
         let hold = Hold::default();
-        assert!(hold.slot(1, 0, &tx));
+        assert!(hold.slot(1, 0, 1, &tx));
         for n in 0..3 {
             assert_eq!(hold.send(text(n), &tx), Sent::Queued);
         }
@@ -276,7 +345,7 @@ mod tests {
             "closed as too slow"
         );
         assert_eq!(hold.held(), 0, "what it held is dropped");
-        assert!(!hold.slot(2, 0, &tx));
+        assert!(!hold.slot(2, 0, 2, &tx));
         hold.fill(1, HashMap::from([(0, vec![text(1)])]), &tx);
         assert!(got(&rx).is_empty(), "nothing more is sent");
     }
@@ -285,7 +354,7 @@ mod tests {
     fn a_channel_that_left_gets_nothing_more() {
         let (tx, rx) = outbound::channel(100);
         let hold = Hold::default();
-        assert!(hold.slot(1, 0, &tx));
+        assert!(hold.slot(1, 0, 1, &tx));
         assert_eq!(hold.send(text(1), &tx), Sent::Queued);
         hold.close();
         hold.fill(1, HashMap::from([(0, vec![text(0)])]), &tx);
@@ -301,7 +370,7 @@ mod tests {
     fn held_bytes_count_against_the_connection_s_bytes() {
         let (tx, rx) = outbound::bounded(100, 10);
         let hold = Hold::default();
-        assert!(hold.slot(1, 0, &tx));
+        assert!(hold.slot(1, 0, 1, &tx));
         assert_eq!(hold.send(Message::text("12345678"), &tx), Sent::Queued);
         assert_eq!(hold.send(Message::text("12345"), &tx), Sent::Full);
         assert!(rx.overflowed().now_or_never().is_some());

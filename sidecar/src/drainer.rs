@@ -443,7 +443,7 @@ async fn session(
                         f.send(metrics);
                     }
                     for (job, change, sub) in slot {
-                        if sub.reach.hold_slot(jobs[job].0, change) {
+                        if sub.reach.hold_slot(jobs[job].0, change, seq) {
                             // Its position follows the batch, behind the slot (`position`).
                             positions.note_slot(&sub);
                             holders[job]

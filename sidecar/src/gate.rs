@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex};
 use tokio_tungstenite::tungstenite::Message;
 
 enum State {
-    /// Live frames (sequence, frame) held until the history is sent; `dropped_from`, the
-    /// first sequence dropped for want of room, if any was.
+    /// Live frames held until the history is sent, each with its place in queue order
+    /// (`Place`); `dropped_from`, the first sequence dropped for want of room, if any was.
     Holding {
-        held: Vec<(i64, Message)>,
+        held: Vec<(Place, Message)>,
         /// The bytes of `held`.
         bytes: usize,
         dropped_from: Option<i64>,
@@ -38,6 +38,14 @@ enum State {
     /// The channel left, or fell too far behind: nothing passes.
     Closed,
 }
+
+/// Where a held frame goes in queue order: its sequence, and whether it says something
+/// *after* that sequence. A Postgres Changes position message names the end of its batch,
+/// which is often the sequence of the channel's last change in it; it reaches the gate when
+/// the batch is handed out, before that change's frame, which passes when its check
+/// decides. Sorted by sequence alone, the position went first, and a client whose socket
+/// dropped between the two resumed after a change it never got.
+type Place = (i64, bool);
 
 pub struct Gate {
     state: Mutex<State>,
@@ -80,6 +88,17 @@ impl Gate {
 
     /// What the hub does with a live frame at (`epoch`, `seq`): Some to send it now.
     pub fn pass(&self, epoch: i64, seq: i64, frame: &Message) -> Option<Message> {
+        self.pass_at(epoch, (seq, false), frame)
+    }
+
+    /// `pass` for a message that tells the position (`epoch`, `seq`): held, it goes after
+    /// every frame of that sequence. It is not recorded as sent (`last_sent`): it names the
+    /// end of its batch while the batch's changes may still wait for their checks.
+    pub fn pass_position(&self, epoch: i64, seq: i64, frame: &Message) -> Option<Message> {
+        self.pass_at(epoch, (seq, true), frame)
+    }
+
+    fn pass_at(&self, epoch: i64, (seq, after): Place, frame: &Message) -> Option<Message> {
         let mut state = self.state.lock().unwrap();
         match &mut *state {
             State::Holding {
@@ -90,17 +109,19 @@ impl Gate {
                 let n = frame.len();
                 let too_many_bytes = !held.is_empty() && *bytes + n > self.max_bytes;
                 if held.len() >= self.max_held || too_many_bytes {
-                    let first = held.first().map_or(seq, |h| h.0);
+                    let first = held.first().map_or(seq, |h| h.0 .0);
                     *dropped_from = Some(dropped_from.map_or(first, |d| d.min(first)));
                     held.clear();
                     *bytes = 0;
                 }
                 *bytes += n;
-                held.push((seq, frame.clone()));
+                held.push(((seq, after), frame.clone()));
                 None
             }
             State::Open { through, skip } if seq > *through && !skip.contains(&seq) => {
-                self.sent(epoch, seq);
+                if !after {
+                    self.sent(epoch, seq);
+                }
                 Some(frame.clone())
             }
             State::Open { .. } | State::Closed => None,
@@ -118,10 +139,12 @@ impl Gate {
     }
 
     /// Opens the gate after the history went through `through`: `first` (the resume's
-    /// system message), then the held frames after `through`, go to `tx` in order, under the
-    /// lock, so no later live frame overtakes them. `epoch` is the queue's, which held
-    /// frames are of. If held frames were dropped meanwhile, the gate stays shut and says
-    /// to read the history again.
+    /// system message), then the held frames after `through`, go to the channel in queue
+    /// order, under the lock, so no later live frame overtakes them. They are merged among
+    /// the channel's changes whose check is still pending by position (`change_hold`): one
+    /// before such a change goes out now, one after it waits for it. `epoch` is the
+    /// queue's, which held frames are of. If held frames were dropped meanwhile, the gate
+    /// stays shut and says to read the history again.
     pub fn open(
         &self,
         epoch: i64,
@@ -147,21 +170,22 @@ impl Gate {
         };
         // In queue order: a change's frame reaches the gate when its check decides
         // (`postgres_changes::checks`), after broadcasts committed later may have.
-        let mut held: Vec<(i64, Message)> = held
+        let mut held: Vec<(Place, Message)> = held
             .into_iter()
-            .filter(|(seq, _)| *seq > through && !skip.contains(seq))
+            .filter(|((seq, _), _)| *seq > through && !skip.contains(seq))
             .collect();
-        held.sort_by_key(|(seq, _)| *seq);
-        for (seq, frame) in first.map(|f| (0, f)).into_iter().chain(held) {
-            // Behind the channel's changes whose check is still pending (`change_hold`).
-            if to.send_ordered(frame) != Sent::Queued {
-                // A full queue closes the connection as too slow (`outbound`).
-                *state = State::Closed;
-                return Opened::Closed;
-            }
-            if seq > 0 {
-                self.sent(epoch, seq);
-            }
+        held.sort_by_key(|(place, _)| *place);
+        let last = held.iter().rev().find(|((_, after), _)| !after);
+        let last = last.map(|((seq, _), _)| *seq);
+        // The resume's system message tells of the history: after it, before anything live.
+        let frames = first.map(|f| ((through, true), f)).into_iter().chain(held);
+        if to.merge_held(frames.collect()) != Sent::Queued {
+            // Over the connection's bounds: it closes as too slow (`outbound`).
+            *state = State::Closed;
+            return Opened::Closed;
+        }
+        if let Some(seq) = last {
+            self.sent(epoch, seq);
         }
         Opened::Yes
     }
@@ -221,8 +245,9 @@ mod tests {
     }
 
     /// A change's frame reaches the gate when its check decides, after a broadcast
-    /// committed later may have; opening lets them out in queue order, and behind a change
-    /// of the channel whose check is still pending.
+    /// committed later may have; opening lets them out in queue order, and a frame after a
+    /// change of the channel whose check is still pending waits behind it, while one before
+    /// it goes out at once.
     #[test]
     fn a_change_checked_after_a_later_broadcast_is_let_out_before_it() {
         let (tx, mut rx) = crate::outbound::channel(16);
@@ -230,12 +255,28 @@ mod tests {
         let gate = Gate::new(100, usize::MAX);
         assert!(gate.pass(1, 7, &frame(7)).is_none());
         assert!(gate.pass(1, 5, &frame(5)).is_none());
+        assert!(gate.pass(1, 12, &frame(12)).is_none());
         // Change 9 of the channel is still being checked when the history ends at 4.
-        assert!(to.hold_slot(1, 0));
+        assert!(to.hold_slot(1, 0, 9));
         assert_eq!(gate.open(1, (4, vec![]), None, &to), Opened::Yes);
-        assert!(drain(&mut rx).is_empty(), "behind the pending change");
+        assert_eq!(drain(&mut rx), vec!["5", "7"], "up to the pending change");
         to.fill_slots(1, [(0, vec![frame(9)])].into_iter().collect());
-        assert_eq!(drain(&mut rx), vec!["9", "5", "7"]);
+        assert_eq!(drain(&mut rx), vec!["9", "12"]);
+    }
+
+    /// Regression: a position message reached the gate before the frame of the change at
+    /// its own sequence (which passes when its check decides), and sorting by sequence alone
+    /// let it out first: a socket lost between the two resumed after a change never sent.
+    #[test]
+    fn a_position_is_let_out_after_the_change_at_its_sequence() {
+        let (tx, mut rx) = crate::outbound::channel(16);
+        let to = reach(tx);
+        let gate = Gate::new(100, usize::MAX);
+        assert!(gate.pass_position(1, 9, &Message::text("at 9")).is_none());
+        assert!(gate.pass(1, 9, &frame(9)).is_none());
+        assert!(gate.pass(1, 8, &frame(8)).is_none());
+        assert_eq!(gate.open(1, (4, vec![]), None, &to), Opened::Yes);
+        assert_eq!(drain(&mut rx), vec!["8", "9", "at 9"]);
     }
 
     #[test]

@@ -498,7 +498,7 @@ mod tests {
         rx.attach(socket.clone());
         let reach = s.reach.clone();
         hub.subscribe(key("t"), s);
-        assert!(reach.hold_slot(1, 0));
+        assert!(reach.hold_slot(1, 0, 1));
         let mut m = message("t", None);
         m.seq = 2;
         hub.dispatch_batch(&[m]);

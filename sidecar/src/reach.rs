@@ -88,8 +88,14 @@ impl Reach {
 
     /// Leaves a slot for change `change` of check `job` in this channel's queue order
     /// (`Hold::slot`); false if the channel was cut off for holding too much.
-    pub fn hold_slot(&self, job: u64, change: u32) -> bool {
-        self.hold.slot(job, change, &self.out)
+    pub fn hold_slot(&self, job: u64, change: u32, seq: i64) -> bool {
+        self.hold.slot(job, change, seq, &self.out)
+    }
+
+    /// Puts the live frames a history's gate held among the channel's pending changes, by
+    /// their queue positions (`change_hold::Hold::merge`).
+    pub fn merge_held(&self, frames: Vec<((i64, bool), Message)>) -> Sent {
+        self.hold.merge(frames, &self.out)
     }
 
     /// Check `job` decided: its slots here get `frames` (`Hold::fill`).

@@ -51,7 +51,7 @@ impl Positions {
                 .clone();
             let frame = match &sub.gate {
                 None => Some(frame),
-                Some(gate) => gate.pass(epoch, seq, &frame),
+                Some(gate) => gate.pass_position(epoch, seq, &frame),
             };
             if let Some(f) = frame {
                 // In the channel's order: behind its changes whose check is pending.
@@ -163,6 +163,10 @@ mod tests {
         let got = payloads(&rx);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0]["seq"], 20);
-        assert_eq!(gate.last_sent(), Some((7, 20)));
+        // Not counted as sent: a second join of the channel resumes after what was sent,
+        // and a position names its batch's end while the batch's changes may still wait
+        // for their checks (a loss if the second join dropped them); a duplicate is the
+        // cost instead.
+        assert_eq!(gate.last_sent(), None);
     }
 }
