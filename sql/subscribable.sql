@@ -52,6 +52,15 @@ BEGIN
             RETURN NEXT;
             CONTINUE;
         END IF;
+        -- A partitioned table's rows are captured on the partition written to and named
+        -- after it (as Supabase names them under publish_via_partition_root = false): a
+        -- binding on its own name would never match one, so it is refused, not left silent.
+        IF (SELECT c.relkind FROM pg_class c WHERE c.oid = rel) = 'p' THEN
+            error := format('table %s is partitioned: its rows'' changes are named after the '
+                            'partition they are written to; bind its partitions instead', relname);
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
         IF NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
                        WHERE pt.pubname = 'supabase_realtime'
                          AND pt.schemaname = b ->> 'schema' AND pt.tablename = b ->> 'table') THEN

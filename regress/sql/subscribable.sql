@@ -87,6 +87,20 @@ SELECT * FROM realtime.subscribable($$[
   {"role": "authenticated", "schema": "public", "table": "sub_todos", "filters": [{"column": "tags", "op": "eq", "values": ["{a,b}"]}]}
 ]$$);
 
+-- A partitioned table, published: its rows' changes are captured on its partitions and
+-- named after them, so a binding on its own name would never match one and is refused with
+-- that reason (it was refused as missing from the publication); its partition is served.
+CREATE TABLE sub_parted (id int, room int, PRIMARY KEY (id, room)) PARTITION BY LIST (room);
+CREATE TABLE sub_parted_1 PARTITION OF sub_parted FOR VALUES IN (1);
+GRANT SELECT ON sub_parted, sub_parted_1 TO authenticated;
+ALTER PUBLICATION supabase_realtime ADD TABLE sub_parted;
+SELECT * FROM realtime.subscribable($$[
+  {"role": "authenticated", "schema": "public", "table": "sub_parted"},
+  {"role": "authenticated", "schema": "public", "table": "sub_parted_1"}
+]$$);
+ALTER PUBLICATION supabase_realtime DROP TABLE sub_parted;
+DROP TABLE sub_parted;
+
 SELECT * FROM realtime.subscribable('{"not": "a list"}');
 SELECT has_function_privilege('public', 'realtime.subscribable(jsonb)', 'EXECUTE') AS public_can_call;
 ALTER PUBLICATION supabase_realtime DROP TABLE sub_todos, sub_no_pk;

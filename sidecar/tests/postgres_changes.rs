@@ -214,6 +214,51 @@ async fn a_partition_s_rows_are_checked_against_its_root_s_row_security() {
         .unwrap();
 }
 
+/// A partitioned table's rows are captured on the partition they are written to and named
+/// after it, as Supabase names them under a publication's default
+/// `publish_via_partition_root = false`: a binding on the partitioned table's own name would
+/// never match one, and was refused as missing from the publication it is in. It is refused
+/// with the reason now, and a binding on the partition gets its rows.
+#[tokio::test]
+async fn a_binding_on_a_partitioned_table_is_refused_with_the_reason_and_its_partition_served() {
+    let sidecar = Sidecar::start("t_partition_name", &[]).await;
+    let db = db().await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS pname;
+         CREATE TABLE pname (id bigint, room int, PRIMARY KEY (id, room)) PARTITION BY LIST (room);
+         CREATE TABLE pname_1 PARTITION OF pname FOR VALUES IN (1);
+         GRANT SELECT ON pname, pname_1 TO anon;
+         ALTER PUBLICATION supabase_realtime ADD TABLE pname;",
+    )
+    .await
+    .unwrap();
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let on = |table: &str| json!({"postgres_changes": [{"event": "INSERT", "schema": "public", "table": table}]});
+    let reply = c.join("realtime:root", on("pname")).await;
+    assert_eq!(reply["status"], "error", "{reply}");
+    let reason = reply["response"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("table public.pname is partitioned")
+            && reason.contains("bind its partitions"),
+        "{reason}"
+    );
+    let reply = c.join("realtime:leaf", on("pname_1")).await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    db.batch_execute("INSERT INTO pname VALUES (7, 1)")
+        .await
+        .unwrap();
+    let change = loop {
+        let m = c.next_json(10).await.expect("the partition's change");
+        if m["event"] == "postgres_changes" {
+            break m;
+        }
+    };
+    assert_eq!(change["topic"], "realtime:leaf");
+    assert_eq!(change["payload"]["data"]["table"], "pname_1");
+    assert_eq!(change["payload"]["data"]["record"]["id"], 7);
+    db.batch_execute("DROP TABLE pname").await.unwrap();
+}
+
 /// On a table with RLS a DELETE is not checked and delivers its key alone, but its
 /// filters used to run on the whole old row: a subscriber who may see no row learned,
 /// binding by binding, what a deleted row held (`salary=lt.50000`, `salary=lt.100000`, ...).
