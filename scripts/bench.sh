@@ -36,9 +36,14 @@ run change_positions
 run joins
 run resume
 run resume:changes --postgres-changes
+# Where the CPU goes: the drain backend's and the sidecar's per message while pgbench writes
+# through a trigger (beside trigger_cost's ratios), and the sidecar's per delivery at a
+# fan-out rung (beside peers' CPU per delivery).
+run profile:consumers consumers --seconds 10 --clients 8 --lingers 2,5
+run profile:fanout fanout --seconds 10 --subscribers 1000 --rate 500
 run presence
 # Up to rungs both servers miss, so the ratio of the highest rungs met is in the table.
-run peers --rates 100,300,500,1000,1500,2000,3000 --json "$out/peers.json"
+run peers --rates 25,100,300,500,1000,1500,2000,3000 --json "$out/peers.json"
 run scenarios --json "$out/scenarios.json"
 run routed --json "$out/routed.json"
 # The most clients this box keeps at p50 <= 5 ms on 8 routed processes, and one step larger.
