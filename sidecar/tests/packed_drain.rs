@@ -113,3 +113,65 @@ async fn a_packed_batch_reads_as_its_rows_do() {
         .await
         .unwrap();
 }
+
+/// A sidecar newer than its login's grants (an extension upgraded without the new grant, or
+/// a login made by hand from an older README) may drain but not drain packed: it falls back
+/// to rows, says so once in its log, and delivers.
+#[tokio::test]
+async fn a_login_without_drain_packed_falls_back_to_rows_and_delivers() {
+    let db = common::db().await;
+    // The sidecar login's grants, less realtime.drain_packed.
+    db.batch_execute(
+        "DO $$
+         DECLARE f regprocedure;
+         BEGIN
+             IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'realtime_rows_sidecar') THEN
+                 CREATE ROLE realtime_rows_sidecar LOGIN;
+             END IF;
+             FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+                      JOIN pg_namespace n ON n.oid = p.pronamespace
+                      WHERE n.nspname = 'realtime' AND p.proname <> 'drain_packed'
+                        AND has_function_privilege('realtime_sidecar', p.oid, 'EXECUTE') LOOP
+                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO realtime_rows_sidecar', f);
+             END LOOP;
+         END $$;
+         GRANT USAGE ON SCHEMA realtime TO realtime_rows_sidecar;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON realtime.presences, realtime.presence_sessions
+             TO realtime_rows_sidecar;
+         GRANT USAGE ON SEQUENCE realtime.presence_refs TO realtime_rows_sidecar;
+         GRANT SELECT, INSERT, DELETE ON realtime.persisted_messages TO realtime_rows_sidecar;
+         GRANT anon, authenticated, service_role TO realtime_rows_sidecar;",
+    )
+    .await
+    .unwrap();
+    let packed: bool = db
+        .query_one(
+            "SELECT has_function_privilege('realtime_rows_sidecar', \
+             'realtime.drain_packed(text, bigint, integer, integer, integer, oid[])', 'EXECUTE')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!packed, "the login must lack drain_packed for this test");
+    let dsn = common::sidecar_dsn().replace("user=realtime_sidecar", "user=realtime_rows_sidecar");
+    assert!(dsn.contains("realtime_rows_sidecar"), "{dsn}");
+    let sidecar = common::Sidecar::start("packed_fallback", &[("DATABASE_URL", &dsn)]).await;
+    let mut c = common::Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public("realtime:rows-only").await;
+    common::send(&db, serde_json::json!({"n": 1}), "e", "rows-only").await;
+    let m = loop {
+        let m = c.next_json(10).await.expect("the message, drained as rows");
+        if m["event"] == "broadcast" {
+            break m;
+        }
+    };
+    assert_eq!(m["payload"]["payload"]["n"], 1, "{m}");
+    assert!(
+        sidecar
+            .log()
+            .contains("realtime.drain_packed is not available to this role; draining rows"),
+        "{}",
+        sidecar.log()
+    );
+}
