@@ -76,6 +76,13 @@ pub struct Config {
     /// Postgres Changes bindings of one connection's channels together.
     #[arg(long, env = "MAX_BINDINGS_PER_CONNECTION", default_value_t = 1000)]
     pub max_bindings_per_connection: usize,
+    /// Postgres Changes bindings of all the connections of one client address (an IPv6
+    /// /64) together: without it one address holds MAX_CONNECTIONS_PER_ADDRESS times
+    /// MAX_BINDINGS_PER_CONNECTION, and every binding of a schema-wide channel runs against
+    /// every drained change. A join past it is refused as MAX_BINDINGS_PER_CONNECTION
+    /// refuses.
+    #[arg(long, env = "MAX_BINDINGS_PER_ADDRESS", default_value_t = 10_000)]
+    pub max_bindings_per_address: usize,
     /// Conditions of one binding's filter (realtime-js writes one).
     #[arg(long, env = "MAX_FILTER_CONDITIONS_PER_BINDING", default_value_t = 16)]
     pub max_filter_conditions_per_binding: usize,
@@ -381,6 +388,12 @@ impl Config {
                 10_000_000,
             ),
             (
+                "MAX_BINDINGS_PER_ADDRESS",
+                self.max_bindings_per_address as u64,
+                1,
+                100_000_000,
+            ),
+            (
                 "MAX_FILTER_CONDITIONS_PER_BINDING",
                 self.max_filter_conditions_per_binding as u64,
                 1,
@@ -591,6 +604,11 @@ mod tests {
                 "0",
                 "MAX_CONNECTIONS_PER_ADDRESS",
             ),
+            (
+                "--max-bindings-per-address",
+                "0",
+                "MAX_BINDINGS_PER_ADDRESS",
+            ),
         ] {
             let err = parse(&[flag, value]).validate().unwrap_err().0;
             assert!(err.starts_with(name), "{flag} {value}: {err}");
@@ -615,6 +633,7 @@ mod tests {
         all.extend(["--trusted-proxies", "127.0.0.1, proxy.internal"]);
         let err = Config::try_parse_from(all).unwrap_err().to_string();
         assert!(err.contains("proxy.internal"), "{err}");
+        assert_eq!(parse(&[]).max_bindings_per_address, 10_000);
         let bad_dsn = parse(&["--database-url", "host=x port=notaport"]);
         assert!(bad_dsn
             .validate()

@@ -213,6 +213,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
             metrics.rest_requests_in_flight.clone(),
         ),
         connections_by_address: tally::InFlight::default(),
+        bindings_by_address: tally::Amounts::default(),
         instance,
     });
     tracing::info!(%addr, consumer = %cfg.consumer, "listening");

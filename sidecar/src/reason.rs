@@ -73,6 +73,12 @@ pub enum Refusal {
     JoinInProgress,
     /// A `postgres_changes` binding this server cannot serve (an unsupported filter, say).
     PostgresChanges(BindingError),
+    /// A join whose bindings would bring its client address's connections past
+    /// MAX_BINDINGS_PER_ADDRESS (refused as MAX_BINDINGS_PER_CONNECTION refuses).
+    BindingsPerAddress {
+        total: usize,
+        limit: usize,
+    },
     /// A `replay` or `resume` that cannot be served.
     History(AskError),
     /// A broadcast that asked to be kept and cannot be.
@@ -135,6 +141,10 @@ impl Refusal {
                 "JoinInProgress: a join of this topic is still waiting for its authorization".into()
             }
             Refusal::PostgresChanges(why) => why.text(),
+            Refusal::BindingsPerAddress { total, limit } => BindingError::OverLimit(format!(
+                "the channels of this client address would have bindings: {total}; the limit is {limit} (MAX_BINDINGS_PER_ADDRESS)"
+            ))
+            .text(),
             Refusal::History(why) => why.text(),
             Refusal::Persist(why) => why.text(),
             Refusal::ReadDenied { topic, role_refusal } => {

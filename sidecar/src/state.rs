@@ -36,6 +36,9 @@ pub struct Shared {
     pub rest_limits: crate::rest_limits::RestLimits,
     /// WebSocket connections per client address (MAX_CONNECTIONS_PER_ADDRESS).
     pub connections_by_address: crate::tally::InFlight<crate::address::AddressKey>,
+    /// Postgres Changes bindings per client address, each connection's share a `Charge`
+    /// (MAX_BINDINGS_PER_ADDRESS).
+    pub bindings_by_address: crate::tally::Amounts<crate::address::AddressKey>,
     /// Random per process: the high half of this sidecar's relay origins.
     pub instance: u32,
 }
@@ -106,6 +109,7 @@ pub mod testing {
         let (history, history_rx) = mpsc::channel(64);
         let presence = Arc::new(crate::presence::Presence::new(metrics.clone(), &cfg));
         let shared = Shared {
+            bindings_by_address: crate::tally::Amounts::default(),
             check,
             history,
             presence,

@@ -250,3 +250,136 @@ async fn rest_requests_in_flight_are_bounded_per_address() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+fn refusal(reply: &Value) -> &str {
+    assert_eq!(reply["status"], "error", "{reply}");
+    reply["response"]["reason"].as_str().unwrap()
+}
+
+/// Waits (the fail-safe: `secs`) until metric `name` is `value`.
+async fn metric_reaches(sidecar: &Sidecar, name: &str, value: f64, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let now = sidecar.metric(name).await;
+        if now == value {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} stayed {now}, not {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Joins `topic` with `n` bindings that never match (schema-wide, the review's attack).
+async fn join_never(c: &mut Client, topic: &str, n: usize) -> Value {
+    let never = json!({"event": "*", "schema": "*", "filter": "zz=eq.1"});
+    c.join(topic, json!({"postgres_changes": vec![never; n]}))
+        .await
+}
+
+/// MAX_BINDINGS_PER_ADDRESS: the anon key is public, so one address could hold
+/// MAX_CONNECTIONS_PER_ADDRESS sockets of MAX_BINDINGS_PER_CONNECTION bindings each (a
+/// million by default, each run against every drained change). Its connections' bindings
+/// are counted together: past the bound a join is refused with the setting's name, a rejoin
+/// is judged by its difference, a leave and a close give bindings back, and another
+/// address holds a budget of its own and is served meanwhile.
+#[tokio::test]
+async fn one_address_s_connections_together_hold_at_most_its_bindings() {
+    let sidecar = Sidecar::start(
+        "t_bindings_per_address",
+        &[
+            ("MAX_BINDINGS_PER_CONNECTION", "6"),
+            ("MAX_BINDINGS_PER_ADDRESS", "10"),
+        ],
+    )
+    .await;
+    let db = db().await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS per_address_items;
+         CREATE TABLE per_address_items (id int PRIMARY KEY);
+         GRANT SELECT ON per_address_items TO anon;
+         ALTER PUBLICATION supabase_realtime ADD TABLE per_address_items;",
+    )
+    .await
+    .unwrap();
+    let p = sidecar.port;
+    let mut a1 = Client::connect_from("127.0.0.2", p, "1.0.0").await.unwrap();
+    let mut a2 = Client::connect_from("127.0.0.2", p, "2.0.0").await.unwrap();
+    assert_eq!(
+        join_never(&mut a1, "realtime:pa:1", 6).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        join_never(&mut a2, "realtime:pa:2", 4).await["status"],
+        "ok"
+    );
+    // Within its connection's bound, past its address's.
+    assert_eq!(
+        refusal(&join_never(&mut a2, "realtime:pa:3", 1).await),
+        "InvalidPostgresChanges: the channels of this client address would have bindings: 11; the limit is 10 (MAX_BINDINGS_PER_ADDRESS)"
+    );
+    // A rejoin replacing its channel's bindings counts only the difference.
+    assert_eq!(
+        join_never(&mut a1, "realtime:pa:1", 6).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        join_never(&mut a1, "realtime:pa:1", 5).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        join_never(&mut a2, "realtime:pa:3", 1).await["status"],
+        "ok"
+    );
+    assert!(refusal(&join_never(&mut a1, "realtime:pa:1", 6).await)
+        .ends_with("bindings: 11; the limit is 10 (MAX_BINDINGS_PER_ADDRESS)"));
+    // Another address, its own budget: joined, and its change arrives.
+    let mut other = Client::connect_from("127.0.0.3", p, "1.0.0").await.unwrap();
+    let real = json!({"event": "INSERT", "schema": "public", "table": "per_address_items"});
+    let never = json!({"event": "*", "schema": "*", "filter": "zz=eq.1"});
+    let mut bindings = vec![real];
+    bindings.extend(vec![never; 5]);
+    let reply = other
+        .join("realtime:pa:other", json!({"postgres_changes": bindings}))
+        .await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    db.execute("INSERT INTO per_address_items VALUES (1)", &[])
+        .await
+        .unwrap();
+    loop {
+        let m = other
+            .next_json(10)
+            .await
+            .expect("the other address's change");
+        if m["event"] == "postgres_changes" {
+            assert_eq!(m["payload"]["data"]["record"], json!({"id": 1}), "{m}");
+            break;
+        }
+    }
+    // A channel that leaves gives its bindings back (the leave's reply comes after).
+    let r = a2
+        .push(Some("1"), "realtime:pa:3", "phx_leave", json!({}))
+        .await;
+    assert_eq!(a2.reply(&r).await["status"], "ok");
+    assert_eq!(
+        join_never(&mut a1, "realtime:pa:4", 1).await["status"],
+        "ok"
+    );
+    // So does a connection that closes: once the sidecar has let it go (its count of
+    // connections drops after the connection's channels are left), the same address joins
+    // with what it held.
+    drop(a2);
+    metric_reaches(&sidecar, "realtime_connections", 2.0, 10).await;
+    let mut a3 = Client::connect_from("127.0.0.2", p, "1.0.0").await.unwrap();
+    assert_eq!(
+        join_never(&mut a3, "realtime:pa:5", 4).await["status"],
+        "ok"
+    );
+    assert!(refusal(&join_never(&mut a3, "realtime:pa:6", 1).await)
+        .ends_with("bindings: 11; the limit is 10 (MAX_BINDINGS_PER_ADDRESS)"));
+    db.batch_execute("DROP TABLE per_address_items")
+        .await
+        .unwrap();
+}

@@ -131,6 +131,25 @@ impl Channels {
             self.join_error(&m, Refusal::ChannelRateLimitReached);
             return Ok(());
         }
+        // And per client address, over all its connections: the anon key is public, so
+        // MAX_CONNECTIONS_PER_ADDRESS sockets of MAX_BINDINGS_PER_CONNECTION each would
+        // otherwise be one client's. Judged as above (a rejoin by its difference); what the
+        // connection holds meanwhile is everything, its old channel's bindings too, until
+        // the join is answered (`recount_bindings`). The last check: a join with bindings
+        // that passes it always waits as a pending join, which holds what this takes.
+        if !config.postgres_changes.is_empty() {
+            let n = config.postgres_changes.len();
+            let held = self.bindings_held();
+            let replaced = self.channels.get(&m.topic).map_or(0, |c| c.bindings);
+            let limit = self.shared.cfg.max_bindings_per_address;
+            if let Err(total) =
+                self.address_bindings
+                    .set_within(held + n, held - replaced + n, limit)
+            {
+                self.join_error(&m, Refusal::BindingsPerAddress { total, limit });
+                return Ok(());
+            }
+        }
         // The drain returns the topic's messages (and its tables' changes) once they are
         // listened to: a join is answered after that, so it misses nothing committed later.
         // The topic is held at once (checked above); the tables only once the database's
@@ -371,5 +390,7 @@ impl Channels {
             },
         };
         self.channels.insert(m.topic, channel);
+        // A rejoin's old channel is gone: its bindings with it.
+        self.recount_bindings();
     }
 }
