@@ -294,6 +294,10 @@ pub enum Notice {
     },
     /// The same, told to a channel listening to whole schemas, which names no table.
     SomeChangeLost,
+    /// A join's history was not read: MAX_RESUMES_PER_ADDRESS of its client address's are
+    /// being sent and MAX_RESUMES_WAITING_PER_ADDRESS wait (`history::line`). The channel is
+    /// live, in the `system` message of a resume that cannot be served.
+    ResumeLineFull { running: u64, waiting: u64 },
 }
 
 impl Notice {
@@ -326,6 +330,9 @@ impl Notice {
                 "Changes to {schema}.{table} were not delivered to this channel: its filter could not be evaluated: {why}"
             ),
             Notice::SomeChangeLost => "A change was lost: its table was dropped or altered before it was delivered".into(),
+            Notice::ResumeLineFull { running, waiting } => format!(
+                "Too many joins of this client address are resuming: MAX_RESUMES_PER_ADDRESS ({running}) are being sent and MAX_RESUMES_WAITING_PER_ADDRESS ({waiting}) are waiting; this channel was not resumed and is live from now on"
+            ),
         }
     }
 }

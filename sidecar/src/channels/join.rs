@@ -26,7 +26,6 @@ use crate::reason::{Disconnect, Notice, Refusal};
 use serde_json::json;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 
 /// A join waiting for its verdicts (a private channel), its bindings' check or its keys'
 /// upload; its bindings are with the check.
@@ -354,13 +353,12 @@ impl Channels {
                 gate: gate.clone(),
                 carry: None,
                 changes: resumed_changes,
+                permit: None,
             };
-            if let Err(e) = self.shared.history.try_send(request) {
-                let request = match e {
-                    mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
-                };
-                history::fetch::unavailable(request, &self.shared.metrics);
-            }
+            // Read now, or after some of its address's histories end, or (its address's
+            // line full) not at all, the channel told so (`history::line`).
+            let address = self.presence_source.address;
+            self.shared.resumes.admit(address, request);
         }
         // After the reply (in `out`, written first), the presence state arrives through the
         // outbound queue, then its diffs.
