@@ -363,6 +363,19 @@ async fn one_address_s_connections_together_hold_at_most_its_bindings() {
         .push(Some("1"), "realtime:pa:3", "phx_leave", json!({}))
         .await;
     assert_eq!(a2.reply(&r).await["status"], "ok");
+    // So does a join the database's check refuses (its bindings counted while it waited):
+    // with its binding still counted the next join would make 11.
+    let nowhere = json!({"event": "*", "schema": "public", "table": "per_address_nowhere"});
+    let reply = a2
+        .join(
+            "realtime:pa:nowhere",
+            json!({"postgres_changes": [nowhere]}),
+        )
+        .await;
+    assert!(
+        refusal(&reply).starts_with("InvalidPostgresChanges: binding 1:"),
+        "{reply}"
+    );
     assert_eq!(
         join_never(&mut a1, "realtime:pa:4", 1).await["status"],
         "ok"
