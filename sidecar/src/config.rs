@@ -76,6 +76,13 @@ pub struct Config {
     /// Postgres Changes bindings of one connection's channels together.
     #[arg(long, env = "MAX_BINDINGS_PER_CONNECTION", default_value_t = 1000)]
     pub max_bindings_per_connection: usize,
+    /// Postgres Changes bindings of all the connections of one client address (an IPv6
+    /// /64) together: without it one address holds MAX_CONNECTIONS_PER_ADDRESS times
+    /// MAX_BINDINGS_PER_CONNECTION, and every binding of a schema-wide channel runs against
+    /// every drained change. A join past it is refused as MAX_BINDINGS_PER_CONNECTION
+    /// refuses.
+    #[arg(long, env = "MAX_BINDINGS_PER_ADDRESS", default_value_t = 10_000)]
+    pub max_bindings_per_address: usize,
     /// Conditions of one binding's filter (realtime-js writes one).
     #[arg(long, env = "MAX_FILTER_CONDITIONS_PER_BINDING", default_value_t = 16)]
     pub max_filter_conditions_per_binding: usize,
@@ -280,6 +287,19 @@ pub struct Config {
     #[arg(long, env = "MAX_RESUME_MESSAGES", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_resume_messages: u64,
+    /// Joins of one client address (an IPv6 /64) whose history (resume or replay) is being
+    /// read or sent at once: each may hold MAX_RESUME_MESSAGES in memory while it is sent. A
+    /// further one is answered and waits in its address's line until one of them ends (a
+    /// thousand users behind one NAT rejoining after a restart are legitimate).
+    #[arg(long, env = "MAX_RESUMES_PER_ADDRESS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_resumes_per_address: u64,
+    /// Joins of one client address waiting in that line at most; a join past it goes live
+    /// at once without its history, told so by the `system` message of a resume that cannot
+    /// be served (`recovered: false`, naming this setting).
+    #[arg(long, env = "MAX_RESUMES_WAITING_PER_ADDRESS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub max_resumes_waiting_per_address: u64,
 
     /// Persisted messages (`persist`) one topic keeps at most, unexpired, counted over every
     /// sidecar; a push past it is refused with "UnableToBroadcast: PersistQuotaExceeded:
@@ -379,6 +399,12 @@ impl Config {
                 self.max_bindings_per_connection as u64,
                 1,
                 10_000_000,
+            ),
+            (
+                "MAX_BINDINGS_PER_ADDRESS",
+                self.max_bindings_per_address as u64,
+                1,
+                100_000_000,
             ),
             (
                 "MAX_FILTER_CONDITIONS_PER_BINDING",
@@ -591,6 +617,11 @@ mod tests {
                 "0",
                 "MAX_CONNECTIONS_PER_ADDRESS",
             ),
+            (
+                "--max-bindings-per-address",
+                "0",
+                "MAX_BINDINGS_PER_ADDRESS",
+            ),
         ] {
             let err = parse(&[flag, value]).validate().unwrap_err().0;
             assert!(err.starts_with(name), "{flag} {value}: {err}");
@@ -615,6 +646,29 @@ mod tests {
         all.extend(["--trusted-proxies", "127.0.0.1, proxy.internal"]);
         let err = Config::try_parse_from(all).unwrap_err().to_string();
         assert!(err.contains("proxy.internal"), "{err}");
+        // The resume bounds are refused by the parser, naming the flag.
+        for (flag, value) in [
+            ("--max-resumes-per-address", "0"),
+            ("--max-resumes-waiting-per-address", "1000001"),
+        ] {
+            let mut all = vec![
+                "realtime-sidecar",
+                "--jwt-secret",
+                "a-secret-of-at-least-thirty-two-bytes",
+            ];
+            all.extend([flag, value]);
+            let err = Config::try_parse_from(all).unwrap_err().to_string();
+            assert!(err.contains(flag), "{err}");
+        }
+        let d = parse(&[]);
+        assert_eq!(
+            (
+                d.max_bindings_per_address,
+                d.max_resumes_per_address,
+                d.max_resumes_waiting_per_address
+            ),
+            (10_000, 100, 1000)
+        );
         let bad_dsn = parse(&["--database-url", "host=x port=notaport"]);
         assert!(bad_dsn
             .validate()

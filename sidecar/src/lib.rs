@@ -77,6 +77,9 @@
 //! paced, with a `system` message saying whether everything was recovered, then opens the
 //! gate at the sequence the history went through: held frames after it follow, the rest were
 //! already sent. Nothing is missed at the seam because the subscription comes before the read.
+//! At most MAX_RESUMES_PER_ADDRESS joins of one client address have their history read or
+//! sent at once; the others are answered as usual and wait in their address's line
+//! (`history::line`), never in another address's way.
 //!
 //! # Presence: channels → members → presence worker → queue → every sidecar's views
 //!
@@ -119,7 +122,7 @@
 //! checks and admission, one channel, its pushes) · `held` pushes held behind a verdict · `join_config` what a
 //! join asks for · `broadcast` the broadcast extension · `postgres_changes/` the Postgres
 //! Changes extension (bindings, the join-time check, who listens, delivery) · `history/`
-//! replay and resume (what a join asks, the batched read) · `presence/` presence (a
+//! replay and resume (what a join asks, the batched read, the per-address line) · `presence/` presence (a
 //! channel's pushes, wishes, the worker, the views) · `gate` a rejoining channel's
 //! live frames held until its history is sent · `hub` topics and fan-out · `reach` the one way to a
 //! joined channel's socket, held by every registry · `outbound` a connection's outbound queue ·
@@ -213,6 +216,13 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
             metrics.rest_requests_in_flight.clone(),
         ),
         connections_by_address: tally::InFlight::default(),
+        bindings_by_address: tally::Amounts::default(),
+        resumes: history::line::Line::new(
+            cfg.max_resumes_per_address,
+            cfg.max_resumes_waiting_per_address,
+            history_tx.clone(),
+            metrics.clone(),
+        ),
         instance,
     });
     tracing::info!(%addr, consumer = %cfg.consumer, "listening");

@@ -60,6 +60,11 @@ pub struct Metrics {
     pub history_calls_total: Counter,
     pub history_messages_total: Counter,
     pub history_unrecovered_total: Counter,
+    /// Joins whose history is being read or sent, and those waiting in their address's
+    /// line (MAX_RESUMES_PER_ADDRESS, `history::line`), and those the full line turned away.
+    pub resumes_running: Gauge,
+    pub resumes_waiting: Gauge,
+    pub resumes_refused_total: Counter,
     pub change_positions_total: Counter,
     pub persisted_expired_total: Counter,
     pub presence_tracks_total: Counter,
@@ -254,6 +259,18 @@ impl Default for Metrics {
                 "realtime_history_unrecovered_total",
                 "resumes answered recovered: false (evicted, another epoch, a position ahead, or the database unreadable)",
             ),
+            resumes_running: r.gauge(
+                "realtime_resumes_running",
+                "joins whose history is being read or sent (at most MAX_RESUMES_PER_ADDRESS per client address)",
+            ),
+            resumes_waiting: r.gauge(
+                "realtime_resumes_waiting",
+                "joins waiting for their address's histories before theirs is read (at most MAX_RESUMES_WAITING_PER_ADDRESS per client address)",
+            ),
+            resumes_refused_total: r.counter(
+                "realtime_resumes_refused_total",
+                "joins that went live without their history because their address's line was full",
+            ),
             change_positions_total: r.counter(
                 "realtime_change_positions_total",
                 "system messages telling a channel that asked for them its position after a batch of Postgres Changes",
@@ -397,7 +414,8 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 41] = [
+    const COUNTERS: [&str; 42] = [
+        "realtime_resumes_refused_total",
         "realtime_auth_batches_total",
         "realtime_auth_requests_total",
         "realtime_client_broadcasts_total",
@@ -440,7 +458,9 @@ mod tests {
         "realtime_presence_reaped_total",
         "realtime_presence_sessions_lost_total",
     ];
-    const GAUGES: [&str; 12] = [
+    const GAUGES: [&str; 14] = [
+        "realtime_resumes_running",
+        "realtime_resumes_waiting",
         "realtime_rest_requests_in_flight",
         "realtime_presence_topics",
         "realtime_listened_keys",

@@ -73,6 +73,12 @@ pub enum Refusal {
     JoinInProgress,
     /// A `postgres_changes` binding this server cannot serve (an unsupported filter, say).
     PostgresChanges(BindingError),
+    /// A join whose bindings would bring its client address's connections past
+    /// MAX_BINDINGS_PER_ADDRESS (refused as MAX_BINDINGS_PER_CONNECTION refuses).
+    BindingsPerAddress {
+        total: usize,
+        limit: usize,
+    },
     /// A `replay` or `resume` that cannot be served.
     History(AskError),
     /// A broadcast that asked to be kept and cannot be.
@@ -135,6 +141,10 @@ impl Refusal {
                 "JoinInProgress: a join of this topic is still waiting for its authorization".into()
             }
             Refusal::PostgresChanges(why) => why.text(),
+            Refusal::BindingsPerAddress { total, limit } => BindingError::OverLimit(format!(
+                "the channels of this client address would have bindings: {total}; the limit is {limit} (MAX_BINDINGS_PER_ADDRESS)"
+            ))
+            .text(),
             Refusal::History(why) => why.text(),
             Refusal::Persist(why) => why.text(),
             Refusal::ReadDenied { topic, role_refusal } => {
@@ -284,6 +294,10 @@ pub enum Notice {
     },
     /// The same, told to a channel listening to whole schemas, which names no table.
     SomeChangeLost,
+    /// A join's history was not read: MAX_RESUMES_PER_ADDRESS of its client address's are
+    /// being sent and MAX_RESUMES_WAITING_PER_ADDRESS wait (`history::line`). The channel is
+    /// live, in the `system` message of a resume that cannot be served.
+    ResumeLineFull { running: u64, waiting: u64 },
 }
 
 impl Notice {
@@ -316,6 +330,9 @@ impl Notice {
                 "Changes to {schema}.{table} were not delivered to this channel: its filter could not be evaluated: {why}"
             ),
             Notice::SomeChangeLost => "A change was lost: its table was dropped or altered before it was delivered".into(),
+            Notice::ResumeLineFull { running, waiting } => format!(
+                "Too many joins of this client address are resuming: MAX_RESUMES_PER_ADDRESS ({running}) are being sent and MAX_RESUMES_WAITING_PER_ADDRESS ({waiting}) are waiting; this channel was not resumed and is live from now on"
+            ),
         }
     }
 }

@@ -36,6 +36,12 @@ pub struct Shared {
     pub rest_limits: crate::rest_limits::RestLimits,
     /// WebSocket connections per client address (MAX_CONNECTIONS_PER_ADDRESS).
     pub connections_by_address: crate::tally::InFlight<crate::address::AddressKey>,
+    /// Postgres Changes bindings per client address, each connection's share a `Charge`
+    /// (MAX_BINDINGS_PER_ADDRESS).
+    pub bindings_by_address: crate::tally::Amounts<crate::address::AddressKey>,
+    /// Histories read or sent per client address, and the lines the others wait in
+    /// (MAX_RESUMES_PER_ADDRESS, `history::line`); joins reach `history` through it.
+    pub resumes: crate::history::line::Line,
     /// Random per process: the high half of this sidecar's relay origins.
     pub instance: u32,
 }
@@ -105,7 +111,15 @@ pub mod testing {
         let (check, check_rx) = mpsc::channel(64);
         let (history, history_rx) = mpsc::channel(64);
         let presence = Arc::new(crate::presence::Presence::new(metrics.clone(), &cfg));
+        let resumes = crate::history::line::Line::new(
+            cfg.max_resumes_per_address,
+            cfg.max_resumes_waiting_per_address,
+            history.clone(),
+            metrics.clone(),
+        );
         let shared = Shared {
+            resumes,
+            bindings_by_address: crate::tally::Amounts::default(),
             check,
             history,
             presence,

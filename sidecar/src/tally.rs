@@ -138,6 +138,104 @@ impl<K: Eq + Hash> Drop for Entered<K> {
     }
 }
 
+/// Amounts held per key by many holders (the Postgres Changes bindings of an address's
+/// connections): each holder's share is one `Charge`, moved as its amount changes and given
+/// back when it drops. An entry exists while its total is above zero, so the map never holds
+/// more keys than there are holders with something held (each a connection, bounded by
+/// MAX_CONNECTIONS).
+pub struct Amounts<K: Eq + Hash> {
+    map: Arc<Mutex<HashMap<K, usize>>>,
+}
+
+impl<K: Eq + Hash> Default for Amounts<K> {
+    fn default() -> Self {
+        Amounts {
+            map: Arc::default(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone> Amounts<K> {
+    /// A new holder of `key`, holding nothing yet.
+    pub fn charge(&self, key: K) -> Charge<K> {
+        Charge {
+            map: self.map.clone(),
+            key,
+            amount: 0,
+        }
+    }
+
+    pub fn total(&self, key: &K) -> usize {
+        self.map.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    #[cfg(test)]
+    fn keys(&self) -> usize {
+        self.map.lock().unwrap().len()
+    }
+}
+
+/// One holder's share of its key's total; dropping it gives the share back.
+pub struct Charge<K: Eq + Hash> {
+    map: Arc<Mutex<HashMap<K, usize>>>,
+    key: K,
+    amount: usize,
+}
+
+impl<K: Eq + Hash + Clone> Charge<K> {
+    /// Makes this holder's share `to`, unless the key's total with `counted` in place of this
+    /// share would pass `limit`: then nothing changes and the error is that total. (`counted`
+    /// is what the limit judges, which may be less than what is held meanwhile: a rejoin is
+    /// judged by its difference while its old channel still holds its bindings.) Checked and
+    /// moved under one lock, so two holders of one key cannot both pass on the same room.
+    pub fn set_within(&mut self, to: usize, counted: usize, limit: usize) -> Result<(), usize> {
+        let mut map = self.map.lock().unwrap();
+        let others = map.get(&self.key).copied().unwrap_or(0) - self.amount;
+        let judged = others + counted;
+        if judged > limit {
+            return Err(judged);
+        }
+        Self::put(&mut map, &self.key, others + to);
+        self.amount = to;
+        Ok(())
+    }
+
+    /// Makes this holder's share `to`, whatever the total (a share that shrinks, or what was
+    /// admitted by `set_within` becoming held).
+    pub fn set(&mut self, to: usize) {
+        if to == self.amount {
+            return;
+        }
+        let mut map = self.map.lock().unwrap();
+        let others = map.get(&self.key).copied().unwrap_or(0) - self.amount;
+        Self::put(&mut map, &self.key, others + to);
+        self.amount = to;
+    }
+
+    fn put(map: &mut HashMap<K, usize>, key: &K, total: usize) {
+        if total == 0 {
+            map.remove(key);
+        } else {
+            map.insert(key.clone(), total);
+        }
+    }
+}
+
+impl<K: Eq + Hash> Drop for Charge<K> {
+    fn drop(&mut self) {
+        if self.amount == 0 {
+            return;
+        }
+        let mut map = self.map.lock().unwrap();
+        if let Some(total) = map.get_mut(&self.key) {
+            *total -= self.amount;
+            if *total == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +290,34 @@ mod tests {
         assert_eq!(f.count(&"a"), 1);
         drop(a2);
         assert_eq!(f.keys(), 0);
+    }
+
+    #[test]
+    fn amounts_are_judged_together_and_forget_a_key_at_zero() {
+        let a = Amounts::default();
+        let mut one = a.charge("a");
+        let mut two = a.charge("a");
+        assert_eq!(one.set_within(6, 6, 10), Ok(()));
+        // The second holder is judged with the first's share.
+        assert_eq!(two.set_within(5, 5, 10), Err(11));
+        assert_eq!(a.total(&"a"), 6, "a refusal changes nothing");
+        assert_eq!(two.set_within(4, 4, 10), Ok(()));
+        // A holder replacing part of its own share is judged by what it counts, and holds
+        // what it says it holds meanwhile.
+        assert_eq!(one.set_within(9, 6, 10), Ok(()));
+        assert_eq!(a.total(&"a"), 13);
+        one.set(3);
+        assert_eq!(a.total(&"a"), 7);
+        // Another key is apart.
+        let mut b = a.charge("b");
+        assert_eq!(b.set_within(10, 10, 10), Ok(()));
+        assert_eq!(a.keys(), 2);
+        drop(b);
+        assert_eq!(a.keys(), 1, "a key whose holders hold nothing is gone");
+        two.set(0);
+        drop(one);
+        assert_eq!(a.keys(), 0);
+        drop(two);
+        assert_eq!(a.total(&"a"), 0);
     }
 }

@@ -250,3 +250,273 @@ async fn rest_requests_in_flight_are_bounded_per_address() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+fn refusal(reply: &Value) -> &str {
+    assert_eq!(reply["status"], "error", "{reply}");
+    reply["response"]["reason"].as_str().unwrap()
+}
+
+/// Waits (the fail-safe: `secs`) until metric `name` is `value`.
+async fn metric_reaches(sidecar: &Sidecar, name: &str, value: f64, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let now = sidecar.metric(name).await;
+        if now == value {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} stayed {now}, not {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Joins `topic` with `n` bindings that never match (schema-wide, the review's attack).
+async fn join_never(c: &mut Client, topic: &str, n: usize) -> Value {
+    let never = json!({"event": "*", "schema": "*", "filter": "zz=eq.1"});
+    c.join(topic, json!({"postgres_changes": vec![never; n]}))
+        .await
+}
+
+/// MAX_BINDINGS_PER_ADDRESS: the anon key is public, so one address could hold
+/// MAX_CONNECTIONS_PER_ADDRESS sockets of MAX_BINDINGS_PER_CONNECTION bindings each (a
+/// million by default, each run against every drained change). Its connections' bindings
+/// are counted together: past the bound a join is refused with the setting's name, a rejoin
+/// is judged by its difference, a leave and a close give bindings back, and another
+/// address holds a budget of its own and is served meanwhile.
+#[tokio::test]
+async fn one_address_s_connections_together_hold_at_most_its_bindings() {
+    let sidecar = Sidecar::start(
+        "t_bindings_per_address",
+        &[
+            ("MAX_BINDINGS_PER_CONNECTION", "6"),
+            ("MAX_BINDINGS_PER_ADDRESS", "10"),
+        ],
+    )
+    .await;
+    let db = db().await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS per_address_items;
+         CREATE TABLE per_address_items (id int PRIMARY KEY);
+         GRANT SELECT ON per_address_items TO anon;
+         ALTER PUBLICATION supabase_realtime ADD TABLE per_address_items;",
+    )
+    .await
+    .unwrap();
+    let p = sidecar.port;
+    let mut a1 = Client::connect_from("127.0.0.2", p, "1.0.0").await.unwrap();
+    let mut a2 = Client::connect_from("127.0.0.2", p, "2.0.0").await.unwrap();
+    assert_eq!(
+        join_never(&mut a1, "realtime:pa:1", 6).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        join_never(&mut a2, "realtime:pa:2", 4).await["status"],
+        "ok"
+    );
+    // Within its connection's bound, past its address's.
+    assert_eq!(
+        refusal(&join_never(&mut a2, "realtime:pa:3", 1).await),
+        "InvalidPostgresChanges: the channels of this client address would have bindings: 11; the limit is 10 (MAX_BINDINGS_PER_ADDRESS)"
+    );
+    // A rejoin replacing its channel's bindings counts only the difference.
+    assert_eq!(
+        join_never(&mut a1, "realtime:pa:1", 6).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        join_never(&mut a1, "realtime:pa:1", 5).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        join_never(&mut a2, "realtime:pa:3", 1).await["status"],
+        "ok"
+    );
+    assert!(refusal(&join_never(&mut a1, "realtime:pa:1", 6).await)
+        .ends_with("bindings: 11; the limit is 10 (MAX_BINDINGS_PER_ADDRESS)"));
+    // Another address, its own budget: joined, and its change arrives.
+    let mut other = Client::connect_from("127.0.0.3", p, "1.0.0").await.unwrap();
+    let real = json!({"event": "INSERT", "schema": "public", "table": "per_address_items"});
+    let never = json!({"event": "*", "schema": "*", "filter": "zz=eq.1"});
+    let mut bindings = vec![real];
+    bindings.extend(vec![never; 5]);
+    let reply = other
+        .join("realtime:pa:other", json!({"postgres_changes": bindings}))
+        .await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    db.execute("INSERT INTO per_address_items VALUES (1)", &[])
+        .await
+        .unwrap();
+    loop {
+        let m = other
+            .next_json(10)
+            .await
+            .expect("the other address's change");
+        if m["event"] == "postgres_changes" {
+            assert_eq!(m["payload"]["data"]["record"], json!({"id": 1}), "{m}");
+            break;
+        }
+    }
+    // A channel that leaves gives its bindings back (the leave's reply comes after).
+    let r = a2
+        .push(Some("1"), "realtime:pa:3", "phx_leave", json!({}))
+        .await;
+    assert_eq!(a2.reply(&r).await["status"], "ok");
+    // So does a join the database's check refuses (its bindings counted while it waited):
+    // with its binding still counted the next join would make 11.
+    let nowhere = json!({"event": "*", "schema": "public", "table": "per_address_nowhere"});
+    let reply = a2
+        .join(
+            "realtime:pa:nowhere",
+            json!({"postgres_changes": [nowhere]}),
+        )
+        .await;
+    assert!(
+        refusal(&reply).starts_with("InvalidPostgresChanges: binding 1:"),
+        "{reply}"
+    );
+    assert_eq!(
+        join_never(&mut a1, "realtime:pa:4", 1).await["status"],
+        "ok"
+    );
+    // So does a connection that closes: once the sidecar has let it go (its count of
+    // connections drops after the connection's channels are left), the same address joins
+    // with what it held.
+    drop(a2);
+    metric_reaches(&sidecar, "realtime_connections", 2.0, 10).await;
+    let mut a3 = Client::connect_from("127.0.0.2", p, "1.0.0").await.unwrap();
+    assert_eq!(
+        join_never(&mut a3, "realtime:pa:5", 4).await["status"],
+        "ok"
+    );
+    assert!(refusal(&join_never(&mut a3, "realtime:pa:6", 1).await)
+        .ends_with("bindings: 11; the limit is 10 (MAX_BINDINGS_PER_ADDRESS)"));
+    db.batch_execute("DROP TABLE per_address_items")
+        .await
+        .unwrap();
+}
+
+/// Reads `c` until a frame on `topic` satisfies `done`; returns it (fail-safe: `secs`).
+async fn until_on(c: &mut Client, topic: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "nothing on {topic} in {secs} s");
+        let Some(m) = c.next_json(left.as_secs().max(1)).await else {
+            continue;
+        };
+        if m["topic"] == topic && done(&m) {
+            return m;
+        }
+    }
+}
+
+fn is_system(m: &Value) -> bool {
+    m["event"] == "system" && m["payload"]["extension"] == "broadcast"
+}
+
+fn resume_config(epoch: i64, seq: i64) -> Value {
+    json!({"broadcast": {"resume": {"epoch": epoch.to_string(), "seq": seq}}})
+}
+
+/// MAX_RESUMES_PER_ADDRESS: each join that asks for history may make the sidecar hold up to
+/// MAX_RESUME_MESSAGES while its client takes them, and one address could open as many as it
+/// has channels. Here two clients of one address resume 10 MB and never read: their
+/// histories hold the address's two places. The address's next two resumes are answered
+/// and wait (not refused: many users behind one NAT may rejoin at once); the one after them
+/// finds the line full and goes live at once, told why. Meanwhile another address resumes
+/// and gets its history and a live message; once the stalled clients go, the waiting two
+/// are resumed in full.
+#[tokio::test]
+async fn one_address_s_resumes_wait_their_turn_and_past_its_line_go_live_told_why() {
+    let sidecar = Sidecar::start(
+        "t_resumes_per_address",
+        &[
+            ("MAX_RESUMES_PER_ADDRESS", "2"),
+            ("MAX_RESUMES_WAITING_PER_ADDRESS", "2"),
+            // A history waits for its client once half of this is queued (`history::fetch`).
+            ("MAX_OUTBOUND_BYTES", "1048576"),
+        ],
+    )
+    .await;
+    let db = db().await;
+    let p = sidecar.port;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let big = format!("pa-resume-big:{nanos}");
+    let small = |i: i64| format!("pa-resume-small-{i}:{nanos}");
+    let (epoch, seq) = queue_position(&db).await;
+    // 40 messages of 250 KB: more than a stalled socket's kernel buffers and half its
+    // outbound queue take, so its history is still being sent when the others join.
+    db.execute(
+        "SELECT realtime.send(jsonb_build_object('n', g, 'x', repeat('a', 250000)), 'n', $1, false) \
+         FROM generate_series(1, 40) g",
+        &[&big],
+    )
+    .await
+    .unwrap();
+    for i in 1..=3 {
+        send(&db, json!({"n": i}), "n", &small(i)).await;
+    }
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        let mut s = Client::connect_from_small_buffer("127.0.0.2", p, "1.0.0").await;
+        let join = json!({"config": resume_config(epoch, seq)});
+        s.push(Some("1"), &format!("realtime:{big}"), "phx_join", join)
+            .await;
+        stalled.push(s);
+    }
+    metric_reaches(&sidecar, "realtime_resumes_running", 2.0, 20).await;
+    // The same address's next two: answered, then waiting.
+    let mut c = Client::connect_from("127.0.0.2", p, "1.0.0").await.unwrap();
+    for i in 1..=2 {
+        let reply = c
+            .join(&format!("realtime:{}", small(i)), resume_config(epoch, seq))
+            .await;
+        assert_eq!(reply["status"], "ok", "{reply}");
+    }
+    metric_reaches(&sidecar, "realtime_resumes_waiting", 2.0, 10).await;
+    // The line full: live at once, without the history, with the reason.
+    let third = format!("realtime:{}", small(3));
+    let reply = c.join(&third, resume_config(epoch, seq)).await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let sys = until_on(&mut c, &third, 10, is_system).await;
+    let sys = &sys["payload"];
+    assert_eq!(
+        (&sys["recovered"], &sys["status"], &sys["resent"]),
+        (&json!(false), &json!("error"), &json!(0)),
+        "{sys}"
+    );
+    assert_eq!(
+        sys["message"],
+        "Too many joins of this client address are resuming: MAX_RESUMES_PER_ADDRESS (2) are being sent and MAX_RESUMES_WAITING_PER_ADDRESS (2) are waiting; this channel was not resumed and is live from now on"
+    );
+    assert_eq!(sidecar.metric("realtime_resumes_refused_total").await, 1.0);
+    // Another address is not behind that line: its resume is answered, its history sent,
+    // and a live message follows.
+    let mut other = Client::connect_from("127.0.0.3", p, "1.0.0").await.unwrap();
+    let first = format!("realtime:{}", small(1));
+    let reply = other.join(&first, resume_config(epoch, seq)).await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    let m = until_on(&mut other, &first, 10, |m| m["event"] == "broadcast").await;
+    assert_eq!(m["payload"]["payload"]["n"], 1, "{m}");
+    let sys = until_on(&mut other, &first, 10, is_system).await;
+    assert_eq!(sys["payload"]["recovered"], true, "{sys}");
+    send(&db, json!({"n": 4}), "n", &small(1)).await;
+    let m = until_on(&mut other, &first, 10, |m| m["event"] == "broadcast").await;
+    assert_eq!(m["payload"]["payload"]["n"], 4, "{m}");
+    // The stalled readers gone, the waiting two are resumed in full, in their turn.
+    drop(stalled);
+    for i in 1..=2 {
+        let topic = format!("realtime:{}", small(i));
+        let m = until_on(&mut c, &topic, 30, |m| m["event"] == "broadcast").await;
+        assert_eq!(m["payload"]["payload"]["n"], i, "{m}");
+        let sys = until_on(&mut c, &topic, 30, is_system).await;
+        assert_eq!(sys["payload"]["recovered"], true, "{sys}");
+    }
+    metric_reaches(&sidecar, "realtime_resumes_running", 0.0, 10).await;
+    assert_eq!(sidecar.metric("realtime_resumes_waiting").await, 0.0);
+}

@@ -119,6 +119,7 @@ async fn a_join_naming_more_tables_than_the_database_takes_switches_filtering_of
             ("MAX_BINDINGS_PER_JOIN", "20000"),
             ("MAX_TABLES_PER_JOIN", "20000"),
             ("MAX_BINDINGS_PER_CONNECTION", "20000"),
+            ("MAX_BINDINGS_PER_ADDRESS", "20000"),
         ],
     )
     .await;

@@ -26,7 +26,6 @@ use crate::reason::{Disconnect, Notice, Refusal};
 use serde_json::json;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 
 /// A join waiting for its verdicts (a private channel), its bindings' check or its keys'
 /// upload; its bindings are with the check.
@@ -130,6 +129,25 @@ impl Channels {
         if !rejoin && in_use >= self.shared.cfg.max_channels_per_client {
             self.join_error(&m, Refusal::ChannelRateLimitReached);
             return Ok(());
+        }
+        // And per client address, over all its connections: the anon key is public, so
+        // MAX_CONNECTIONS_PER_ADDRESS sockets of MAX_BINDINGS_PER_CONNECTION each would
+        // otherwise be one client's. Judged as above (a rejoin by its difference); what the
+        // connection holds meanwhile is everything, its old channel's bindings too, until
+        // the join is answered (`recount_bindings`). The last check: a join with bindings
+        // that passes it always waits as a pending join, which holds what this takes.
+        if !config.postgres_changes.is_empty() {
+            let n = config.postgres_changes.len();
+            let held = self.bindings_held();
+            let replaced = self.channels.get(&m.topic).map_or(0, |c| c.bindings);
+            let limit = self.shared.cfg.max_bindings_per_address;
+            if let Err(total) =
+                self.address_bindings
+                    .set_within(held + n, held - replaced + n, limit)
+            {
+                self.join_error(&m, Refusal::BindingsPerAddress { total, limit });
+                return Ok(());
+            }
         }
         // The drain returns the topic's messages (and its tables' changes) once they are
         // listened to: a join is answered after that, so it misses nothing committed later.
@@ -335,13 +353,12 @@ impl Channels {
                 gate: gate.clone(),
                 carry: None,
                 changes: resumed_changes,
+                permit: None,
             };
-            if let Err(e) = self.shared.history.try_send(request) {
-                let request = match e {
-                    mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
-                };
-                history::fetch::unavailable(request, &self.shared.metrics);
-            }
+            // Read now, or after some of its address's histories end, or (its address's
+            // line full) not at all, the channel told so (`history::line`).
+            let address = self.presence_source.address;
+            self.shared.resumes.admit(address, request);
         }
         // After the reply (in `out`, written first), the presence state arrives through the
         // outbound queue, then its diffs.
@@ -371,5 +388,7 @@ impl Channels {
             },
         };
         self.channels.insert(m.topic, channel);
+        // A rejoin's old channel is gone: its bindings with it.
+        self.recount_bindings();
     }
 }

@@ -110,6 +110,10 @@ pub struct Channels {
     next_generation: u64,
     /// This connection to presence's budgets: its address and its tracks this second.
     presence_source: crate::presence::budget::Source,
+    /// This connection's share of its address's Postgres Changes bindings
+    /// (MAX_BINDINGS_PER_ADDRESS): its channels' and its pending joins' together, kept so by
+    /// `recount_bindings` and given back when the connection's channels are dropped.
+    address_bindings: crate::tally::Charge<AddressKey>,
 }
 
 impl Channels {
@@ -124,7 +128,9 @@ impl Channels {
     ) -> Self {
         let id = NEXT_ID.fetch_add(1, Relaxed);
         let link = Link::new(id, vsn, shared.origin(id), tx);
+        let address_bindings = shared.bindings_by_address.charge(address);
         Channels {
+            address_bindings,
             link,
             shared,
             socket_claims,
@@ -220,6 +226,28 @@ impl Channels {
         for (topic, mut ch) in std::mem::take(&mut self.channels) {
             self.unsubscribe(&topic, &mut ch);
         }
+        // Its pending joins' answers are never polled again: their bindings go too.
+        self.pending_joins.clear();
+        self.recount_bindings();
+    }
+
+    /// The bindings of this connection's channels and pending joins (a rejoin's old channel
+    /// and its pending join both count until the join is answered).
+    fn bindings_held(&self) -> usize {
+        let joined: usize = self.channels.values().map(|c| c.bindings).sum();
+        joined
+            + self
+                .pending_joins
+                .values()
+                .map(|j| j.bindings)
+                .sum::<usize>()
+    }
+
+    /// Brings the connection's share of its address's bindings to what it holds now, after
+    /// a channel or a pending join came or went (giving back never needs room).
+    fn recount_bindings(&mut self) {
+        let held = self.bindings_held();
+        self.address_bindings.set(held);
     }
 
     /// Handles one client command. Err ends the connection with that reason.
@@ -319,6 +347,9 @@ impl Channels {
                     };
                     self.join_error(&join.m, why);
                 }
+                // Admitted or refused, the pending join's bindings are now its channel's
+                // or nobody's.
+                self.recount_bindings();
             }
             Answer::Recheck {
                 topic,
@@ -356,6 +387,7 @@ impl Channels {
             }
             self.push_text(ch.reach.close_text());
             self.unsubscribe(topic, &mut ch);
+            self.recount_bindings();
         }
     }
 }

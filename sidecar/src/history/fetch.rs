@@ -85,6 +85,10 @@ pub struct Request {
     pub carry: Option<Carry>,
     /// The channel's Postgres Changes, when its position covers them.
     pub changes: Option<Changes>,
+    /// One of its client address's MAX_RESUMES_PER_ADDRESS places (`line`), held while the
+    /// history is read and sent, over every pass; given back, to the next of the line, where
+    /// the request is dropped. None while it waits in the line.
+    pub permit: Option<super::line::Permit>,
 }
 
 /// A resuming channel's Postgres Changes bindings and the identity it joined with: what
@@ -938,6 +942,16 @@ async fn serve_replays(
 
 /// The history could not be read: the channel goes live, told that nothing was recovered.
 pub fn unavailable(r: Request, metrics: &Metrics) {
+    unavailable_because(
+        r,
+        "The database could not be read to resume this channel; it is live from now on",
+        metrics,
+    );
+}
+
+/// The channel goes live without its history, a resume told why in `message` (a replay,
+/// which Supabase ends without a word, just goes live).
+pub fn unavailable_because(r: Request, message: &str, metrics: &Metrics) {
     metrics.history_unrecovered_total.increment(1);
     let sub = &r.key.topic;
     let system = matches!(r.ask, Ask::Resume { .. }).then(|| {
@@ -945,7 +959,7 @@ pub fn unavailable(r: Request, metrics: &Metrics) {
             &r.reach,
             &json!({"extension": "broadcast", "status": "error", "channel": sub,
                     "recovered": false, "first_missing": null, "last_missing": null, "resent": 0,
-                    "message": "The database could not be read to resume this channel; it is live from now on"}),
+                    "message": message}),
         )
     });
     // Nothing was sent from history: every held live frame passes.

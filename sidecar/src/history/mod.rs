@@ -15,7 +15,9 @@
 //! The way: the join is answered and the channel subscribed in the hub behind a gate
 //! (`crate::gate`) that holds its live frames; `fetch` reads the history of every waiting
 //! join in one `realtime.history` call, sends each its share, paced, and opens its gate at
-//! the sequence the history went through. `ask` reads what the join asked for.
+//! the sequence the history went through. `ask` reads what the join asked for; `line` bounds
+//! the histories of one client address read or sent at once (MAX_RESUMES_PER_ADDRESS).
 
 pub mod ask;
 pub mod fetch;
+pub mod line;

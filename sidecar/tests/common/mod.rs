@@ -314,6 +314,27 @@ impl Client {
         Self::over(ws, vsn)
     }
 
+    /// A client from the loopback address `from` whose kernel receive buffer is small and
+    /// fixed: one that stops reading backs up into the server after a few kilobytes.
+    pub async fn connect_from_small_buffer(from: &str, port: u16, vsn: &str) -> Client {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        socket
+            .bind(std::net::SocketAddr::new(from.parse().unwrap(), 0))
+            .unwrap();
+        let stream = socket
+            .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .await
+            .expect("tcp connect");
+        let (ws, _) = tokio_tungstenite::client_async(
+            url(port, vsn, &anon_key()),
+            MaybeTlsStream::Plain(stream),
+        )
+        .await
+        .expect("websocket connect");
+        Self::over(ws, vsn)
+    }
+
     fn over(ws: Ws, vsn: &str) -> Client {
         Client {
             ws,
