@@ -74,6 +74,8 @@ def one_run(a, pg, epoch, attackers):
     env = {"MAX_CONNECTIONS_PER_ADDRESS": "1000", "MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS": "1000"}
     with harness.Sidecar(a.http_port, pg.dsn, f"soak_{int(attackers)}", SECRET, **env) as sidecar:
         pid = sidecar.process.pid
+        if a.pin:
+            subprocess.run(["taskset", "-a", "-pc", "0", str(pid)], check=True, stdout=subprocess.DEVNULL)
         commands = [
             harness.loadgen_cmd(url, pg.dsn, SECRET, "--clients", 600, "--topics", 20, "--topic-prefix", "bench-",
                                 "--publisher", "send", "--rate", 200, "--seconds", a.seconds, "--vsn", "2.0.0",
@@ -91,6 +93,10 @@ def one_run(a, pg, epoch, attackers):
                              "--seconds", str(a.seconds), "--epoch", str(epoch), "--busy-topic", "bench-0",
                              *(["--skip", a.skip_attackers] if a.skip_attackers else []),
                              *(["--only", a.only_attackers] if a.only_attackers else [])])
+        if a.pin:
+            # Every load generator, the attackers' included, off the sidecar's core: what
+            # is left of the attackers' cost is the sidecar's own and Postgres's.
+            commands = [["taskset", "-c", "1", *c] for c in commands]
         with harness.Usage([pid], f"{pg.dir}/pg/data") as u:
             results = run_all(commands, timeout=a.seconds + 300)
     r = {"label": label, **u.result}
@@ -107,6 +113,8 @@ def main():
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--skip-attackers", default="", help="attackers to leave out, by name (comma-separated)")
     ap.add_argument("--only-attackers", default="", help="only these attackers, by name (comma-separated)")
+    ap.add_argument("--pin", action="store_true",
+                    help="the sidecar on CPU 0, every load generator on CPU 1, Postgres on either")
     ap.add_argument("--pg-port", type=int, default=24396)
     ap.add_argument("--http-port", type=int, default=24397)
     a = ap.parse_args()
@@ -119,9 +127,10 @@ def main():
         epoch = int(pg.psql("-c", "SELECT (extract(epoch FROM epoch) * 1000000)::int8 FROM realtime.stats()").strip())
         runs = [one_run(a, pg, epoch, attackers) for attackers in (False, True)]
 
+    where = ("the sidecar pinned to CPU 0, every load generator (the attackers' too) to CPU 1, Postgres on either"
+             if a.pin else "sidecar, Postgres and every load generator on the same 2 cores")
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; {a.seconds} s a run, one after the other on one "
-          f"cluster; one sidecar with its default limits; sidecar, Postgres and every load generator on the same 2 "
-          f"cores.\n")
+          f"cluster; one sidecar with its default limits; {where}.\n")
     print("| run | broadcast p50 / p99 ms | lost | changes p50 / p99 ms | lost | presence p50 / p99 ms | unseen | "
           "sidecar peak RSS | sidecar CPU | Postgres CPU | ordinary load gen. CPU | attackers' CPU |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

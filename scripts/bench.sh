@@ -53,4 +53,7 @@ run routed:60k --ways routed --processes 8 --clients 30000 --goal-clients 60000 
 run connections --clients 100000,250000,300000 --json "$out/connections.json"
 # Twenty attackers beside a thousand ordinary subscribers, against the same without them.
 run soak --seconds 60
+# The same with every load generator off the sidecar's core: the box's contention apart from
+# the sidecar's own cost of refusing the attackers.
+run soak:pinned --seconds 60 --pin --pg-port 24398 --http-port 24399
 echo "tables in $out"

@@ -90,6 +90,7 @@ python3 pgbench/routed.py --seconds 2 --topics 100 --clients 200 --processes 1,2
 python3 pgbench/peers.py --seconds 2 --subscribers 20 --rates 100 --k6-vus 5 --k6-rate 20 > "$log/peers.md"
 python3 pgbench/connections.py --clients 300 --centrifugo-clients 100 --seconds 3 > "$log/connections.md"
 python3 pgbench/soak.py --seconds 3 > "$log/soak.md"
+python3 pgbench/soak.py --seconds 3 --pin >> "$log/soak.md"
 python3 pgbench/profile.py trigger --seconds 1 --clients 2 --drainer sidecar --callgraph --callers LWLockRelease > "$log/profile.md"
 python3 pgbench/profile.py fanout --seconds 1 --subscribers 20 --rate 100 >> "$log/profile.md"
 python3 pgbench/profile.py kafkorama --seconds 1 --subscribers 20 --topics 10 >> "$log/profile.md"
