@@ -251,13 +251,22 @@ impl Hold {
 
     /// The channel left: what it held is dropped and nothing more passes (a frame of the
     /// channel that left must not reach a later join of the same topic on the socket).
-    pub fn close(&self) {
+    /// Returns the queue position of the first change after `after` it held, if any: from
+    /// there on nothing was sent (the queue is in position order, and only frames behind a
+    /// change are held), so a second join of the channel resumes before it. (A change at or
+    /// before `after`, the end of a history sent, was sent by the history.)
+    pub fn close(&self, after: i64) -> Option<i64> {
         let mut held = self.held.lock().unwrap();
+        let first = held.queue.iter().find_map(|i| match i {
+            Item::Slot { seq, .. } if *seq > after => Some(*seq),
+            _ => None,
+        });
         held.cut = true;
         held.queue.clear();
         held.count = 0;
         held.bytes = 0;
         self.pending.store(1, Ordering::Release);
+        first
     }
 
     /// Frames and slots held (for tests and metrics).
@@ -356,7 +365,11 @@ mod tests {
         let hold = Hold::default();
         assert!(hold.slot(1, 0, 1, &tx));
         assert_eq!(hold.send(text(1), &tx), Sent::Queued);
-        hold.close();
+        assert_eq!(
+            hold.close(0),
+            Some(1),
+            "what was not sent begins at the change"
+        );
         hold.fill(1, HashMap::from([(0, vec![text(0)])]), &tx);
         assert_eq!(hold.send(text(2), &tx), Sent::Full);
         assert!(got(&rx).is_empty());

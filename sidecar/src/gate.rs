@@ -191,8 +191,12 @@ impl Gate {
     }
 
     /// The channel left: nothing more passes, and the history still being sent stops.
-    pub fn close(&self) {
-        *self.state.lock().unwrap() = State::Closed;
+    /// Returns the sequence its history went through, if it was sent (the gate was open).
+    pub fn close(&self) -> Option<i64> {
+        match std::mem::replace(&mut *self.state.lock().unwrap(), State::Closed) {
+            State::Open { through, .. } => Some(through),
+            State::Holding { .. } | State::Closed => None,
+        }
     }
 
     pub fn is_closed(&self) -> bool {

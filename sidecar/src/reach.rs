@@ -104,8 +104,9 @@ impl Reach {
     }
 
     /// The channel left: nothing held or handed to it later reaches the socket.
-    pub fn close_hold(&self) {
-        self.hold.close()
+    /// Returns where what it held began, past `after` (`Hold::close`).
+    pub fn close_hold(&self, after: i64) -> Option<i64> {
+        self.hold.close(after)
     }
 
     /// Names this channel's hold: the same for every clone of this channel's `Reach`.

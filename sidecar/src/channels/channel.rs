@@ -55,19 +55,20 @@ pub(super) struct Checks {
 
 impl Channels {
     /// Stops everything the channel receives, makes its member leave and gives back its
-    /// place in the counts.
-    pub(super) fn unsubscribe(&self, topic: &str, ch: &mut Channel) {
-        if let Some(gate) = &ch.history_gate {
-            gate.close();
-        }
+    /// place in the counts. Returns the queue position of the first change it held behind a
+    /// pending check, which was never sent (`change_hold`), if any.
+    pub(super) fn unsubscribe(&self, topic: &str, ch: &mut Channel) -> Option<i64> {
+        // First: nothing passes the gate (and counts as sent) once what is held is counted.
+        let through = ch.history_gate.as_ref().and_then(|g| g.close());
         ch.broadcast.stop(&self.shared.hub, &ch.reach, &ch.key);
         if ch.postgres_changes {
             self.shared.changes.remove(self.link.id, topic);
         }
         // What it holds behind a pending check is the left channel's (`change_hold`).
-        ch.reach.close_hold();
+        let unsent = ch.reach.close_hold(through.unwrap_or(i64::MIN));
         ch.presence.stop(&self.shared.presence, &ch.reach, &ch.key);
         self.shared.metrics.channels.decrement(1.0);
+        unsent
     }
 
     /// Re-checks every private channel (the TTL passed).

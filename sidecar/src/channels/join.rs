@@ -259,18 +259,6 @@ impl Channels {
             bindings: _,
         } = join;
         let mut ask = config.history.clone().and_then(Result::ok);
-        if let (Some(Ask::Resume { epoch, seq }), Some(old)) =
-            (&mut ask, self.channels.get(&m.topic))
-        {
-            // A second join of a channel this socket has (realtime-js may send two on a
-            // reconnect, both with the payload of before): resume after what this socket
-            // was already sent, not before it.
-            if let Some((e, s)) = old.history_gate.as_ref().and_then(|g| g.last_sent()) {
-                if e == *epoch {
-                    *seq = (*seq).max(s);
-                }
-            }
-        }
         if ask.is_some() && !read {
             // Admitted on presence read alone, it gets no broadcasts: nor their history.
             let why = Refusal::ReadDenied {
@@ -285,7 +273,19 @@ impl Channels {
             topic: sub_topic,
         };
         if let Some(mut old) = self.channels.remove(&m.topic) {
-            self.unsubscribe(&m.topic, &mut old);
+            let unsent = self.unsubscribe(&m.topic, &mut old);
+            // A second join of a channel this socket has (realtime-js sends one after a
+            // join timed out, with the payload of before): resume after what this socket
+            // was already sent, not before it; but before the first change the old channel
+            // still held behind a pending check, which it dropped unsent with whatever
+            // waited behind it (read after its gate closed, so nothing passes meanwhile).
+            let sent = old.history_gate.as_ref().and_then(|g| g.last_sent());
+            if let (Some(Ask::Resume { epoch, seq }), Some((e, s))) = (&mut ask, sent) {
+                if e == *epoch {
+                    let s = unsent.map_or(s, |u| s.min(u - 1));
+                    *seq = (*seq).max(s);
+                }
+            }
         }
         // A private channel's write verdict is asked at its first push.
         let write = (!config.private).then_some(true);

@@ -221,6 +221,36 @@ async fn a_resuming_join_holds_live_messages_until_its_history_is_sent() {
     assert!(again.gate.is_closed());
 }
 
+/// A second join resumed after the last message its channel passed to the socket, even when
+/// that message still waited behind a change whose check was running (`change_hold`): the
+/// old channel's hold was dropped with both, and neither was ever sent. It resumes before
+/// the first change the old channel held now.
+#[tokio::test]
+async fn a_second_join_resumes_before_what_the_first_still_held_behind_a_pending_check() {
+    let mut t = conn();
+    let resume = json!({"config": {"broadcast": {"resume": {"epoch": "5", "seq": 10}}}});
+    t.send(json!(["1", "1", "realtime:room", "phx_join", resume]))
+        .unwrap();
+    assert_eq!(status(&t.written()[0].2), ("ok", ""));
+    let req = t.be.history.try_recv().expect("a history request");
+    req.gate.open(5, (10, vec![]), None, &req.reach);
+    assert_eq!(t.got("room", &[11]), vec![11]);
+    // Change 12 of the channel is being checked; broadcast 13 passes the gate and waits
+    // behind it.
+    assert!(req.reach.hold_slot(1, 0, 12));
+    assert!(t.got("room", &[13]).is_empty(), "behind the pending change");
+    assert_eq!(req.gate.last_sent(), Some((5, 13)));
+    t.send(json!(["1", "2", "realtime:room", "phx_join", resume]))
+        .unwrap();
+    assert_eq!(status(&t.written()[0].2), ("ok", ""));
+    let again = t.be.history.try_recv().expect("a history request");
+    assert_eq!(
+        again.ask,
+        history::ask::Ask::Resume { epoch: 5, seq: 11 },
+        "before change 12, which was dropped unsent with 13"
+    );
+}
+
 #[tokio::test]
 async fn history_is_refused_to_a_join_without_broadcast_read_and_to_bad_positions() {
     let mut t = conn();
