@@ -53,6 +53,9 @@ pub struct Metrics {
     pub db_reconnects_total: Counter,
     pub postgres_changes_checks_total: Counter,
     pub changes_delivered_total: Counter,
+    /// Checks of changed tables' changes run (one covers every batch of its table that
+    /// waited for it: `postgres_changes::checks`).
+    pub changes_checks_total: Counter,
     pub changes_withheld_total: Counter,
     pub change_check_failures_total: Counter,
     pub drain_redrains_total: Counter,
@@ -226,6 +229,10 @@ impl Default for Metrics {
             postgres_changes_checks_total: r.counter(
                 "realtime_postgres_changes_checks_total",
                 "joins whose postgres_changes bindings were checked against the database",
+            ),
+            changes_checks_total: r.counter(
+                "realtime_changes_checks_total",
+                "checks of a changed table's changes, each covering every drained batch of the table that waited for it",
             ),
             changes_delivered_total: r.counter(
                 "realtime_changes_delivered_total",
@@ -414,7 +421,7 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 42] = [
+    const COUNTERS: [&str; 43] = [
         "realtime_resumes_refused_total",
         "realtime_auth_batches_total",
         "realtime_auth_requests_total",
@@ -437,6 +444,7 @@ mod tests {
         "realtime_connections_over_limit_total",
         "realtime_slow_requests_closed_total",
         "realtime_postgres_changes_checks_total",
+        "realtime_changes_checks_total",
         "realtime_changes_delivered_total",
         "realtime_changes_withheld_total",
         "realtime_change_check_failures_total",

@@ -303,3 +303,73 @@ async fn changes_past_the_check_backlog_are_withheld_with_the_reason() {
     assert!(c.next_json(3).await.is_none(), "nothing of it is sent");
     drop_table(&db, "offpath_backlog").await;
 }
+
+/// Regression: a table's drained batches were checked one job at a time, each paying the
+/// check's fixed cost per identity, so a table of 1,000 subscribers fell behind for good at
+/// 100 inserts/s (`pgbench/change_positions.py`). While a check runs, the batches of its
+/// table drained meanwhile now wait and are checked together: here five batches drained
+/// while the first one's check sleeps are checked in one more check, not five.
+#[tokio::test]
+async fn batches_drained_while_their_table_is_checked_are_checked_together() {
+    let name = "t_offpath_coalesce";
+    let sidecar = sidecar(name, &[]).await;
+    let db = db().await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS offpath_coalesce;
+         CREATE TABLE offpath_coalesce (id bigint PRIMARY KEY, v text);
+         ALTER TABLE offpath_coalesce ENABLE ROW LEVEL SECURITY;
+         CREATE OR REPLACE FUNCTION offpath_coalesce_ok(v text) RETURNS boolean LANGUAGE plpgsql AS
+           $$ BEGIN IF v = 'slow' THEN PERFORM pg_sleep(3); END IF; RETURN true; END $$;
+         CREATE POLICY slow ON offpath_coalesce FOR SELECT TO authenticated
+             USING (offpath_coalesce_ok(v));
+         GRANT SELECT ON offpath_coalesce TO authenticated;
+         ALTER PUBLICATION supabase_realtime ADD TABLE offpath_coalesce;",
+    )
+    .await
+    .unwrap();
+    let mut c = subscriber(
+        sidecar.port,
+        "coalesce",
+        "realtime:coalesce",
+        "offpath_coalesce",
+    )
+    .await;
+    let checks = "realtime_changes_checks_total";
+    let before = sidecar.metric(checks).await;
+    db.execute("INSERT INTO offpath_coalesce VALUES (1, 'slow')", &[])
+        .await
+        .unwrap();
+    assert!(seen_checking(&db, name).await, "the first check began");
+    // Five more rows, each drained as a batch of its own while the first check sleeps.
+    for id in 2..=6_i64 {
+        let batches = sidecar.metric("realtime_drain_batches_total").await;
+        db.execute("INSERT INTO offpath_coalesce VALUES ($1, 'fast')", &[&id])
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sidecar.metric("realtime_drain_batches_total").await <= batches {
+            assert!(Instant::now() < deadline, "row {id} was never drained");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert!(
+        checking(&db, name).await,
+        "all five drained while the first check still ran"
+    );
+    let mut got = Vec::new();
+    while got.len() < 6 {
+        let m = c.next_json(30).await.expect("the six changes");
+        if m["event"] == "postgres_changes" {
+            got.push(m["payload"]["data"]["record"]["id"].as_i64().unwrap());
+        }
+    }
+    assert_eq!(got, [1, 2, 3, 4, 5, 6], "in commit order");
+    assert_eq!(
+        sidecar.metric(checks).await - before,
+        2.0,
+        "the first batch's check, then one for the five that waited"
+    );
+    db.batch_execute("DROP TABLE offpath_coalesce; DROP FUNCTION offpath_coalesce_ok(text)")
+        .await
+        .unwrap();
+}

@@ -14,7 +14,12 @@
 //! first job, opened again after it is lost). A table's jobs run one at a time, in the
 //! order drained (so its changes' slots fill in order and one slow table holds one
 //! connection); different tables' jobs run at once on the other connections, the table
-//! that has waited longest first.
+//! that has waited longest first. A worker takes every job its table has waiting as one
+//! check: a check pays a fixed cost per identity (a subtransaction, its settings, an
+//! executor start: `realtime.visible`), so while one runs, the batches drained meanwhile
+//! are checked together, as they were when the check held the drain. One check per drained
+//! batch fell behind for good at 100 inserts/s into a table of 1,000 subscribers
+//! (`pgbench/change_positions.py`, RESULTS.md).
 //!
 //! Bounded: the changes waiting (or being checked) count against CHANGES_CHECK_BACKLOG and
 //! their data against CHANGES_CHECK_BACKLOG_BYTES. A table's share of a batch that does not
@@ -174,13 +179,14 @@ impl Worker {
     async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut conn: Option<Conn> = None;
         loop {
-            let job = tokio::select! {
-                job = self.next() => job,
+            let jobs = tokio::select! {
+                jobs = self.next() => jobs,
                 _ = shutdown.changed() => return,
             };
-            let key = (job.set.schema.clone(), job.set.table.clone());
-            let (n, bytes) = (job.set.parsed.len(), job.set.bytes);
-            self.check(job, &mut conn).await;
+            let key = (jobs[0].set.schema.clone(), jobs[0].set.table.clone());
+            let n: usize = jobs.iter().map(|j| j.set.parsed.len()).sum();
+            let bytes: usize = jobs.iter().map(|j| j.set.bytes).sum();
+            self.check(jobs, &mut conn).await;
             let mut s = self.inner.sched.lock().unwrap();
             s.changes -= n;
             s.bytes -= bytes;
@@ -193,8 +199,8 @@ impl Worker {
         }
     }
 
-    /// The next job of the table ready longest; waits for one.
-    async fn next(&self) -> Job {
+    /// Every job waiting of the table ready longest, in the order drained; waits for one.
+    async fn next(&self) -> Vec<Job> {
         loop {
             // Registered before the queue is looked at, so a submit in between wakes it.
             let notified = self.inner.ready.notified();
@@ -203,14 +209,11 @@ impl Worker {
             {
                 let mut s = self.inner.sched.lock().unwrap();
                 if let Some(key) = s.ready.pop_front() {
-                    let job = s
+                    let jobs: Vec<Job> = s
                         .waiting
-                        .get_mut(&key)
-                        .and_then(VecDeque::pop_front)
-                        .expect("a ready table has a job");
-                    if s.waiting.get(&key).is_some_and(VecDeque::is_empty) {
-                        s.waiting.remove(&key);
-                    }
+                        .remove(&key)
+                        .expect("a ready table has a job")
+                        .into();
                     s.running.insert(key);
                     let more = !s.ready.is_empty();
                     drop(s);
@@ -218,28 +221,33 @@ impl Worker {
                         // Another table is ready too: another worker may take it.
                         self.inner.ready.notify_one();
                     }
-                    return job;
+                    return jobs;
                 }
             }
             notified.await;
         }
     }
 
-    /// Checks `job` on this worker's connection (opened if need be) and fills its slots.
-    async fn check(&self, job: Job, conn: &mut Option<Conn>) {
-        let Job { id, set, reaches } = job;
-        let positions = set.positions.clone();
+    /// Checks `jobs` (one table's, in the order drained) as one set on this worker's
+    /// connection (opened if need be) and fills each job's slots with its share.
+    async fn check(&self, jobs: Vec<Job>, conn: &mut Option<Conn>) {
+        let (set, shares) = merge(jobs);
         let limits = Limits::of(&self.cfg);
         let mut frames: Vec<Vec<Outgoing>> = set.parsed.iter().map(|_| Vec::new()).collect();
-        if conn.is_none() {
-            match self.connect().await {
-                Ok(c) => *conn = Some(c),
-                Err(why) => {
-                    deliver::withhold(&set, &why, &self.metrics, &mut frames);
-                    fill(id, reaches, frames, &positions, &self.metrics);
-                    return;
+        let lost = match conn {
+            None => match self.connect().await {
+                Ok(c) => {
+                    *conn = Some(c);
+                    None
                 }
-            }
+                Err(why) => Some(why),
+            },
+            Some(_) => None,
+        };
+        if let Some(why) = lost {
+            deliver::withhold(&set, &why, &self.metrics, &mut frames);
+            fill_shares(shares, frames, &self.metrics);
+            return;
         }
         let c = conn.as_ref().expect("connected above");
         let db = deliver::Db {
@@ -260,6 +268,7 @@ impl Worker {
             schema: &schema,
             name: &table,
         };
+        self.metrics.changes_checks_total.increment(1);
         let lost = deliver::check(
             &db,
             on,
@@ -274,6 +283,7 @@ impl Worker {
             %schema,
             %table,
             changes = parsed.len(),
+            jobs = shares.len(),
             ms = started.elapsed().as_secs_f64() * 1000.0,
             "changes authorized"
         );
@@ -281,7 +291,7 @@ impl Worker {
             tracing::warn!(error = %why, "a Postgres Changes check connection was lost; reconnecting");
             *conn = None;
         }
-        fill(id, reaches, frames, &positions, &self.metrics);
+        fill_shares(shares, frames, &self.metrics);
     }
 
     async fn connect(&self) -> Result<Conn, String> {
@@ -301,6 +311,72 @@ impl Worker {
             client,
             statements: deliver::Statements::default(),
         })
+    }
+}
+
+/// One job's share of a merged check: its id, the channels holding its slots, its changes'
+/// positions, and how many changes it has (its frames are the next that many).
+struct Share {
+    id: u64,
+    reaches: Vec<Reach>,
+    positions: Vec<(i64, i64)>,
+    changes: usize,
+}
+
+/// One table's jobs as one set (changes in the order drained, candidates renumbered), and
+/// each job's share of it.
+fn merge(jobs: Vec<Job>) -> (TableSet, Vec<Share>) {
+    let mut shares = Vec::with_capacity(jobs.len());
+    let mut merged: Option<TableSet> = None;
+    for Job { id, set, reaches } in jobs {
+        let TableSet {
+            schema,
+            table,
+            parsed,
+            at,
+            mut candidates,
+            bytes,
+            positions,
+        } = set;
+        shares.push(Share {
+            id,
+            reaches,
+            positions,
+            changes: parsed.len(),
+        });
+        match &mut merged {
+            None => {
+                merged = Some(TableSet {
+                    schema,
+                    table,
+                    parsed,
+                    at,
+                    candidates,
+                    bytes,
+                    positions: Vec::new(),
+                })
+            }
+            Some(m) => {
+                let offset = m.parsed.len();
+                for c in &mut candidates {
+                    c.change += offset;
+                }
+                m.parsed.extend(parsed);
+                m.at.extend(at);
+                m.candidates.extend(candidates);
+                m.bytes += bytes;
+            }
+        }
+    }
+    (merged.expect("a ready table has a job"), shares)
+}
+
+/// Fills each job's slots with its share of a merged check's frames (by change, in order).
+fn fill_shares(shares: Vec<Share>, frames: Vec<Vec<Outgoing>>, metrics: &Metrics) {
+    let mut frames = frames.into_iter();
+    for s in shares {
+        let mine: Vec<Vec<Outgoing>> = frames.by_ref().take(s.changes).collect();
+        fill(s.id, s.reaches, mine, &s.positions, metrics);
     }
 }
 
