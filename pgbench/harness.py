@@ -122,7 +122,9 @@ def metric(port, name):
 
 # The load generators are thousands of clients from one or a few loopback addresses: the
 # per-address limits, which stop one real address from taking a sidecar, would refuse them.
-ONE_ADDRESS = {"MAX_CONNECTIONS_PER_ADDRESS": "10000000", "MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS": "10000000"}
+ONE_ADDRESS = {"MAX_CONNECTIONS_PER_ADDRESS": "10000000", "MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS": "10000000",
+               "MAX_BINDINGS_PER_ADDRESS": "100000000", "MAX_RESUMES_PER_ADDRESS": "1000000",
+               "MAX_RESUMES_WAITING_PER_ADDRESS": "1000000"}
 
 
 class Sidecar:
