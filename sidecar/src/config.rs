@@ -250,8 +250,9 @@ pub struct Config {
     #[arg(long, env = "CHANGES_CHECK_TIMEOUT_MS", default_value_t = 2000,
           value_parser = clap::value_parser!(u64).range(10..=600_000))]
     pub changes_check_timeout_ms: u64,
-    /// Changed rows one RLS check call asks about (Supabase's poll_max_changes: it polls
-    /// 100 changes at a time): a bulk write is checked in calls of bounded work.
+    /// Changed rows one RLS check call asks each identity about (Supabase's
+    /// poll_max_changes: it polls 100 changes at a time): a bulk write is checked in calls
+    /// of bounded work.
     #[arg(long, env = "POLL_MAX_CHANGES", default_value_t = 100,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub poll_max_changes: u64,

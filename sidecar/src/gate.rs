@@ -264,7 +264,7 @@ mod tests {
         assert!(to.hold_slot(1, 0, 9));
         assert_eq!(gate.open(1, (4, vec![]), None, &to), Opened::Yes);
         assert_eq!(drain(&mut rx), vec!["5", "7"], "up to the pending change");
-        to.fill_slots(1, [(0, vec![frame(9)])].into_iter().collect());
+        to.fill_slots(&[1], vec![(1, 0, frame(9))]);
         assert_eq!(drain(&mut rx), vec!["9", "12"]);
     }
 

@@ -509,7 +509,7 @@ mod tests {
         let mut change = message("t", None);
         change.seq = 1;
         let frame = change.frame(Vsn::V1).unwrap();
-        reach.fill_slots(1, [(0, vec![frame])].into_iter().collect());
+        reach.fill_slots(&[1], vec![(1, 0, frame)]);
         let queued: Vec<i64> = std::iter::from_fn(|| rx.try_recv().ok())
             .map(|m| {
                 let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();

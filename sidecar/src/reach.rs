@@ -13,7 +13,6 @@ use crate::frame::{self, Inbound, Vsn};
 use crate::outbound::{self, Sent};
 use bytes::Bytes;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::sync::Arc;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -98,9 +97,9 @@ impl Reach {
         self.hold.merge(frames, &self.out)
     }
 
-    /// Check `job` decided: its slots here get `frames` (`Hold::fill`).
-    pub fn fill_slots(&self, job: u64, frames: HashMap<u32, Vec<Message>>) {
-        self.hold.fill(job, frames, &self.out)
+    /// Checks `jobs` decided: their slots here get `frames` (`Hold::fill`).
+    pub fn fill_slots(&self, jobs: &[u64], frames: Vec<crate::change_hold::Filled>) {
+        self.hold.fill(jobs, frames, &self.out)
     }
 
     /// The channel left: nothing held or handed to it later reaches the socket.

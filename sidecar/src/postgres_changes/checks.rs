@@ -40,7 +40,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 use tokio_postgres::NoTls;
-use tokio_tungstenite::tungstenite::Message;
 
 type TableKey = (String, String);
 
@@ -371,58 +370,52 @@ fn merge(jobs: Vec<Job>) -> (TableSet, Vec<Share>) {
     (merged.expect("a ready table has a job"), shares)
 }
 
-/// Fills each job's slots with its share of a merged check's frames (by change, in order).
+/// Gives each channel that holds a slot of the merged check's jobs its frames of them (by
+/// job and change, in order), in one fill per channel, which lets out what waited behind
+/// them. A change frame to a channel whose history is being sent passes its gate first
+/// (each change's (epoch, seq) in its share's `positions`), as its broadcasts do in the
+/// hub: held there until the history is sent, or dropped if the history sent it.
 fn fill_shares(shares: Vec<Share>, frames: Vec<Vec<Outgoing>>, metrics: &Metrics) {
-    let mut frames = frames.into_iter();
-    for s in shares {
-        let mine: Vec<Vec<Outgoing>> = frames.by_ref().take(s.changes).collect();
-        fill(s.id, s.reaches, mine, &s.positions, metrics);
-    }
-}
-
-/// Gives each channel that holds a slot of job `id` its frames of it (by change), which
-/// lets out what waited behind them. A change frame to a channel whose history is being
-/// sent passes its gate first (`positions`: each change's (epoch, seq)), as its broadcasts
-/// do in the hub: held there until the history is sent, or dropped if the history sent it.
-fn fill(
-    id: u64,
-    reaches: Vec<Reach>,
-    frames: Vec<Vec<Outgoing>>,
-    positions: &[(i64, i64)],
-    metrics: &Metrics,
-) {
-    let mut at: HashMap<usize, usize> = HashMap::with_capacity(reaches.len());
-    let mut by: Vec<(Reach, HashMap<u32, Vec<Message>>)> = Vec::with_capacity(reaches.len());
-    for r in reaches {
-        at.entry(r.hold_id()).or_insert_with(|| {
-            by.push((r, HashMap::new()));
-            by.len() - 1
-        });
-    }
-    for (change, outs) in frames.into_iter().enumerate() {
-        for o in outs {
-            // A channel without a slot was cut off for holding too much: nothing for it.
-            let Some(&i) = at.get(&o.to.reach.hold_id()) else {
-                continue;
-            };
-            let frame = match (&o.to.gate, positions.get(change)) {
-                (Some(gate), Some(&(epoch, seq))) if o.change => gate.pass(epoch, seq, &o.frame),
-                _ => Some(o.frame),
-            };
-            let Some(frame) = frame else {
-                // Held by the gate (let out when it opens) or already sent as history: the
-                // slot is filled with nothing here.
-                by[i].1.entry(change as u32).or_default();
-                continue;
-            };
-            metrics.deliveries_total.increment(1);
-            if o.change {
-                metrics.changes_delivered_total.increment(1);
-            }
-            by[i].1.entry(change as u32).or_default().push(frame);
+    let mut jobs: Vec<u64> = shares.iter().map(|s| s.id).collect();
+    jobs.sort_unstable();
+    let mut at: HashMap<usize, usize> = HashMap::new();
+    let mut by: Vec<(Reach, Vec<crate::change_hold::Filled>)> = Vec::new();
+    for s in &shares {
+        for r in &s.reaches {
+            at.entry(r.hold_id()).or_insert_with(|| {
+                by.push((r.clone(), Vec::new()));
+                by.len() - 1
+            });
         }
     }
+    let (mut delivered, mut changes) = (0, 0);
+    let mut frames = frames.into_iter();
+    for s in shares {
+        for (change, outs) in frames.by_ref().take(s.changes).enumerate() {
+            for o in outs {
+                // A channel without a slot was cut off for holding too much: nothing for it.
+                let Some(&i) = at.get(&o.to.reach.hold_id()) else {
+                    continue;
+                };
+                let frame = match (&o.to.gate, s.positions.get(change)) {
+                    (Some(gate), Some(&(epoch, seq))) if o.change => {
+                        gate.pass(epoch, seq, &o.frame)
+                    }
+                    _ => Some(o.frame),
+                };
+                // None: held by the gate (let out when it opens) or already sent as
+                // history; the slot is filled with nothing here.
+                if let Some(frame) = frame {
+                    delivered += 1;
+                    changes += u64::from(o.change);
+                    by[i].1.push((s.id, change as u32, frame));
+                }
+            }
+        }
+    }
+    metrics.deliveries_total.increment(delivered);
+    metrics.changes_delivered_total.increment(changes);
     for (reach, frames) in by {
-        reach.fill_slots(id, frames);
+        reach.fill_slots(&jobs, frames);
     }
 }

@@ -22,9 +22,9 @@
 //!
 //! Every check of a table runs under that table's budget (`CHANGES_CHECK_TIMEOUT_MS`),
 //! set as the server's statement_timeout of each call, and its work is bounded per call:
-//! `realtime.visible` is asked about at most `POLL_MAX_CHANGES` records and
-//! `CHANGES_CHECK_MAX_IDENTITIES` identities at a time (Supabase polls 100 changes at a
-//! time). A check that fails, is cancelled by its timeout, or finds the budget spent
+//! `realtime.visible` asks each identity about at most `POLL_MAX_CHANGES` records and at
+//! most `CHANGES_CHECK_MAX_IDENTITIES` identities at a time (Supabase polls 100 changes at
+//! a time; `chunks_of`). A check that fails, is cancelled by its timeout, or finds the budget spent
 //! withholds the changes it did not decide from those channels and tells them (a `system`
 //! error, among the channel's frames at the first change withheld from it): nothing
 //! unchecked is ever sent. A lost connection withholds the same way.
@@ -126,7 +126,7 @@ pub struct Limits {
     pub max_record_bytes: usize,
     /// A table's checks in one batch, all calls together, take at most this long.
     pub check_timeout: Duration,
-    /// Records per `realtime.visible` call.
+    /// Records per identity per `realtime.visible` call.
     pub max_changes: usize,
     /// Identities per `realtime.visible` call.
     pub max_identities: usize,
@@ -369,12 +369,22 @@ pub(crate) async fn check(
     .await;
     // Each change's data as a role sees it is made once; each frame once per
     // (serializer, topic, ids): channels of one topic and bindings share its bytes.
-    type Shape = (usize, String, Option<Vec<String>>);
+    // (change, role's number, select): roles are numbered, not cloned per candidate.
+    type Shape = (usize, usize, Option<Vec<String>>);
     let mut shaped: HashMap<Shape, (String, HashMap<FrameKey, Message>)> = HashMap::new();
+    let mut role_number: HashMap<String, usize> = HashMap::new();
     for (cand, info_cols, trim_to_key) in kept {
         let data = parsed[cand.change].as_ref().expect("parsed");
         let select = common_select(&cand);
-        let key = (cand.change, cand.sub.role.clone(), select.clone());
+        let role = match role_number.get(cand.sub.role.as_str()) {
+            Some(&n) => n,
+            None => {
+                let n = role_number.len();
+                role_number.insert(cand.sub.role.clone(), n);
+                n
+            }
+        };
+        let key = (cand.change, role, select.clone());
         let (text, shapes) = shaped.entry(key).or_insert_with(|| {
             let text = shape(
                 data,
@@ -409,7 +419,11 @@ type FrameKey = (crate::frame::Vsn, Arc<str>, Vec<u32>);
 
 /// A kept candidate, the columns its role may read, and the primary key when its
 /// old_record is trimmed to it (a DELETE on a table with RLS).
-type Kept = (Candidate, Vec<String>, Option<Vec<String>>);
+type Kept = (Candidate, Columns, Option<Vec<String>>);
+
+/// The columns a role may read, shared by all its candidates (one copy per role, not per
+/// candidate: a batch may hold 10^5).
+type Columns = Arc<Vec<String>>;
 
 /// A table, as its changes name it.
 #[derive(Clone, Copy)]
@@ -442,9 +456,14 @@ async fn authorize(
 ) -> Vec<Kept> {
     let started = Instant::now();
     let remaining = || limits.check_timeout.saturating_sub(started.elapsed());
-    let mut roles: Vec<String> = candidates.iter().map(|c| c.sub.role.clone()).collect();
+    let mut roles: Vec<String> = candidates
+        .iter()
+        .map(|c| c.sub.role.as_str())
+        .collect::<HashSet<&str>>()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
     roles.sort();
-    roles.dedup();
     let info = match db
         .table(table.schema, table.name, &roles, remaining())
         .await
@@ -475,9 +494,14 @@ async fn authorize(
     // checked and delivers its key alone, so its filters may read the key alone: a filter
     // on another column of the old row would tell, binding by binding, what a row the
     // subscriber may not see held (stricter than Supabase, which filters the whole row).
-    let mut readable: Vec<(Candidate, Vec<String>)> = Vec::new();
+    let columns: HashMap<&str, Columns> = info
+        .roles
+        .iter()
+        .filter_map(|(role, cols)| Some((role.as_str(), Arc::new(cols.as_ref().ok()?.clone()))))
+        .collect();
+    let mut readable: Vec<(Candidate, Columns)> = Vec::new();
     for mut cand in candidates {
-        let Some(Ok(cols)) = info.roles.get(&cand.sub.role) else {
+        let Some(cols) = columns.get(cand.sub.role.as_str()) else {
             metrics.changes_withheld_total.increment(1);
             continue;
         };
@@ -524,39 +548,39 @@ async fn authorize(
         return kept;
     }
     // Distinct identities, distinct records and distinct pairs, each numbered once (maps,
-    // not scans: a batch may hold 10^5 candidates).
+    // not scans: a batch may hold 10^5 candidates). A subscriber's identity is looked up
+    // by its claims once, not once per candidate.
     let mut identities: Vec<(&str, &str)> = Vec::new();
     let mut identity_at: HashMap<(&str, &str), i32> = HashMap::new();
+    let mut identity_of: HashMap<usize, i32> = HashMap::new();
     let mut records: Vec<usize> = Vec::new();
-    let mut record_at: HashMap<usize, i32> = HashMap::new();
+    let mut record_at: Vec<i32> = vec![0; parsed.len()];
     let mut pair_of: Vec<(i32, i32)> = Vec::with_capacity(checked.len());
     for (cand, _) in &checked {
-        let who = (cand.sub.role.as_str(), cand.sub.claims.as_str());
-        let i = *identity_at.entry(who).or_insert_with(|| {
-            identities.push(who);
-            identities.len() as i32
-        });
-        let r = *record_at.entry(cand.change).or_insert_with(|| {
+        let i = *identity_of
+            .entry(Arc::as_ptr(&cand.sub) as usize)
+            .or_insert_with(|| {
+                let who = (cand.sub.role.as_str(), cand.sub.claims.as_str());
+                *identity_at.entry(who).or_insert_with(|| {
+                    identities.push(who);
+                    identities.len() as i32
+                })
+            });
+        let r = &mut record_at[cand.change];
+        if *r == 0 {
             records.push(cand.change);
-            records.len() as i32
-        });
-        pair_of.push((i, r));
+            *r = records.len() as i32;
+        }
+        pair_of.push((i, *r));
     }
-    // The pairs in calls of at most max_changes records and max_identities identities,
-    // earlier changes first: what the budget allows is decided in queue order.
-    let chunk_of = |(i, r): (i32, i32)| {
-        (
-            (r as usize - 1) / limits.max_changes.max(1),
-            (i as usize - 1) / limits.max_identities.max(1),
-        )
-    };
+    let chunk_at = chunks_of(&pair_of, limits);
     let mut chunks: std::collections::BTreeMap<(usize, usize), Vec<(i32, i32)>> =
         Default::default();
-    let mut asked = HashSet::new();
-    for &pair in &pair_of {
-        if asked.insert(pair) {
-            chunks.entry(chunk_of(pair)).or_default().push(pair);
-        }
+    for (&pair, &chunk) in &chunk_at {
+        chunks.entry(chunk).or_default().push(pair);
+    }
+    for pairs in chunks.values_mut() {
+        pairs.sort_unstable_by_key(|&(i, r)| (r, i));
     }
     let key_of = |r: i32| {
         key_only(
@@ -617,7 +641,7 @@ async fn authorize(
     }
     let mut undecided: Vec<Candidate> = Vec::new();
     for ((cand, cols), pair) in checked.into_iter().zip(pair_of) {
-        if !decided.contains(&chunk_of(pair)) {
+        if !decided.contains(&chunk_at[&pair]) {
             undecided.push(cand);
         } else if seen.contains(&pair) {
             kept.push((cand, cols, None));
@@ -629,6 +653,42 @@ async fn authorize(
         withhold_failed(&undecided, table, &why, metrics, frames);
     }
     kept
+}
+
+/// Which call (window, group) asks each distinct (identity, record) pair. Records are taken
+/// in queue order into windows in which no identity is asked about more than
+/// POLL_MAX_CHANGES of them; a window's identities, in order of appearance, are asked in
+/// groups of CHANGES_CHECK_MAX_IDENTITIES. So a call's work stays within POLL_MAX_CHANGES ×
+/// CHANGES_CHECK_MAX_IDENTITIES pairs, what the budget allows is decided in queue order, and
+/// an identity whose filters let through one change in ten is set up once per thousand
+/// changes rather than once per hundred: each call pays a fixed cost per identity (a
+/// subtransaction, its settings, an executor start), which windows of POLL_MAX_CHANGES
+/// records paid ten times over for 1,000 subscribers in ten rooms (`pgbench/changes.py`).
+fn chunks_of(pairs: &[(i32, i32)], limits: &Limits) -> HashMap<(i32, i32), (usize, usize)> {
+    let mut distinct: Vec<(i32, i32)> = pairs.to_vec();
+    distinct.sort_unstable_by_key(|&(i, r)| (r, i));
+    distinct.dedup();
+    let (per_identity, per_call) = (limits.max_changes.max(1), limits.max_identities.max(1));
+    let mut at = HashMap::with_capacity(distinct.len());
+    let mut window = 0;
+    // In the current window: each identity's (place among the window's identities, records).
+    let mut seen: HashMap<i32, (usize, usize)> = HashMap::new();
+    for record in distinct.chunk_by(|a, b| a.1 == b.1) {
+        let full = record
+            .iter()
+            .any(|(i, _)| seen.get(i).is_some_and(|&(_, n)| n >= per_identity));
+        if full {
+            window += 1;
+            seen.clear();
+        }
+        for &(i, r) in record {
+            let next = seen.len();
+            let (place, n) = seen.entry(i).or_insert((next, 0));
+            *n += 1;
+            at.insert((i, r), (window, *place / per_call));
+        }
+    }
+    at
 }
 
 /// What the channels are told of a failed check; a lost connection is also noted for the
@@ -654,12 +714,12 @@ async fn match_patterns(
     db: &impl Lookup,
     table: Table<'_>,
     parsed: &[Option<Value>],
-    readable: Vec<(Candidate, Vec<String>)>,
+    readable: Vec<(Candidate, Columns)>,
     budget: Duration,
     limits: &Limits,
     metrics: &Metrics,
     (lost, frames): (&mut Option<String>, &mut [Vec<Outgoing>]),
-) -> Vec<(Candidate, Vec<String>)> {
+) -> Vec<(Candidate, Columns)> {
     let Table {
         schema,
         name: table,
@@ -1594,6 +1654,42 @@ mod tests {
         let got = delivered(&out.frames);
         assert_eq!(got[0].iter().map(|d| d.0).collect::<Vec<_>>(), vec![3]);
         assert_eq!(got[1].iter().map(|d| d.0).collect::<Vec<_>>(), vec![3]);
+    }
+
+    /// Regression: windows of POLL_MAX_CHANGES records asked every identity of a window
+    /// again for each window, so 1,000 subscribers in ten rooms were set up ten times per
+    /// thousand changes. Windows now close only when some identity has POLL_MAX_CHANGES
+    /// records in it: two rooms' identities, four changes alternating between the rooms,
+    /// one record per identity per call, are two calls, not four.
+    #[tokio::test]
+    async fn an_identity_is_asked_once_per_window_of_its_own_records() {
+        let subs = Subscribers::default();
+        for n in 0..6 {
+            let room = if n % 2 == 0 { "(1,3)" } else { "(2,4)" };
+            let binding = json!([{"event": "*", "schema": "public", "table": "todos",
+                                  "filter": format!("id=in.{room}")}]);
+            let (s, _rx) = sub(n, "authenticated", &format!(r#"{{"sub":"x{n}"}}"#), binding);
+            subs.add(s);
+        }
+        let db = Fake::default();
+        let datas: Vec<String> = (1..=4).map(|id| change("todos", "INSERT", id)).collect();
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let limits = Limits {
+            max_changes: 1,
+            ..limits()
+        };
+        prepare(&db, &subs, &datas, &limits, &Metrics::default()).await;
+        let calls = db.visible_calls.lock().unwrap();
+        let asked: Vec<(usize, usize)> = calls.iter().map(|c| (c.0.len(), c.1.len())).collect();
+        assert_eq!(
+            asked,
+            vec![(6, 2), (6, 2)],
+            "identities and records per call"
+        );
+        assert!(
+            calls.iter().all(|c| c.2.len() == 2 * 6),
+            "each identity one record"
+        );
     }
 
     /// DELETEs on a table with RLS are not checked and deliver the key alone: a filter on
