@@ -176,7 +176,11 @@ struct Conn {
 
 impl Worker {
     async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let mut conn: Option<Conn> = None;
+        // One connection per part of a check (CHANGES_CHECK_PARTS), each opened when first
+        // needed.
+        let mut conns: Vec<Option<Conn>> = (0..self.cfg.changes_check_parts.max(1))
+            .map(|_| None)
+            .collect();
         loop {
             let jobs = tokio::select! {
                 jobs = self.next() => jobs,
@@ -185,7 +189,7 @@ impl Worker {
             let key = (jobs[0].set.schema.clone(), jobs[0].set.table.clone());
             let n: usize = jobs.iter().map(|j| j.set.parsed.len()).sum();
             let bytes: usize = jobs.iter().map(|j| j.set.bytes).sum();
-            self.check(jobs, &mut conn).await;
+            self.check(jobs, &mut conns).await;
             let mut s = self.inner.sched.lock().unwrap();
             s.changes -= n;
             s.bytes -= bytes;
@@ -227,34 +231,13 @@ impl Worker {
         }
     }
 
-    /// Checks `jobs` (one table's, in the order drained) as one set on this worker's
-    /// connection (opened if need be) and fills each job's slots with its share.
-    async fn check(&self, jobs: Vec<Job>, conn: &mut Option<Conn>) {
+    /// Checks `jobs` (one table's, in the order drained) as one set, split by identity into
+    /// up to CHANGES_CHECK_PARTS parts checked at once, each on its own connection (opened if
+    /// need be), and fills each job's slots with its share.
+    async fn check(&self, jobs: Vec<Job>, conns: &mut [Option<Conn>]) {
         let (set, shares) = merge(jobs);
         let limits = Limits::of(&self.cfg);
         let mut frames: Vec<Vec<Outgoing>> = set.parsed.iter().map(|_| Vec::new()).collect();
-        let lost = match conn {
-            None => match self.connect().await {
-                Ok(c) => {
-                    *conn = Some(c);
-                    None
-                }
-                Err(why) => Some(why),
-            },
-            Some(_) => None,
-        };
-        if let Some(why) = lost {
-            deliver::withhold(&set, &why, &self.metrics, &mut frames);
-            fill_shares(shares, frames, &self.metrics);
-            return;
-        }
-        let c = conn.as_ref().expect("connected above");
-        let db = deliver::Db {
-            client: &c.client,
-            grace: Duration::from_secs(5),
-            pattern_budget_ms: self.cfg.filter_pattern_timeout_ms as i32,
-            statements: &c.statements,
-        };
         let started = Instant::now();
         let TableSet {
             schema,
@@ -263,21 +246,76 @@ impl Worker {
             candidates,
             ..
         } = set;
+        let mut parts = split(candidates, conns.len());
+        // Each part with candidates gets its connection; a part whose connection cannot be
+        // opened is checked with the first (or, if that one cannot be either, withheld): the
+        // first is looked at last, so it is opened if what moved to it needs it.
+        let mut why_lost = None;
+        for k in (0..parts.len()).rev() {
+            if parts[k].is_empty() || conns[k].is_some() {
+                continue;
+            }
+            match self.connect().await {
+                Ok(c) => conns[k] = Some(c),
+                Err(why) if k > 0 => {
+                    tracing::debug!(error = %why, "a check connection could not be opened");
+                    let moved = std::mem::take(&mut parts[k]);
+                    parts[0].extend(moved);
+                }
+                Err(why) => why_lost = Some(why),
+            }
+        }
+        if let Some(why) = why_lost {
+            let rest = std::mem::take(&mut parts[0]);
+            let on = deliver::Table {
+                schema: &schema,
+                name: &table,
+            };
+            deliver::withhold_candidates(&rest, on, &why, &self.metrics, &mut frames);
+        }
         let on = deliver::Table {
             schema: &schema,
             name: &table,
         };
         self.metrics.changes_checks_total.increment(1);
-        let lost = deliver::check(
-            &db,
-            on,
-            &parsed,
-            candidates,
-            &limits,
-            &self.metrics,
-            &mut frames,
-        )
-        .await;
+        let checks = parts
+            .into_iter()
+            .zip(conns.iter())
+            .enumerate()
+            .filter(|(_, (part, conn))| !part.is_empty() && conn.is_some())
+            .map(|(k, (part, conn))| {
+                let c = conn.as_ref().expect("filtered");
+                let (limits, parsed, metrics) = (&limits, &parsed, &self.metrics);
+                let pattern_budget_ms = self.cfg.filter_pattern_timeout_ms as i32;
+                async move {
+                    let db = deliver::Db {
+                        client: &c.client,
+                        grace: Duration::from_secs(5),
+                        pattern_budget_ms,
+                        statements: &c.statements,
+                    };
+                    let mut mine: Vec<Vec<Outgoing>> = parsed.iter().map(|_| Vec::new()).collect();
+                    let lost =
+                        deliver::check(&db, on, parsed, part, limits, metrics, &mut mine).await;
+                    (k, mine, lost)
+                }
+            });
+        let done = futures_util::future::join_all(checks).await;
+        let mut lost_parts = Vec::new();
+        for (k, mine, lost) in done {
+            // Each channel is in one part: a change's frames from the parts are for
+            // different channels, so their order among themselves does not matter.
+            for (all, part) in frames.iter_mut().zip(mine) {
+                all.extend(part);
+            }
+            if let Some(why) = lost {
+                tracing::warn!(error = %why, "a Postgres Changes check connection was lost; reconnecting");
+                lost_parts.push(k);
+            }
+        }
+        for k in lost_parts {
+            conns[k] = None;
+        }
         tracing::debug!(
             %schema,
             %table,
@@ -286,10 +324,6 @@ impl Worker {
             ms = started.elapsed().as_secs_f64() * 1000.0,
             "changes authorized"
         );
-        if let Some(why) = lost {
-            tracing::warn!(error = %why, "a Postgres Changes check connection was lost; reconnecting");
-            *conn = None;
-        }
         fill_shares(shares, frames, &self.metrics);
     }
 
@@ -311,6 +345,22 @@ impl Worker {
             statements: deliver::Statements::default(),
         })
     }
+}
+
+/// `candidates` in `n` parts by identity (role and claims): an identity's candidates, in
+/// whichever channels, are all in one part, so each is set up once; the parts come out
+/// about even when the identities are many.
+fn split(candidates: Vec<deliver::Candidate>, n: usize) -> Vec<Vec<deliver::Candidate>> {
+    use std::hash::{Hash, Hasher};
+    let mut parts: Vec<Vec<deliver::Candidate>> = (0..n.max(1)).map(|_| Vec::new()).collect();
+    let len = parts.len();
+    for c in candidates {
+        // A fixed hasher (not a random one): the split needs no secrecy, only evenness.
+        let mut h = std::hash::DefaultHasher::new();
+        (c.sub.role.as_str(), c.sub.claims.as_str()).hash(&mut h);
+        parts[(h.finish() % len as u64) as usize].push(c);
+    }
+    parts
 }
 
 /// One job's share of a merged check: its id, the channels holding its slots, its changes'
@@ -417,5 +467,51 @@ fn fill_shares(shares: Vec<Share>, frames: Vec<Vec<Outgoing>>, metrics: &Metrics
     metrics.changes_delivered_total.increment(changes);
     for (reach, frames) in by {
         reach.fill_slots(&jobs, frames);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres_changes::subscribers::Subscriber;
+
+    fn candidate(conn: u64, claims: &str) -> deliver::Candidate {
+        let (tx, _rx) = crate::outbound::channel(4);
+        let link = crate::reach::Link::new(conn, crate::frame::Vsn::V1, conn as i64, tx);
+        let sub = Subscriber {
+            reach: link.reach(&crate::frame::channel_topic(&format!("c{conn}")), None),
+            bindings: Vec::new(),
+            role: "authenticated".into(),
+            claims: claims.into(),
+            gate: None,
+            positions: false,
+        };
+        deliver::Candidate::for_test(0, Arc::new(sub))
+    }
+
+    #[test]
+    fn an_identity_s_channels_are_checked_in_one_part_and_many_identities_spread() {
+        // Two channels of user 7 (two tabs), and 1,000 users.
+        let mut all = vec![
+            candidate(1, r#"{"sub":"u7"}"#),
+            candidate(2, r#"{"sub":"u7"}"#),
+        ];
+        all.extend((0..1000).map(|n| candidate(10 + n, &format!(r#"{{"sub":"u{n}"}}"#))));
+        let parts = split(all, 2);
+        let with_u7: Vec<usize> = parts
+            .iter()
+            .map(|p| {
+                p.iter()
+                    .filter(|c| c.sub.claims == r#"{"sub":"u7"}"#)
+                    .count()
+            })
+            .collect();
+        assert!(
+            with_u7.contains(&3),
+            "u7's three channels in one part: {with_u7:?}"
+        );
+        let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
+        assert!(sizes.iter().all(|&n| n > 400), "about even: {sizes:?}");
+        assert_eq!(split(vec![candidate(1, "{}")], 1).len(), 1);
     }
 }

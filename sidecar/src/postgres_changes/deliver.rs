@@ -184,6 +184,18 @@ pub(crate) struct Candidate {
     bindings: Vec<usize>,
 }
 
+#[cfg(test)]
+impl Candidate {
+    /// A candidate of change `change` for `sub`, with no binding (for other modules' tests).
+    pub(crate) fn for_test(change: usize, sub: Arc<Subscriber>) -> Candidate {
+        Candidate {
+            change,
+            sub,
+            bindings: Vec::new(),
+        }
+    }
+}
+
 /// The channels each change of a batch matched, by table: what is asked of the database.
 pub(crate) struct Matched {
     /// Each change's `data`, parsed (None: not JSON).
@@ -973,6 +985,18 @@ pub(crate) fn withhold(set: &TableSet, why: &str, metrics: &Metrics, frames: &mu
         name: &set.table,
     };
     withhold_failed(&set.candidates, table, why, metrics, frames);
+}
+
+/// Withholds `cands` of `table` with `why` without asking the database (no connection
+/// could be opened for their check): each channel is told once, among `frames`.
+pub(crate) fn withhold_candidates(
+    cands: &[Candidate],
+    table: Table<'_>,
+    why: &str,
+    metrics: &Metrics,
+    frames: &mut [Vec<Outgoing>],
+) {
+    withhold_failed(cands, table, why, metrics, frames);
 }
 
 /// A change the extension could not decode (its table dropped or altered before it was
