@@ -265,18 +265,14 @@ impl Worker {
                 Err(why) => why_lost = Some(why),
             }
         }
-        if let Some(why) = why_lost {
-            let rest = std::mem::take(&mut parts[0]);
-            let on = deliver::Table {
-                schema: &schema,
-                name: &table,
-            };
-            deliver::withhold_candidates(&rest, on, &why, &self.metrics, &mut frames);
-        }
         let on = deliver::Table {
             schema: &schema,
             name: &table,
         };
+        if let Some(why) = why_lost {
+            let rest = std::mem::take(&mut parts[0]);
+            deliver::withhold_failed(&rest, on, &why, &self.metrics, &mut frames);
+        }
         self.metrics.changes_checks_total.increment(1);
         let checks = parts
             .into_iter()
@@ -300,9 +296,7 @@ impl Worker {
                     (k, mine, lost)
                 }
             });
-        let done = futures_util::future::join_all(checks).await;
-        let mut lost_parts = Vec::new();
-        for (k, mine, lost) in done {
+        for (k, mine, lost) in futures_util::future::join_all(checks).await {
             // Each channel is in one part: a change's frames from the parts are for
             // different channels, so their order among themselves does not matter.
             for (all, part) in frames.iter_mut().zip(mine) {
@@ -310,11 +304,8 @@ impl Worker {
             }
             if let Some(why) = lost {
                 tracing::warn!(error = %why, "a Postgres Changes check connection was lost; reconnecting");
-                lost_parts.push(k);
+                conns[k] = None;
             }
-        }
-        for k in lost_parts {
-            conns[k] = None;
         }
         tracing::debug!(
             %schema,
@@ -349,16 +340,25 @@ impl Worker {
 
 /// `candidates` in `n` parts by identity (role and claims): an identity's candidates, in
 /// whichever channels, are all in one part, so each is set up once; the parts come out
-/// about even when the identities are many.
+/// about even when the identities are many. A channel's claims are hashed once per check,
+/// not once per change it matched.
 fn split(candidates: Vec<deliver::Candidate>, n: usize) -> Vec<Vec<deliver::Candidate>> {
     use std::hash::{Hash, Hasher};
-    let mut parts: Vec<Vec<deliver::Candidate>> = (0..n.max(1)).map(|_| Vec::new()).collect();
-    let len = parts.len();
+    if n <= 1 {
+        return vec![candidates];
+    }
+    let mut parts: Vec<Vec<deliver::Candidate>> = (0..n).map(|_| Vec::new()).collect();
+    let mut part_of: HashMap<usize, usize> = HashMap::new();
     for c in candidates {
-        // A fixed hasher (not a random one): the split needs no secrecy, only evenness.
-        let mut h = std::hash::DefaultHasher::new();
-        (c.sub.role.as_str(), c.sub.claims.as_str()).hash(&mut h);
-        parts[(h.finish() % len as u64) as usize].push(c);
+        let k = *part_of
+            .entry(Arc::as_ptr(&c.sub) as usize)
+            .or_insert_with(|| {
+                // A fixed hasher (not a random one): the split needs no secrecy, only evenness.
+                let mut h = std::hash::DefaultHasher::new();
+                (c.sub.role.as_str(), c.sub.claims.as_str()).hash(&mut h);
+                (h.finish() % n as u64) as usize
+            });
+        parts[k].push(c);
     }
     parts
 }
@@ -373,47 +373,34 @@ struct Share {
 }
 
 /// One table's jobs as one set (changes in the order drained, candidates renumbered), and
-/// each job's share of it.
+/// each job's share of it. The set's `at` (places in one drained batch) means nothing once
+/// batches are merged: it is emptied; each share keeps its changes' positions.
 fn merge(jobs: Vec<Job>) -> (TableSet, Vec<Share>) {
     let mut shares = Vec::with_capacity(jobs.len());
     let mut merged: Option<TableSet> = None;
-    for Job { id, set, reaches } in jobs {
-        let TableSet {
-            schema,
-            table,
-            parsed,
-            at,
-            mut candidates,
-            bytes,
-            positions,
-        } = set;
+    for Job {
+        id,
+        mut set,
+        reaches,
+    } in jobs
+    {
         shares.push(Share {
             id,
             reaches,
-            positions,
-            changes: parsed.len(),
+            positions: std::mem::take(&mut set.positions),
+            changes: set.parsed.len(),
         });
+        set.at.clear();
         match &mut merged {
-            None => {
-                merged = Some(TableSet {
-                    schema,
-                    table,
-                    parsed,
-                    at,
-                    candidates,
-                    bytes,
-                    positions: Vec::new(),
-                })
-            }
+            None => merged = Some(set),
             Some(m) => {
                 let offset = m.parsed.len();
-                for c in &mut candidates {
+                m.candidates.extend(set.candidates.into_iter().map(|mut c| {
                     c.change += offset;
-                }
-                m.parsed.extend(parsed);
-                m.at.extend(at);
-                m.candidates.extend(candidates);
-                m.bytes += bytes;
+                    c
+                }));
+                m.parsed.extend(set.parsed);
+                m.bytes += set.bytes;
             }
         }
     }

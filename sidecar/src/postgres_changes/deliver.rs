@@ -24,10 +24,10 @@
 //! set as the server's statement_timeout of each call, and its work is bounded per call:
 //! `realtime.visible` asks each identity about at most `POLL_MAX_CHANGES` records and at
 //! most `CHANGES_CHECK_MAX_IDENTITIES` identities at a time (Supabase polls 100 changes at
-//! a time; `chunks_of`). A check that fails, is cancelled by its timeout, or finds the budget spent
-//! withholds the changes it did not decide from those channels and tells them (a `system`
-//! error, among the channel's frames at the first change withheld from it): nothing
-//! unchecked is ever sent. A lost connection withholds the same way.
+//! a time; `chunks_of`). A check that fails, is cancelled by its timeout, or finds the
+//! budget spent withholds the changes it did not decide from those channels and tells them
+//! (a `system` error, among the channel's frames at the first change withheld from it):
+//! nothing unchecked is ever sent. A lost connection withholds the same way.
 //!
 //! The drainer runs the stage in two parts: `matched` (the matching, no database call) in
 //! its loop, then `check` per table on the check pool (`checks`, connections of its own),
@@ -941,7 +941,7 @@ fn subject(data: Option<&Value>, column: &str) -> Option<String> {
 
 /// Tells each channel once that changes of a table were withheld because they could not
 /// be checked: a `system` notice among `frames`, at the first change withheld from it.
-fn withhold_failed(
+pub(crate) fn withhold_failed(
     cands: &[Candidate],
     table: Table<'_>,
     why: &str,
@@ -985,18 +985,6 @@ pub(crate) fn withhold(set: &TableSet, why: &str, metrics: &Metrics, frames: &mu
         name: &set.table,
     };
     withhold_failed(&set.candidates, table, why, metrics, frames);
-}
-
-/// Withholds `cands` of `table` with `why` without asking the database (no connection
-/// could be opened for their check): each channel is told once, among `frames`.
-pub(crate) fn withhold_candidates(
-    cands: &[Candidate],
-    table: Table<'_>,
-    why: &str,
-    metrics: &Metrics,
-    frames: &mut [Vec<Outgoing>],
-) {
-    withhold_failed(cands, table, why, metrics, frames);
 }
 
 /// A change the extension could not decode (its table dropped or altered before it was
