@@ -136,7 +136,8 @@ pub struct Config {
     pub trusted_proxies: crate::address::TrustedProxies,
     /// WebSocket connections one client address (an IPv6 /64) may hold; more are refused at
     /// upgrade with "ConnectionRateLimitReached: Too many connections from this address", so
-    /// one address cannot take the sidecar's MAX_CONNECTIONS.
+    /// one address cannot take the sidecar's MAX_CONNECTIONS. A connection whose apikey is a
+    /// `service_role` token (a backend's) counts in none of the per-address limits.
     #[arg(long, env = "MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 1000)]
     pub max_connections_per_address: usize,
     /// REST broadcast requests being served at once; more are answered 429 "Too many

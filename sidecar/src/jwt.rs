@@ -16,6 +16,16 @@ pub struct Claims {
     pub all: Value,
 }
 
+impl Claims {
+    /// A `service_role` token is a backend's: one server sending and listening for many
+    /// users from one address. No per-address or per-user limit counts it (REST's
+    /// `rest_limits`, and a WebSocket connection whose `apikey` it is); its per-connection
+    /// limits and the process's totals do. Whoever holds it holds the project's secret key.
+    pub fn is_backend(&self) -> bool {
+        self.role == "service_role"
+    }
+}
+
 /// Why a token was refused; `reason()` is the text clients see.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JwtError {

@@ -164,7 +164,7 @@ fn identity(
             headers: headers_json,
         }),
         sub: claims.sub.clone(),
-        backend: claims.role == "service_role",
+        backend: claims.is_backend(),
         address,
     })
 }

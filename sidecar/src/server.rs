@@ -292,16 +292,25 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>, client: AddressKey) 
     // it later, when the socket task starts, let a burst of upgrades overshoot the limit.
     let m = &shared.metrics;
     // One address may not take the whole process: its connections are counted apart, for as
-    // long as each lives.
-    let Some(from_address) = shared
-        .connections_by_address
-        .enter(client, cfg.max_connections_per_address)
-    else {
-        m.connections_over_limit_total.increment(1);
-        return refuse(
-            StatusCode::TOO_MANY_REQUESTS,
-            &Refusal::TooManyConnectionsFromAddress.text(),
-        );
+    // long as each lives. A backend's (a `service_role` apikey) are not: one server may hold
+    // many, and its per-address limits count none of its connection's bindings, resumes or
+    // tracks (`counted: None`).
+    let counted = (!claims.is_backend()).then_some(client);
+    let from_address = match counted {
+        Some(address) => match shared
+            .connections_by_address
+            .enter(address, cfg.max_connections_per_address)
+        {
+            Some(entered) => Some(entered),
+            None => {
+                m.connections_over_limit_total.increment(1);
+                return refuse(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &Refusal::TooManyConnectionsFromAddress.text(),
+                );
+            }
+        },
+        None => None,
     };
     if m.connections.fetch_add(1, Relaxed) >= shared.cfg.max_connections as i64 {
         m.connections.fetch_sub(1, Relaxed);
@@ -328,7 +337,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>, client: AddressKey) 
                         vsn,
                         claims,
                         headers,
-                        client,
+                        counted,
                     )
                     .await;
                 }

@@ -37,7 +37,8 @@ const WRITE_BATCH: usize = 256;
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// Serves one upgraded connection: `ahead` is what the HTTP server read past the upgrade
-/// request (the client's first frames, if it sent them at once).
+/// request (the client's first frames, if it sent them at once); `address` is what its
+/// per-address limits count it against, none for a backend's connection (`Claims::is_backend`).
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(
     tcp: TcpStream,
@@ -47,7 +48,7 @@ pub async fn serve(
     vsn: Vsn,
     socket_claims: Claims,
     headers: String,
-    address: AddressKey,
+    address: Option<AddressKey>,
 ) {
     let (tx, rx) = outbound::bounded(
         shared.cfg.max_outbound_frames,

@@ -2,7 +2,7 @@
 //! own (127.0.0.x): one address flooding REST or holding connections is refused with
 //! Supabase's texts while another address is served; `X-Forwarded-For` counts only from a
 //! trusted proxy; a user is one budget across addresses; a `service_role` backend is not
-//! bound per address.
+//! bound per address, over REST or WebSocket.
 
 mod common;
 
@@ -519,4 +519,90 @@ async fn one_address_s_resumes_wait_their_turn_and_past_its_line_go_live_told_wh
     }
     metric_reaches(&sidecar, "realtime_resumes_running", 0.0, 10).await;
     assert_eq!(sidecar.metric("realtime_resumes_waiting").await, 0.0);
+}
+
+async fn tracked(c: &mut Client, topic: &str) -> Value {
+    let track = json!({"type": "presence", "event": "track", "payload": {}});
+    let r = c.push(Some("1"), topic, "presence", track).await;
+    c.reply(&r).await
+}
+
+/// A `service_role` apikey is a backend's, as over REST: one server may hold many
+/// connections from one address for many users, so its connections count in no per-address
+/// limit (connections, bindings, presence tracks; resumes, in `history::line`'s unit test)
+/// and do not spend the address's budget, while its per-connection limits still apply. The
+/// same address's anon connections are bound as before.
+#[tokio::test]
+async fn a_service_role_connection_is_bound_per_connection_not_per_address() {
+    let sidecar = Sidecar::start(
+        "t_backend_per_address",
+        &[
+            ("MAX_CONNECTIONS_PER_ADDRESS", "2"),
+            ("MAX_BINDINGS_PER_CONNECTION", "6"),
+            ("MAX_BINDINGS_PER_ADDRESS", "2"),
+            ("MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS", "1"),
+        ],
+    )
+    .await;
+    let p = sidecar.port;
+    let from = "127.0.0.5";
+    let mut anon = Vec::new();
+    for _ in 0..2 {
+        anon.push(Client::connect_from(from, p, "1.0.0").await.unwrap());
+    }
+    let Err((status, _)) = Client::connect_from(from, p, "1.0.0").await else {
+        panic!("a third anon connection from one address was accepted");
+    };
+    assert_eq!(status, 429);
+    // The backend's connections from the same, full address: accepted, and three of them.
+    let service = token(json!({"role": "service_role", "exp": now() + 3600}));
+    let mut backend = Vec::new();
+    for _ in 0..3 {
+        let c = Client::connect_from_with(from, p, "2.0.0", &service).await;
+        backend.push(c.expect("a backend's connection is not counted per address"));
+    }
+    // Bindings: past the address's 2, within the connection's 6; past the connection's, refused.
+    assert_eq!(
+        join_never(&mut backend[0], "realtime:be:1", 5).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        join_never(&mut backend[1], "realtime:be:2", 5).await["status"],
+        "ok"
+    );
+    assert!(
+        refusal(&join_never(&mut backend[2], "realtime:be:3", 7).await)
+            .ends_with("the limit is 6 (MAX_BINDINGS_PER_CONNECTION)"),
+        "a backend keeps its per-connection limits"
+    );
+    // The address's own budget was not spent by them: an anon join of 2 fits, of 3 does not.
+    assert_eq!(
+        join_never(&mut anon[0], "realtime:an:1", 2).await["status"],
+        "ok"
+    );
+    assert!(refusal(&join_never(&mut anon[1], "realtime:an:2", 1).await)
+        .ends_with("bindings: 3; the limit is 2 (MAX_BINDINGS_PER_ADDRESS)"));
+    // Presence: one track a second for the address; the backend tracks three.
+    let config = json!({"presence": {"key": "", "enabled": true}});
+    for (i, c) in anon.iter_mut().enumerate() {
+        let reply = c.join(&format!("realtime:an:p{i}"), config.clone()).await;
+        assert_eq!(reply["status"], "ok", "{reply}");
+    }
+    for i in 0..3 {
+        let reply = backend[0]
+            .join(&format!("realtime:be:p{i}"), config.clone())
+            .await;
+        assert_eq!(reply["status"], "ok", "{reply}");
+    }
+    let first = tracked(&mut anon[0], "realtime:an:p0").await;
+    assert_eq!(first["status"], "ok", "{first}");
+    let second = tracked(&mut anon[1], "realtime:an:p1").await;
+    assert_eq!(
+        second["response"]["reason"], "Too many presence messages from this address per second",
+        "{second}"
+    );
+    for i in 0..3 {
+        let r = tracked(&mut backend[0], &format!("realtime:be:p{i}")).await;
+        assert_eq!(r["status"], "ok", "the backend's track {i}: {r}");
+    }
 }

@@ -136,17 +136,17 @@ impl Channels {
         // connection holds meanwhile is everything, its old channel's bindings too, until
         // the join is answered (`recount_bindings`). The last check: a join with bindings
         // that passes it always waits as a pending join, which holds what this takes.
+        // A backend's connection has no share to judge (`Claims::is_backend`).
         if !config.postgres_changes.is_empty() {
             let n = config.postgres_changes.len();
             let held = self.bindings_held();
             let replaced = self.channels.get(&m.topic).map_or(0, |c| c.bindings);
             let limit = self.shared.cfg.max_bindings_per_address;
-            if let Err(total) =
-                self.address_bindings
-                    .set_within(held + n, held - replaced + n, limit)
-            {
-                self.join_error(&m, Refusal::BindingsPerAddress { total, limit });
-                return Ok(());
+            if let Some(share) = &mut self.address_bindings {
+                if let Err(total) = share.set_within(held + n, held - replaced + n, limit) {
+                    self.join_error(&m, Refusal::BindingsPerAddress { total, limit });
+                    return Ok(());
+                }
             }
         }
         // The drain returns the topic's messages (and its tables' changes) once they are

@@ -112,8 +112,9 @@ pub struct Channels {
     presence_source: crate::presence::budget::Source,
     /// This connection's share of its address's Postgres Changes bindings
     /// (MAX_BINDINGS_PER_ADDRESS): its channels' and its pending joins' together, kept so by
-    /// `recount_bindings` and given back when the connection's channels are dropped.
-    address_bindings: crate::tally::Charge<AddressKey>,
+    /// `recount_bindings` and given back when the connection's channels are dropped. None
+    /// for a backend's connection, which no per-address limit counts.
+    address_bindings: Option<crate::tally::Charge<AddressKey>>,
 }
 
 impl Channels {
@@ -124,11 +125,11 @@ impl Channels {
         socket_claims: Claims,
         headers: String,
         tx: outbound::Sender,
-        address: AddressKey,
+        address: Option<AddressKey>,
     ) -> Self {
         let id = NEXT_ID.fetch_add(1, Relaxed);
         let link = Link::new(id, vsn, shared.origin(id), tx);
-        let address_bindings = shared.bindings_by_address.charge(address);
+        let address_bindings = address.map(|a| shared.bindings_by_address.charge(a));
         Channels {
             address_bindings,
             link,
@@ -247,7 +248,9 @@ impl Channels {
     /// a channel or a pending join came or went (giving back never needs room).
     fn recount_bindings(&mut self) {
         let held = self.bindings_held();
-        self.address_bindings.set(held);
+        if let Some(share) = &mut self.address_bindings {
+            share.set(held);
+        }
     }
 
     /// Handles one client command. Err ends the connection with that reason.

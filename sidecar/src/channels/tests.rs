@@ -20,8 +20,10 @@ struct Conn {
     be: Backends,
 }
 
-fn local() -> crate::address::AddressKey {
-    crate::address::AddressKey::of(std::net::Ipv4Addr::LOCALHOST.into())
+fn local() -> Option<crate::address::AddressKey> {
+    Some(crate::address::AddressKey::of(
+        std::net::Ipv4Addr::LOCALHOST.into(),
+    ))
 }
 
 fn claims(sub: &str) -> Claims {

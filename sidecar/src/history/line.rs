@@ -17,6 +17,9 @@
 //! history worker and its sending task (and further passes), and wherever it is dropped
 //! the permit goes to the next live join of the line. The map holds an address only while
 //! it has a history running, so it never outgrows the joins in flight.
+//!
+//! A backend's connection (`Claims::is_backend`) has no line: its joins' histories run at
+//! once, bounded by its channels (MAX_CHANNELS_PER_CLIENT) like any connection's.
 
 use super::fetch::{self, Request};
 use crate::address::AddressKey;
@@ -61,10 +64,11 @@ pub enum Admitted {
     Refused,
 }
 
-/// One running history of an address; dropping it lets the next of the line run.
+/// One running history of an address (or of a backend's connection, `None`: no line);
+/// dropping it lets the next of the line run.
 pub struct Permit {
     inner: Arc<Inner>,
-    address: AddressKey,
+    address: Option<AddressKey>,
 }
 
 impl Line {
@@ -85,17 +89,22 @@ impl Line {
         }
     }
 
-    /// Runs a join's history now if its address has room, or puts it in the address's line,
-    /// or (the line full) lets the channel go live without it.
-    pub fn admit(&self, address: AddressKey, r: Request) -> Admitted {
+    /// Runs a join's history now if its address has room (a backend's always), or puts it
+    /// in the address's line, or (the line full) lets the channel go live without it.
+    pub fn admit(&self, address: Option<AddressKey>, r: Request) -> Admitted {
         let inner = &self.inner;
+        let Some(address) = address else {
+            inner.metrics.resumes_running.increment(1.0);
+            inner.run(None, r);
+            return Admitted::Now;
+        };
         let mut addresses = inner.addresses.lock().unwrap();
         let q = addresses.entry(address).or_default();
         if q.running < inner.running {
             q.running += 1;
             drop(addresses);
             inner.metrics.resumes_running.increment(1.0);
-            inner.run(address, r);
+            inner.run(Some(address), r);
             return Admitted::Now;
         }
         if q.waiting.len() >= inner.waiting {
@@ -128,7 +137,7 @@ impl Line {
 
 impl Inner {
     /// Hands a join holding one of its address's places to the history worker.
-    fn run(self: &Arc<Self>, address: AddressKey, mut r: Request) {
+    fn run(self: &Arc<Self>, address: Option<AddressKey>, mut r: Request) {
         r.permit = Some(Permit {
             inner: self.clone(),
             address,
@@ -154,8 +163,12 @@ fn live(r: &Request) -> bool {
 impl Drop for Permit {
     fn drop(&mut self) {
         let inner = &self.inner;
+        let Some(address) = self.address else {
+            inner.metrics.resumes_running.decrement(1.0);
+            return;
+        };
         let mut addresses = inner.addresses.lock().unwrap();
-        let Some(q) = addresses.get_mut(&self.address) else {
+        let Some(q) = addresses.get_mut(&address) else {
             return;
         };
         // The place passes to the oldest waiting join still joined; the others are dropped
@@ -171,12 +184,12 @@ impl Drop for Permit {
         if next.is_none() {
             q.running -= 1;
             if q.running == 0 && q.waiting.is_empty() {
-                addresses.remove(&self.address);
+                addresses.remove(&address);
             }
         }
         drop(addresses);
         match next {
-            Some(r) => inner.run(self.address, r),
+            Some(r) => inner.run(Some(address), r),
             None => inner.metrics.resumes_running.decrement(1.0),
         }
     }
@@ -192,8 +205,8 @@ mod tests {
     use crate::reach::Link;
     use std::net::{IpAddr, Ipv4Addr};
 
-    fn address(last: u8) -> AddressKey {
-        AddressKey::of(IpAddr::V4(Ipv4Addr::new(192, 0, 2, last)))
+    fn address(last: u8) -> Option<AddressKey> {
+        Some(AddressKey::of(IpAddr::V4(Ipv4Addr::new(192, 0, 2, last))))
     }
 
     /// A resuming channel's request, and the receiving end of its connection's queue.
@@ -279,5 +292,23 @@ mod tests {
         let (next, _rx2) = request("next");
         assert_eq!(line.admit(a, next), Admitted::Waiting);
         assert_eq!(metrics.value("realtime_resumes_waiting"), Some(1.0));
+    }
+
+    #[tokio::test]
+    async fn a_backend_s_histories_run_at_once_in_no_line() {
+        let metrics = Arc::new(Metrics::default());
+        let (history, mut worker) = mpsc::channel(16);
+        let line = Line::new(1, 0, history, metrics.clone());
+        let mut keep = Vec::new();
+        for i in 0..3 {
+            let (r, rx) = request(&format!("b{i}"));
+            keep.push(rx);
+            assert_eq!(line.admit(None, r), Admitted::Now);
+        }
+        assert_eq!(line.addresses(), 0, "a backend holds no address's line");
+        assert_eq!(metrics.value("realtime_resumes_running"), Some(3.0));
+        let running: Vec<Request> = (0..3).map(|_| worker.try_recv().unwrap()).collect();
+        drop(running);
+        assert_eq!(metrics.value("realtime_resumes_running"), Some(0.0));
     }
 }

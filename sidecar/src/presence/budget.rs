@@ -8,7 +8,8 @@
 //! bystander that tracks once is served while a flood goes on, and what the sidecar takes
 //! in a second stays under twice its total. A refused track gets an error reply with the
 //! reason; no channel is closed for a budget it did not spend. Untracks are never refused
-//! (they only remove).
+//! (they only remove). A backend's connections (`Claims::is_backend`) have no address budget
+//! and share one fair share among them, as if they were one address.
 
 use crate::address::AddressKey;
 use crate::rate::Rate;
@@ -17,14 +18,15 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// One connection as the budgets see it: its address and its own tracks this second.
+/// One connection as the budgets see it: its address (none for a backend's) and its own
+/// tracks this second.
 pub struct Source {
-    pub address: AddressKey,
+    pub address: Option<AddressKey>,
     rate: Rate,
 }
 
 impl Source {
-    pub fn new(address: AddressKey) -> Self {
+    pub fn new(address: Option<AddressKey>) -> Self {
         Source {
             address,
             rate: Rate::default(),
@@ -40,11 +42,12 @@ pub struct Budgets {
 }
 
 /// The current second: tracks in total and by address. The map is cleared each second and
-/// holds only addresses whose tracks were accepted, at most twice the total of them.
+/// holds only addresses whose tracks were accepted, at most twice the total of them; the
+/// backends' tracks together are the entry `None`.
 struct Window {
     start: Instant,
     total: u32,
-    by_address: HashMap<AddressKey, u32>,
+    by_address: HashMap<Option<AddressKey>, u32>,
 }
 
 impl Budgets {
@@ -70,7 +73,7 @@ impl Budgets {
             w.by_address.clear();
         }
         let spent = w.by_address.get(&source.address).copied().unwrap_or(0);
-        if spent >= self.per_address {
+        if spent >= self.per_address && source.address.is_some() {
             return Err(Refusal::PresenceAddressBudget);
         }
         if w.total >= self.total {
@@ -94,7 +97,9 @@ mod tests {
     use super::*;
 
     fn at(last: u8) -> Source {
-        Source::new(AddressKey::of(std::net::IpAddr::from([192, 0, 2, last])))
+        Source::new(Some(AddressKey::of(std::net::IpAddr::from([
+            192, 0, 2, last,
+        ]))))
     }
 
     #[test]
@@ -126,5 +131,21 @@ mod tests {
             assert_eq!(b.admit(&mut bystander), Ok(()));
         }
         assert_eq!(b.admit(&mut bystander), Err(Refusal::PresenceSidecarBudget));
+    }
+
+    #[test]
+    fn a_backend_has_no_address_budget_and_past_the_total_one_fair_share() {
+        let b = Budgets::new(1000, 2, 10);
+        let (mut one, mut two) = (Source::new(None), Source::new(None));
+        // Past an address's 2: no address counts a backend's connections.
+        for _ in 0..3 {
+            assert_eq!(b.admit(&mut one), Ok(()));
+        }
+        for _ in 0..7 {
+            assert_eq!(b.admit(&mut two), Ok(()));
+        }
+        // The total spent by the backends: they are the heaviest source, a bystander is not.
+        assert_eq!(b.admit(&mut one), Err(Refusal::PresenceSidecarBudget));
+        assert_eq!(b.admit(&mut at(2)), Ok(()));
     }
 }

@@ -278,12 +278,19 @@ impl Client {
     /// A client connecting from the loopback address `from`; the upgrade's refusal (its
     /// HTTP status and body) when the sidecar refuses it.
     pub async fn connect_from(from: &str, port: u16, vsn: &str) -> Result<Client, (u16, String)> {
+        Self::connect_from_with(from, port, vsn, &anon_key()).await
+    }
+
+    /// `connect_from` with `apikey` as the socket's key.
+    pub async fn connect_from_with(
+        from: &str,
+        port: u16,
+        vsn: &str,
+        apikey: &str,
+    ) -> Result<Client, (u16, String)> {
         let stream = tcp_from(from, port).await.expect("tcp connect");
-        match tokio_tungstenite::client_async(
-            url(port, vsn, &anon_key()),
-            MaybeTlsStream::Plain(stream),
-        )
-        .await
+        match tokio_tungstenite::client_async(url(port, vsn, apikey), MaybeTlsStream::Plain(stream))
+            .await
         {
             Ok((ws, _)) => Ok(Self::over(ws, vsn)),
             Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err((
