@@ -7,6 +7,7 @@ use crate::frame::{self, DecodeError, Inbound, Vsn};
 use crate::hub::Payload;
 use crate::join_config::{self, JoinConfig};
 use crate::persist::{self, PersistError};
+use crate::postgres_changes::bounds::Bounds;
 use crate::presence::channel::PresencePush;
 use bytes::Bytes;
 use serde_json::Value;
@@ -56,13 +57,14 @@ fn broadcast(
     })
 }
 
-/// Parses a text frame of either serializer.
-pub fn from_text(vsn: Vsn, text: &str) -> Result<Frame, DecodeError> {
+/// Parses a text frame of either serializer; a join's bindings are counted against `bounds`
+/// before they are parsed.
+pub fn from_text(vsn: Vsn, text: &str, bounds: &Bounds) -> Result<Frame, DecodeError> {
     let mut head = frame::decode_text(vsn, text)?;
     let payload = std::mem::take(&mut head.payload);
     let command = match (head.topic.as_str(), head.event.as_str()) {
         ("phoenix", "heartbeat") => Command::Heartbeat,
-        (_, "phx_join") => Command::Join(Box::new(join_config::parse_join(&payload))),
+        (_, "phx_join") => Command::Join(Box::new(join_config::parse_join(&payload, bounds))),
         (_, "phx_leave") => Command::Leave,
         (_, "access_token") => Command::AccessToken(
             payload
@@ -125,7 +127,11 @@ mod tests {
 
     #[test]
     fn each_event_becomes_its_command() {
-        let parse = |v: Value| from_text(Vsn::V2, &v.to_string()).unwrap().command;
+        let parse = |v: Value| {
+            from_text(Vsn::V2, &v.to_string(), &Bounds::defaults())
+                .unwrap()
+                .command
+        };
         assert!(matches!(
             parse(json!([null, "1", "phoenix", "heartbeat", {}])),
             Command::Heartbeat

@@ -11,6 +11,7 @@
 
 use crate::command::{self, Command};
 use crate::frame::Vsn;
+use crate::postgres_changes::bounds::Bounds;
 use crate::{join_config, jwt, rest};
 use arbitrary::{Arbitrary, Unstructured};
 use rand::rngs::SmallRng;
@@ -198,7 +199,7 @@ fn text_frames_of_both_serializers() {
             None => (Vsn::V1, data),
         };
         // The typed parser the connection dispatches on, and the topic check a join does.
-        match command::from_text(vsn, &String::from_utf8_lossy(text)) {
+        match command::from_text(vsn, &String::from_utf8_lossy(text), &Bounds::defaults()) {
             Ok(f) => {
                 if let Some(sub) = f.head.topic.strip_prefix("realtime:") {
                     if let Err(e) = join_config::validate_sub_topic(sub) {
@@ -250,12 +251,13 @@ fn join_payloads() {
     fuzz("join payload", &seeds, |data| {
         // Both the bytes as JSON text and a structured value `arbitrary` builds from them.
         if let Ok(v) = serde_json::from_slice::<Value>(data) {
-            nul_free(&join_config::parse_join(&v))?;
+            nul_free(&join_config::parse_join(&v, &Bounds::defaults()))?;
         }
         if let Ok(j) = J::arbitrary(&mut Unstructured::new(data)) {
-            let config = join_config::parse_join(&json!({"config": j.value()}));
+            let config =
+                join_config::parse_join(&json!({"config": j.value()}), &Bounds::defaults());
             nul_free(&config)?;
-            nul_free(&join_config::parse_join(&j.value()))?;
+            nul_free(&join_config::parse_join(&j.value(), &Bounds::defaults()))?;
             if config.access_token.is_some() {
                 return Err("a token appeared from nowhere".into());
             }
@@ -285,10 +287,13 @@ fn rest_bodies() {
     let seeds = vec![
         br#"{"messages":[{"topic":"room","event":"e","payload":{"a":1},"private":true},{"topic":"r2","event":"x","payload":{}}]}"#.to_vec(),
     ];
-    fuzz("REST body", &seeds, |data| match rest::parse(data) {
-        Ok(messages) => messages
+    // A small bound, so that fuzzed lists pass it too.
+    fuzz("REST body", &seeds, |data| match rest::parse(data, 4) {
+        Ok(rest::Parsed::Messages(messages)) => messages
             .iter()
             .try_for_each(|m| join_config::validate_sub_topic(&m.topic).map_err(|e| e.text())),
+        Ok(rest::Parsed::TooMany(n)) if n > 4 => Ok(()),
+        Ok(rest::Parsed::TooMany(n)) => Err(format!("{n} messages said to be too many")),
         Err((status, body)) if status.is_client_error() => {
             reason(&body.map(|b| b.to_string()).unwrap_or_default())
         }

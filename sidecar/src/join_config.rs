@@ -2,6 +2,7 @@
 //! (booleans may be strings; an invalid payload falls back to defaults).
 
 use crate::history::ask::{self, Ask, AskError};
+use crate::postgres_changes::bounds::Bounds;
 use crate::postgres_changes::{self, Binding, BindingError};
 use crate::reason::InvalidTopic;
 use serde_json::Value;
@@ -59,14 +60,21 @@ fn flexible_bool(v: Option<&Value>) -> bool {
     }
 }
 
-pub fn parse_join(payload: &Value) -> JoinConfig {
+/// A join's payload as asked; its bindings are counted against `bounds` before one is
+/// parsed, and their other bounds are judged where the join is admitted (`channels/join.rs`).
+pub fn parse_join(payload: &Value, bounds: &Bounds) -> JoinConfig {
     let config = payload.get("config");
     let get = |a: &str, b: &str| config.and_then(|c| c.get(a)).and_then(|x| x.get(b));
     let token = payload
         .get("access_token")
         .or_else(|| payload.get("user_token"));
+    let listed = config.and_then(|c| c.get("postgres_changes"));
+    let counted = match listed.and_then(Value::as_array) {
+        Some(list) => bounds.count(list.len()),
+        None => Ok(()),
+    };
     let (postgres_changes, postgres_changes_error) =
-        match postgres_changes::parse_bindings(config.and_then(|c| c.get("postgres_changes"))) {
+        match counted.and_then(|()| postgres_changes::parse_bindings(listed)) {
             Ok(b) => (b, None),
             Err(e) => (Vec::new(), Some(e)),
         };
@@ -106,10 +114,35 @@ mod tests {
                        "postgres_changes": [], "private": false},
             "access_token": "tok", "version": "realtime-js/2.119.1"
         });
-        let c = parse_join(&p);
+        let c = parse_join(&p, &Bounds::defaults());
         assert!(c.ack && c.self_broadcast && !c.private && !c.presence);
         assert!(c.postgres_changes.is_empty() && c.postgres_changes_error.is_none());
         assert_eq!(c.access_token.as_deref(), Some("tok"));
+    }
+
+    #[test]
+    fn a_join_of_too_many_bindings_is_refused_by_their_count_before_one_is_parsed() {
+        let limit = Bounds::defaults().bindings;
+        let good = json!({"event": "*", "schema": "public"});
+        let mut list = vec![good; limit];
+        // Parsed, this one would refuse the join as malformed; counted first, it is not read.
+        list.push(json!("not a binding"));
+        let c = parse_join(
+            &json!({"config": {"postgres_changes": list}}),
+            &Bounds::defaults(),
+        );
+        assert_eq!(
+            c.postgres_changes_error.map(|e| e.text()).as_deref(),
+            Some("InvalidPostgresChanges: the join has bindings: 101; the limit is 100 (MAX_BINDINGS_PER_JOIN)")
+        );
+        assert!(c.postgres_changes.is_empty());
+        // At the limit, every binding is parsed.
+        list.pop();
+        let c = parse_join(
+            &json!({"config": {"postgres_changes": list}}),
+            &Bounds::defaults(),
+        );
+        assert_eq!(c.postgres_changes.len(), limit);
     }
 
     #[test]
@@ -127,17 +160,26 @@ mod tests {
 
     #[test]
     fn invalid_payload_falls_back_to_defaults() {
-        assert_eq!(parse_join(&json!("nonsense")), JoinConfig::default());
         assert_eq!(
-            parse_join(&json!({"config": {"private": 1}})),
+            parse_join(&json!("nonsense"), &Bounds::defaults()),
             JoinConfig::default()
         );
-        let no_schema = parse_join(&json!({"config": {"postgres_changes": [{"event": "*"}]}}));
+        assert_eq!(
+            parse_join(&json!({"config": {"private": 1}}), &Bounds::defaults()),
+            JoinConfig::default()
+        );
+        let no_schema = parse_join(
+            &json!({"config": {"postgres_changes": [{"event": "*"}]}}),
+            &Bounds::defaults(),
+        );
         assert!(no_schema.postgres_changes_error.is_some());
         let one = json!({"config": {"postgres_changes": [{"event": "*", "schema": "public"}]}});
-        assert_eq!(parse_join(&one).postgres_changes.len(), 1);
         assert_eq!(
-            parse_join(&json!({"user_token": "t"}))
+            parse_join(&one, &Bounds::defaults()).postgres_changes.len(),
+            1
+        );
+        assert_eq!(
+            parse_join(&json!({"user_token": "t"}), &Bounds::defaults())
                 .access_token
                 .as_deref(),
             Some("t")

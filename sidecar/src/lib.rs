@@ -165,6 +165,7 @@ pub mod reach;
 pub mod reason;
 pub mod relay;
 pub mod rest;
+pub mod rest_body;
 pub mod rest_limits;
 pub mod rows;
 pub mod server;

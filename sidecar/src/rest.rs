@@ -47,12 +47,23 @@ pub(crate) struct Message {
     private: bool,
 }
 
-pub(crate) fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
-    let v: Value = serde_json::from_slice(body)
+/// A batch's messages, validated; or, past `max`, only how many it has (the rest were not
+/// built: `rest_body`), which the limits refuse.
+pub(crate) enum Parsed {
+    Messages(Vec<Message>),
+    TooMany(usize),
+}
+
+pub(crate) fn parse(body: &[u8], max: usize) -> Result<Parsed, Outcome> {
+    let listed = crate::rest_body::messages(body, max)
         .map_err(|e| invalid(json!({"body": [format!("is not valid JSON: {e}")]})))?;
-    let Some(list) = v.get("messages").and_then(Value::as_array) else {
+    let Some(listed) = listed else {
         return Err(invalid(json!({"messages": ["can't be blank"]})));
     };
+    if listed.count > max {
+        return Ok(Parsed::TooMany(listed.count));
+    }
+    let list = listed.items;
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let mut errors = serde_json::Map::new();
@@ -97,7 +108,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Vec<Message>, Outcome> {
             private: m.get("private").and_then(Value::as_bool).unwrap_or(false),
         });
     }
-    Ok(out)
+    Ok(Parsed::Messages(out))
 }
 
 /// Who sends, for the policies and for the limits.
@@ -300,11 +311,16 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared, address: Address
         Ok(b) => b,
         Err(outcome) => return outcome,
     };
-    let messages = match parse(&body) {
-        Ok(m) => m,
+    let (messages, n) = match parse(&body, shared.rest_limits.max_messages()) {
+        Ok(Parsed::Messages(m)) => {
+            let n = m.len();
+            (m, n)
+        }
+        Ok(Parsed::TooMany(n)) => (Vec::new(), n),
         Err(outcome) => return outcome,
     };
-    if let Err(refused) = shared.rest_limits.charge(&caller.sender(), messages.len()) {
+    // A batch past the per-request bound is refused here, its address's second spent.
+    if let Err(refused) = shared.rest_limits.charge(&caller.sender(), n) {
         return refused.outcome();
     }
     let who = caller.who;
@@ -484,7 +500,10 @@ mod tests {
     #[test]
     fn validates_like_supabase() {
         let ok = br#"{"messages":[{"topic":"room","event":"e","payload":{"a":1}}]}"#;
-        assert_eq!(parse(ok).map(|m| m.len()).ok(), Some(1));
+        assert!(matches!(parse(ok, 10), Ok(Parsed::Messages(m)) if m.len() == 1));
+        // Past the bound, counted and not validated (the limits refuse it).
+        let two = br#"{"messages":[{"topic":"room","event":"e","payload":{}}, 1]}"#;
+        assert!(matches!(parse(two, 1), Ok(Parsed::TooMany(2))));
         let cases: [(&[u8], &str); 3] = [
             (b"{}", "messages"),
             (
@@ -494,7 +513,9 @@ mod tests {
             (br#"{"messages":[{"event":"e","payload":{}}]}"#, "topic"),
         ];
         for (body, field) in cases {
-            let (status, errors) = parse(body).err().unwrap();
+            let Err((status, errors)) = parse(body, 10) else {
+                panic!("{field}: accepted");
+            };
             assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
             assert!(errors.unwrap().to_string().contains(field), "{field}");
         }

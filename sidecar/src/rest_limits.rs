@@ -131,6 +131,11 @@ impl RestLimits {
         })
     }
 
+    /// MAX_REST_MESSAGES_PER_REQUEST: a batch's messages built at most (`rest_body`).
+    pub fn max_messages(&self) -> usize {
+        self.max_messages
+    }
+
     /// Counts a request's `n` messages against every rate that applies, or refuses them all.
     /// A batch over the per-request bound, or too large for what its address has left, still
     /// spends the address's second (the body was read and parsed): its next requests are

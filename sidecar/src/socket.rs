@@ -17,6 +17,7 @@ use crate::command::{self, Frame};
 use crate::frame::{self, Vsn};
 use crate::jwt::{self, Claims};
 use crate::outbound::{self, Written};
+use crate::postgres_changes::bounds::Bounds;
 use crate::reason::Disconnect;
 use crate::state::Shared;
 use crate::wire::{self, Duplex};
@@ -64,6 +65,7 @@ pub async fn serve(
     )
     .await;
     let mut conn = Channels::new(shared.clone(), vsn, socket_claims, headers, tx, address);
+    let bounds = Bounds::of(&shared.cfg);
     let ttl = Duration::from_secs(shared.cfg.authorization_ttl_secs.max(1));
     let mut recheck = tokio::time::interval_at((Instant::now() + ttl).into(), ttl);
     // `connections` was counted at upgrade (server.rs); it is given back when this ends.
@@ -115,7 +117,7 @@ pub async fn serve(
                 rx.hold();
                 idle.as_mut().reset((Instant::now() + idle_timeout).into());
                 match frame {
-                    Some(Ok(msg)) => match read(&conn, vsn, msg) {
+                    Some(Ok(msg)) => match read(&conn, vsn, msg, &bounds) {
                         Read::Frame(f) => {
                             if let Err(why) = conn.handle(f) {
                                 break Some(why);
@@ -205,9 +207,9 @@ enum Read {
     Close(Disconnect),
 }
 
-fn read(conn: &Channels, vsn: Vsn, msg: Message) -> Read {
+fn read(conn: &Channels, vsn: Vsn, msg: Message, bounds: &Bounds) -> Read {
     let parsed = match msg {
-        Message::Text(t) => command::from_text(vsn, t.as_str()),
+        Message::Text(t) => command::from_text(vsn, t.as_str(), bounds),
         Message::Binary(b) if vsn == Vsn::V2 => command::from_binary(&b),
         Message::Binary(_) => Err(frame::DecodeError::Binary(
             "binary frames need serializer 2.0.0",

@@ -7,6 +7,7 @@ use crate::command;
 use crate::db_worker::DbFailure;
 use crate::history;
 use crate::hub::{Payload, QueueMessage};
+use crate::postgres_changes::bounds::Bounds;
 use crate::presence::members::Desired;
 use crate::state::testing::{self, Backends};
 use serde_json::Value;
@@ -55,7 +56,8 @@ fn conn_with(flags: &[&str]) -> Conn {
 
 impl Conn {
     fn send(&mut self, frame: Value) -> Result<(), Disconnect> {
-        let f = command::from_text(Vsn::V2, &frame.to_string()).expect("a valid frame");
+        let f = command::from_text(Vsn::V2, &frame.to_string(), &Bounds::defaults())
+            .expect("a valid frame");
         let handled = self.c.handle(f);
         self.poll_waits();
         handled
@@ -756,7 +758,12 @@ async fn too_many_joins_a_second_close_the_socket() {
     let (tx, _hub_rx) = crate::outbound::channel(16);
     let mut c = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx, local());
     let mut send = |topic: &str| {
-        let f = command::from_text(Vsn::V2, &join(topic, false).to_string()).unwrap();
+        let f = command::from_text(
+            Vsn::V2,
+            &join(topic, false).to_string(),
+            &Bounds::defaults(),
+        )
+        .unwrap();
         c.handle(f)
     };
     assert_eq!(send("realtime:a"), Ok(()));
