@@ -131,6 +131,10 @@ pub fn push(
         persist,
         reply,
     };
+    if let Some(known) = relay::known_full(&shared.persist_full, &broadcast, &shared.metrics) {
+        relay::settle(vec![broadcast], Err(known), &shared.metrics);
+        return Ok(());
+    }
     if let Err(mpsc::error::TrySendError::Full(b)) = shared.relay.try_send(broadcast) {
         // Answered like any failed relay (an error reply, or a system message without ack).
         let busy = Failure::Unavailable("too many broadcasts are waiting for the database; retry");

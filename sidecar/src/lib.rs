@@ -158,6 +158,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod packed;
 pub mod persist;
+pub mod persist_full;
 pub mod postgres_changes;
 pub mod presence;
 pub mod rate;
@@ -198,7 +199,9 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let presence = Arc::new(presence::Presence::new(metrics.clone(), &cfg));
     let instance = state::instance_id();
     let interest = interest::Interest::new(cfg.filter_topics);
+    let persist_full = Arc::new(persist_full::FullTopics::default());
     let shared = Arc::new(state::Shared {
+        persist_full: persist_full.clone(),
         interest: interest.clone(),
         cfg: cfg.clone(),
         hub: hub.clone(),
@@ -270,6 +273,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let relay = tokio::spawn(relay::run(
         cfg.clone(),
         relay_rx,
+        persist_full,
         metrics.clone(),
         shutdown.clone(),
     ));

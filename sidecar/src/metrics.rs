@@ -42,6 +42,7 @@ pub struct Metrics {
     pub malformed_frames_total: Counter,
     pub client_broadcasts_total: Counter,
     pub client_broadcast_failures_total: Counter,
+    pub persist_full_refusals_total: Counter,
     pub auth_batches_total: Counter,
     pub auth_requests_total: Counter,
     pub auth_isolations_total: Counter,
@@ -196,6 +197,10 @@ impl Default for Metrics {
             client_broadcast_failures_total: r.counter(
                 "realtime_client_broadcast_failures_total",
                 "client broadcasts that could not be relayed (each reported to its sender)",
+            ),
+            persist_full_refusals_total: r.counter(
+                "realtime_persist_full_refusals_total",
+                "kept broadcasts refused without the database: their topic was just found at its quota",
             ),
             auth_batches_total: r
                 .counter("realtime_auth_batches_total", "realtime.authorize calls"),
@@ -421,8 +426,9 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 43] = [
+    const COUNTERS: [&str; 44] = [
         "realtime_resumes_refused_total",
+        "realtime_persist_full_refusals_total",
         "realtime_auth_batches_total",
         "realtime_auth_requests_total",
         "realtime_client_broadcasts_total",

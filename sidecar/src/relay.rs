@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::db_worker::{self, Batched, CallError, Db, DbFailure};
 use crate::hub::Payload;
 use crate::metrics::Metrics;
+use crate::persist_full::{self, FullTopics};
 use crate::reach::ReplyTo;
 use serde_json::json;
 use std::sync::Arc;
@@ -105,6 +106,7 @@ pub struct Broadcast {
 pub async fn run(
     cfg: Arc<Config>,
     rx: mpsc::Receiver<Broadcast>,
+    full: Arc<FullTopics>,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) {
@@ -112,7 +114,21 @@ pub async fn run(
         messages: cfg.max_persisted_messages_per_topic as i32,
         bytes: cfg.max_persisted_bytes_per_topic as i64,
     };
-    db_worker::serve(&cfg, Relay { metrics, quota }, rx, shutdown).await
+    let relay = Relay {
+        metrics,
+        quota,
+        full,
+    };
+    db_worker::serve(&cfg, relay, rx, shutdown).await
+}
+
+/// A kept message's refusal if its topic was just found at its quota (`persist_full`):
+/// its sender is answered as the database would answer it, and it never enters the relay.
+pub fn known_full(full: &FullTopics, b: &Broadcast, metrics: &Metrics) -> Option<Failure> {
+    b.persist?;
+    let why = full.refused(&b.topic, b.private, persist_full::size(&b.payload))?;
+    metrics.persist_full_refusals_total.increment(1);
+    Some(Failure::Refused(why))
 }
 
 /// What one topic may keep of persisted messages (`MAX_PERSISTED_*_PER_TOPIC`).
@@ -126,6 +142,7 @@ struct Quota {
 struct Relay {
     metrics: Arc<Metrics>,
     quota: Quota,
+    full: Arc<FullTopics>,
 }
 
 impl Batched for Relay {
@@ -156,6 +173,10 @@ impl Batched for Relay {
     /// The database refused the statement holding this message alone (too large, say):
     /// the text is the reason its sender sees.
     fn refuse(&self, m: Broadcast, why: String) {
+        if m.persist.is_some() && persist_full::is_quota(&why) {
+            let bytes = persist_full::size(&m.payload);
+            self.full.found_full(&m.topic, m.private, bytes, &why);
+        }
         settle(vec![m], Err(Failure::Refused(why)), &self.metrics);
     }
 
@@ -260,6 +281,7 @@ mod tests {
                 messages: 1000,
                 bytes: 1 << 20,
             },
+            full: Arc::default(),
         };
         db_worker::settle(&worker, db, batch).await
     }

@@ -269,6 +269,9 @@ async fn relay_all(shared: &Shared, messages: Vec<ToRelay>) -> Outcome {
             persist,
             reply: AckTo::Http(tx),
         };
+        if let Some(f) = relay::known_full(&shared.persist_full, &broadcast, &shared.metrics) {
+            return invalid(json!({ "messages": [f.reason()] }));
+        }
         if shared.relay.send(broadcast).await.is_err() {
             return (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -22,6 +22,8 @@ pub struct Shared {
     pub authorize: mpsc::Sender<crate::authorizer::AuthRequest>,
     /// Client broadcasts waiting to be relayed through the database (`relay`).
     pub relay: mpsc::Sender<relay::Broadcast>,
+    /// Topics the relay just found at their persisted quota (`persist_full`).
+    pub persist_full: Arc<crate::persist_full::FullTopics>,
     /// Postgres Changes bindings waiting for their join-time check.
     pub check: mpsc::Sender<CheckRequest>,
     /// Joins waiting for their replay or resume (`history`).
@@ -118,6 +120,7 @@ pub mod testing {
             metrics.clone(),
         );
         let shared = Shared {
+            persist_full: Arc::default(),
             resumes,
             bindings_by_address: crate::tally::Amounts::default(),
             check,

@@ -873,6 +873,82 @@ async fn persisted_messages_past_a_topic_s_quota_are_refused_with_the_reason() {
     .unwrap();
 }
 
+/// A user pushing kept messages into a full topic as fast as a connection is let made each
+/// push a failed relay statement and its splitting in the database (the soak's persister:
+/// a quarter of a core of Postgres at 200 pushes a second), delaying whichever broadcasts
+/// shared its batches. Once the database refused one for the quota, the topic's kept
+/// pushes are refused with the same reason where they arrive, over WebSocket and REST,
+/// without entering the relay; pushes not kept, and other topics, are relayed as ever.
+#[tokio::test]
+async fn kept_pushes_to_a_full_topic_are_refused_without_asking_the_database_each_time() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start(
+        "t_history_full_topic",
+        &[("MAX_PERSISTED_MESSAGES_PER_TOPIC", "1")],
+    )
+    .await;
+    let db = private_setup().await;
+    let topic = topic("persist:full");
+    member_of(&db, &topic, true).await;
+    let mut w = Client::connect(sidecar.port, "1.0.0").await;
+    let r = join_private(&mut w, &topic, MEMBER, json!({"ack": true})).await;
+    assert_eq!(r["status"], "ok", "{r}");
+    let channel = format!("realtime:{topic}");
+    let kept = |n: i64| json!({"type": "broadcast", "event": "kept", "payload": {"n": n}, "persist": {"ttl": 60}});
+    let r = w.push(Some("1"), &channel, "broadcast", kept(1)).await;
+    assert_eq!(w.reply(&r).await["status"], "ok");
+    let reason = format!(
+        "UnableToBroadcast: PersistQuotaExceeded: topic {topic} keeps at most 1 persisted messages \
+         and 10000000 bytes (MAX_PERSISTED_MESSAGES_PER_TOPIC, MAX_PERSISTED_BYTES_PER_TOPIC) until some expire"
+    );
+    // The database's refusal, then the same reason for the pushes after it.
+    for n in 2..=6 {
+        let r = w.push(Some("1"), &channel, "broadcast", kept(n)).await;
+        let reply = w.reply(&r).await;
+        assert_eq!(
+            reply["response"]["reason"],
+            reason.as_str(),
+            "push {n}: {reply}"
+        );
+    }
+    let known = sidecar.metric("realtime_persist_full_refusals_total").await;
+    assert!(known >= 1.0, "every push went to the database");
+    // Over REST, to the same topic: refused with the reason too.
+    let token = user_token(MEMBER);
+    let (status, body) = http(
+        sidecar.port,
+        "POST",
+        &format!("/api/broadcast/{topic}/events/kept?private=true&persist=true"),
+        &[
+            ("authorization", &format!("Bearer {token}")),
+            ("apikey", &anon_key()),
+        ],
+        r#"{"n": 7}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("PersistQuotaExceeded"), "{body}");
+    // Not kept: relayed.
+    let r = w.broadcast(&channel, "fleeting", json!({"n": 8})).await;
+    assert_eq!(w.reply(&r).await["status"], "ok");
+    let kept_rows: i64 = db
+        .query_one(
+            "SELECT count(*) FROM realtime.persisted_messages WHERE topic = $1",
+            &[&topic],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept_rows, 1);
+    db.execute(
+        "DELETE FROM realtime.persisted_messages WHERE topic = $1",
+        &[&topic],
+    )
+    .await
+    .unwrap();
+}
+
 /// A mass expiry used to be one DELETE under a 5 s statement timeout: once enough rows
 /// expired together it was cancelled every minute and never caught up. Expiry deletes in
 /// chunks of 10,000 through realtime.expire_persisted, at most ten a round: 150,000 expired
