@@ -329,22 +329,25 @@ impl QueueCore {
     /// Visits the published COMMITTED records from `off` (a record boundary at or after
     /// `tail`), at most `max_walk` records in all, and returns the offset to continue from.
     /// `visit` gets each record's offset and header; it reads what else it needs from the
-    /// ring. Lock: shared, held for the whole walk, which is why it is bounded.
+    /// ring, and returns false to end the walk after that record (when what it copied is
+    /// enough for one hold of the lock). Lock: shared, held for the whole walk, which is why
+    /// it is bounded.
     pub fn walk(
         &self,
         ring: &Ring,
         mut off: u64,
         max_walk: usize,
-        mut visit: impl FnMut(u64, &RecordHeader),
+        mut visit: impl FnMut(u64, &RecordHeader) -> bool,
     ) -> u64 {
         let mut walked = 0;
         while off < self.published && walked < max_walk {
             let h = ring.header(off);
-            if h.state == STATE_COMMITTED {
-                visit(off, &h);
-            }
+            let go_on = h.state != STATE_COMMITTED || visit(off, &h);
             walked += 1;
             off += h.len as u64;
+            if !go_on {
+                break;
+            }
         }
         off
     }
@@ -398,20 +401,21 @@ impl QueueCore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::message::{encode_record, MessageView};
 
     /// The gap reported (if any) and the (sequence, payload) pairs read.
     type ReadAll = (Option<(u64, u64)>, Vec<(u64, String)>);
 
-    struct TestRing {
+    /// A queue over plain memory, for tests of what walks it.
+    pub(crate) struct TestRing {
         _mem: Vec<u8>,
-        ring: Ring,
-        core: QueueCore,
+        pub(crate) ring: Ring,
+        pub(crate) core: QueueCore,
     }
 
-    fn ring(cap: usize) -> TestRing {
+    pub(crate) fn ring(cap: usize) -> TestRing {
         let mut mem = vec![0u8; cap];
         let ring = unsafe { Ring::new(mem.as_mut_ptr(), cap as u64) };
         TestRing {
@@ -430,7 +434,8 @@ mod tests {
     }
 
     impl TestRing {
-        fn commit(&mut self, msgs: &[&str]) -> Result<u64, ReserveError> {
+        /// Commits one message of topic "t" per item; the last sequence published.
+        pub(crate) fn commit(&mut self, msgs: &[&str]) -> Result<u64, ReserveError> {
             let recs = records(msgs);
             let start = self.core.reserve(&self.ring, &recs)?;
             self.core
@@ -570,11 +575,30 @@ mod tests {
         assert_eq!(r.core.oldest_committed_at(&r.ring), Some(7));
         let mut seen = Vec::new();
         // Two records walked (the aborted one and "a"), one visited.
-        let next = r
-            .core
-            .walk(&r.ring, r.core.tail, 2, |_, h| seen.push(h.seq));
-        assert_eq!(seen, vec![1]);
-        r.core.walk(&r.ring, next, 100, |_, h| seen.push(h.seq));
+        let mut visit = |h: &RecordHeader| {
+            seen.push(h.seq);
+            true
+        };
+        let next = r.core.walk(&r.ring, r.core.tail, 2, |_, h| visit(h));
+        r.core.walk(&r.ring, next, 100, |_, h| visit(h));
+        assert_eq!(seen, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_walk_ends_after_the_record_its_visitor_says_is_enough() {
+        let mut r = ring(4096);
+        r.commit(&["a", "b", "c"]).unwrap();
+        let mut seen = Vec::new();
+        let next = r.core.walk(&r.ring, r.core.tail, 100, |_, h| {
+            seen.push(h.seq);
+            h.seq < 2
+        });
+        assert_eq!(seen, vec![1, 2]);
+        // The walk goes on from the record after the last one visited.
+        r.core.walk(&r.ring, next, 100, |_, h| {
+            seen.push(h.seq);
+            true
+        });
         assert_eq!(seen, vec![1, 2, 3]);
     }
 
