@@ -199,6 +199,7 @@ async fn main() {
             "reordered": totals.reordered.load(Relaxed), "push_refused": totals.push_refused.load(Relaxed),
             "deliveries_per_second": if send_secs > 0.0 { received as f64 / send_secs } else { 0.0 },
             "p50_ms": ms(0.5), "p95_ms": ms(0.95), "p99_ms": ms(0.99), "max_ms": h.max() as f64 / 1000.0,
+            "slow_seconds": totals.slow_seconds(10),
             "storm": storm,
         })
     );

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// of this range is tens of KB, which at 17,000 connections per process would dwarf the
 /// connections themselves.
 const SHARDS: usize = 64;
+/// A delivery slower than this is counted in the second it was sent (`slow_seconds`), so a
+/// tail can be told from a steady rise: when it happened, and how often.
+const SLOW_US: u64 = 50_000;
 
 pub struct Totals {
     pub connected: AtomicU64,
@@ -25,6 +28,8 @@ pub struct Totals {
     /// Joined subscribers per topic: what a message to that topic should reach.
     pub subscribers: Vec<AtomicU64>,
     latency: Vec<Mutex<Histogram<u64>>>,
+    /// Deliveries slower than SLOW_US, by the unix second they were sent: (count, slowest µs).
+    slow: Mutex<std::collections::BTreeMap<i64, (u64, u64)>>,
     pub storm: Storm,
 }
 
@@ -157,6 +162,7 @@ impl Totals {
             push_refused: AtomicU64::new(0),
             subscribers: (0..topics).map(|_| AtomicU64::new(0)).collect(),
             latency: (0..SHARDS).map(|_| Mutex::new(histogram())).collect(),
+            slow: Mutex::default(),
             storm: Storm::default(),
         }
     }
@@ -168,6 +174,25 @@ impl Totals {
             .unwrap()
             .saturating_record(us);
         self.received.fetch_add(1, Relaxed);
+        if us > SLOW_US {
+            let mut slow = self.slow.lock().unwrap();
+            let (n, max) = slow.entry(sent_at_us / 1_000_000).or_default();
+            *n += 1;
+            *max = (*max).max(us);
+        }
+    }
+
+    /// The seconds (unix) whose sends had deliveries slower than SLOW_US, most first, at
+    /// most `top`: [second, how many, slowest ms].
+    pub fn slow_seconds(&self, top: usize) -> serde_json::Value {
+        let slow = self.slow.lock().unwrap();
+        let mut all: Vec<_> = slow.iter().map(|(s, (n, max))| (*s, *n, *max)).collect();
+        all.sort_by_key(|(s, n, _)| (std::cmp::Reverse(*n), *s));
+        all.truncate(top);
+        serde_json::json!(all
+            .iter()
+            .map(|(s, n, max)| serde_json::json!([s, n, *max as f64 / 1000.0]))
+            .collect::<Vec<_>>())
     }
 
     /// A delivery that counts against `expected` but not in the latency (a message sent
