@@ -121,4 +121,35 @@ mod tests {
         });
         assert_eq!(full.refused("room", true, 1), None);
     }
+
+    #[test]
+    fn past_its_bound_of_topics_a_new_one_is_left_to_the_database_until_others_expire() {
+        let full = FullTopics::default();
+        for i in 0..MAX_TOPICS {
+            full.found_full(&format!("t{i}"), true, 1, "PersistQuotaExceeded");
+        }
+        full.found_full("one-too-many", true, 1, "PersistQuotaExceeded");
+        assert_eq!(full.topics.lock().unwrap().len(), MAX_TOPICS);
+        assert_eq!(
+            full.refused("one-too-many", true, 1),
+            None,
+            "not remembered"
+        );
+        // One already remembered is still updated at the bound.
+        full.found_full("t7", true, 0, "PersistQuotaExceeded");
+        assert!(full.refused("t7", true, 0).is_some());
+        // Once some have expired, they make room.
+        full.topics
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .filter(|((_, t), _)| t.ends_with('0'))
+            .for_each(|(_, f)| f.until = Instant::now() - Duration::from_millis(1));
+        full.found_full("one-too-many", true, 1, "PersistQuotaExceeded");
+        assert!(full.refused("one-too-many", true, 1).is_some());
+        assert_eq!(
+            full.topics.lock().unwrap().len(),
+            MAX_TOPICS - MAX_TOPICS / 10 + 1
+        );
+    }
 }
