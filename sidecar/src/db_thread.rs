@@ -14,6 +14,18 @@
 //! What they do per round trip is small (build one call's arrays, hand back verdicts), so
 //! one thread is enough; the drain and the other workers that also write frames to many
 //! connections stay on the shared runtime, where that work is spread over its threads.
+//!
+//! The history worker gets a thread of this kind too (`start_named("history")`), for the
+//! opposite reason: its work is large, not its waits. A resume reads and frames up to
+//! MAX_RESUME_MESSAGES at once (20 MB for the soak's resumers from seq 0), and its sending
+//! tasks with it; on the shared runtime that held one of its threads for tens of
+//! milliseconds at a time, and every connection and the drain behind it. On a thread of its
+//! own the kernel shares the cores between it and the runtime's threads: with two clients
+//! resuming 20 MB every two seconds the ordinary broadcasts' p99 was 10.6 ms against
+//! 48-50 on the shared runtime (4.7-5.9 without them; `pgbench/RESULTS.md`). There its
+//! worker is never kept waiting for its turn, so a storm of rejoins no longer piles up
+//! behind it into few walks of the ring by itself: the worker gathers a storm's joins for
+//! a moment instead (`db_worker::gather_storm`), or the storm costs hundreds of walks.
 
 use std::future::Future;
 use tokio::sync::oneshot;
@@ -27,13 +39,18 @@ pub struct DbThread {
 
 impl DbThread {
     pub fn start() -> std::io::Result<Self> {
+        Self::start_named("db-round-trips")
+    }
+
+    /// A thread of this kind under another name, for other work kept off the shared runtime.
+    pub fn start_named(name: &str) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let handle = runtime.handle().clone();
         let (stop, stopped) = oneshot::channel::<()>();
         std::thread::Builder::new()
-            .name("db-round-trips".into())
+            .name(name.into())
             .spawn(move || {
                 // Runs the spawned workers until `stop` is sent or dropped; dropping the
                 // runtime then cancels whatever is left.
@@ -87,6 +104,17 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(inner.as_deref(), Some("db-round-trips"));
+        // Another of its kind, by its name: the history worker and its sending tasks.
+        let history = DbThread::start_named("history").unwrap();
+        let name = history
+            .spawn(async {
+                tokio::spawn(async { std::thread::current().name().map(str::to_owned) })
+                    .await
+                    .unwrap()
+            })
+            .await
+            .unwrap();
+        assert_eq!(name.as_deref(), Some("history"));
     }
 
     #[tokio::test]

@@ -288,3 +288,74 @@ pub async fn next_batch<T>(
     }
     Some(batch)
 }
+
+/// Adds to `batch` what arrives within `within`, up to `max`, but only when the batch already
+/// found company (more than one request was waiting): that is a storm of requests (a
+/// thousand clients rejoining after a network blip), and one round trip for many of them
+/// costs the database far less than many round trips for a few each. A lone request goes at
+/// once.
+pub async fn gather_storm<T>(
+    rx: &mut mpsc::Receiver<T>,
+    batch: &mut Vec<T>,
+    max: usize,
+    within: Duration,
+) {
+    if batch.len() < 2 {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + within;
+    while batch.len() < max {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(r)) => batch.push(r),
+            _ => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_request_goes_at_once_and_a_storm_is_gathered_for_its_window() {
+        let (tx, mut rx) = mpsc::channel(100);
+        let (_stop, mut shutdown) = watch::channel(false);
+        tx.send(1).await.unwrap();
+        let mut batch = next_batch(&mut rx, 10, &mut shutdown).await.unwrap();
+        let started = tokio::time::Instant::now();
+        gather_storm(&mut rx, &mut batch, 10, Duration::from_millis(50)).await;
+        assert_eq!(batch, vec![1]);
+        assert_eq!(started.elapsed(), Duration::ZERO, "a lone request waited");
+
+        // Two waiting: a storm. What arrives within the window joins them; what arrives after
+        // it waits for the next batch.
+        tx.send(2).await.unwrap();
+        tx.send(3).await.unwrap();
+        let late = tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            late.send(4).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            late.send(5).await.unwrap();
+        });
+        let mut batch = next_batch(&mut rx, 10, &mut shutdown).await.unwrap();
+        let started = tokio::time::Instant::now();
+        gather_storm(&mut rx, &mut batch, 10, Duration::from_millis(50)).await;
+        assert_eq!(batch, vec![2, 3, 4]);
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
+        assert_eq!(
+            next_batch(&mut rx, 10, &mut shutdown).await.unwrap(),
+            vec![5]
+        );
+
+        // A full batch goes without waiting out the window.
+        for i in 0..4 {
+            tx.send(i).await.unwrap();
+        }
+        let mut batch = next_batch(&mut rx, 3, &mut shutdown).await.unwrap();
+        let started = tokio::time::Instant::now();
+        gather_storm(&mut rx, &mut batch, 3, Duration::from_millis(50)).await;
+        assert_eq!(batch.len(), 3);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+}

@@ -97,12 +97,14 @@
 //! authorizer, the relay, the bindings' check, the history, the presence worker, lease and
 //! flusher, and one per connection. The authorizer, the interest worker and the lease,
 //! whose round trips joins and presence wait on, run on a thread of their own
-//! (`db_thread`), so a storm of ready connection tasks never holds them up; the others share
-//! the runtime's threads. They share `state::Shared` (settings, the hub, the
-//! Postgres Changes subscribers, presence's views and wishes, the topics held, the token
-//! verifier, the metrics, the request queues) and nothing else; a connection's channels
-//! are touched only by its own task, which also polls the connection's questions to the
-//! database (no task per question: they are bounded by its channels and dropped with it).
+//! (`db_thread`), so a storm of ready connection tasks never holds them up; the history
+//! worker and its sending tasks on another, so reading and framing a long history never
+//! holds up the connections or the drain; the others share the runtime's threads. They
+//! share `state::Shared` (settings, the hub, the Postgres Changes subscribers, presence's
+//! views and wishes, the topics held, the token verifier, the metrics, the request queues)
+//! and nothing else; a connection's channels are touched only by its own task, which also
+//! polls the connection's questions to the database (no task per question: they are
+//! bounded by its channels and dropped with it).
 //! Short-lived tasks: the metrics' `upkeep`, and one per history being sent (paced
 //! against the connection's outbound queue, ended by its gate).
 //!
@@ -233,6 +235,8 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     // The workers whose round trips joins and presence wait on, off the connections' run
     // queue (`db_thread`).
     let db_thread = db_thread::DbThread::start()?;
+    // Histories: a resume reads and frames up to MAX_RESUME_MESSAGES at once.
+    let history_thread = db_thread::DbThread::start_named("history")?;
     // The Postgres Changes checks, beside the drain (`postgres_changes::checks`).
     let checks = postgres_changes::checks::Checks::new(&cfg);
     let check_workers = checks.start(cfg.clone(), metrics.clone(), shutdown.clone());
@@ -289,7 +293,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         metrics.clone(),
         shutdown.clone(),
     ));
-    let history = tokio::spawn(history::fetch::run(
+    let history = history_thread.spawn(history::fetch::run(
         cfg.clone(),
         history_rx,
         history_tx.clone(),
@@ -336,5 +340,6 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     shutdown::wait_for_connections(&metrics, grace).await;
     upkeep.abort();
     drop(db_thread);
+    drop(history_thread);
     Ok(())
 }

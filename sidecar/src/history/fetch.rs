@@ -44,6 +44,12 @@ const BATCH: usize = 10_000;
 /// A client that takes nothing from its queue for this long while its history waits is cut
 /// off as too slow.
 const STALL_LIMIT: Duration = Duration::from_secs(30);
+/// How long a batch that found other joins waiting gathers more before its walk
+/// (`db_worker::gather_storm`). A storm of rejoins (10,000 clients after a network blip)
+/// is then served by a few dozen walks of the ring instead of hundreds of small ones, each
+/// of which walks the whole range since the oldest position asked for; a lone resume waits
+/// for nothing.
+const STORM_GATHER: Duration = Duration::from_millis(50);
 
 const SQL: &str = "SELECT seq, kind, topic, event, payload::text AS payload, binary_payload, \
      private, (extract(epoch FROM committed_at) * 1000000)::int8 AS committed_us, id::text AS id, \
@@ -208,7 +214,8 @@ pub async fn run(
                     }
                 }
             };
-            let Some(batch) = batch else { break };
+            let Some(mut batch) = batch else { break };
+            db_worker::gather_storm(&mut rx, &mut batch, BATCH, STORM_GATHER).await;
             if client.is_closed() {
                 retry = batch;
                 break;
