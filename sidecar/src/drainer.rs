@@ -489,7 +489,7 @@ fn match_changes(
     metrics: &Metrics,
 ) -> (Notices, Slots, Jobs) {
     let mut matched = deliver::matched(to.changes, datas);
-    let sets = matched.split();
+    let sets = matched.split(datas);
     let mut notices = std::mem::take(&mut matched.notices);
     let mut slots: Slots = datas.iter().map(|_| Vec::new()).collect();
     let mut jobs: Jobs = Vec::with_capacity(sets.len());

@@ -116,7 +116,7 @@ impl Checks {
     /// Admits `set` to the backlog: the id its slots are left under, or why it does not fit
     /// (then its changes are to be withheld with that).
     pub(crate) fn admit(&self, set: &TableSet) -> Result<u64, String> {
-        let n = set.parsed.len();
+        let n = set.changes();
         let mut s = self.inner.sched.lock().unwrap();
         // One set is always taken into an empty backlog, so a batch larger than the bound
         // is still checked (its size is bounded by DRAIN_BATCH).
@@ -141,7 +141,7 @@ impl Checks {
     pub(crate) fn submit(&self, id: u64, set: TableSet, reaches: Vec<Reach>) {
         let mut s = self.inner.sched.lock().unwrap();
         if reaches.is_empty() {
-            s.changes -= set.parsed.len();
+            s.changes -= set.changes();
             s.bytes -= set.bytes;
             return;
         }
@@ -187,7 +187,7 @@ impl Worker {
                 _ = shutdown.changed() => return,
             };
             let key = (jobs[0].set.schema.clone(), jobs[0].set.table.clone());
-            let n: usize = jobs.iter().map(|j| j.set.parsed.len()).sum();
+            let n: usize = jobs.iter().map(|j| j.set.changes()).sum();
             let bytes: usize = jobs.iter().map(|j| j.set.bytes).sum();
             self.check(jobs, &mut conns).await;
             let mut s = self.inner.sched.lock().unwrap();
@@ -235,7 +235,9 @@ impl Worker {
     /// up to CHANGES_CHECK_PARTS parts checked at once, each on its own connection (opened if
     /// need be), and fills each job's slots with its share.
     async fn check(&self, jobs: Vec<Job>, conns: &mut [Option<Conn>]) {
-        let (set, shares) = merge(jobs);
+        let (mut set, shares) = merge(jobs);
+        // Here, not on the drain's path (`deliver::matched`).
+        set.parse().await;
         let limits = Limits::of(&self.cfg);
         let mut frames: Vec<Vec<Outgoing>> = set.parsed.iter().map(|_| Vec::new()).collect();
         let started = Instant::now();
@@ -388,18 +390,18 @@ fn merge(jobs: Vec<Job>) -> (TableSet, Vec<Share>) {
             id,
             reaches,
             positions: std::mem::take(&mut set.positions),
-            changes: set.parsed.len(),
+            changes: set.changes(),
         });
         set.at.clear();
         match &mut merged {
             None => merged = Some(set),
             Some(m) => {
-                let offset = m.parsed.len();
+                let offset = m.changes();
                 m.candidates.extend(set.candidates.into_iter().map(|mut c| {
                     c.change += offset;
                     c
                 }));
-                m.parsed.extend(set.parsed);
+                m.raw.extend(set.raw);
                 m.bytes += set.bytes;
             }
         }

@@ -198,8 +198,6 @@ impl Candidate {
 
 /// The channels each change of a batch matched, by table: what is asked of the database.
 pub(crate) struct Matched {
-    /// Each change's `data`, parsed (None: not JSON).
-    pub(crate) parsed: Vec<Option<Value>>,
     /// Each change's `data` in bytes.
     sizes: Vec<usize>,
     /// Per change, what needs no check (a change the extension could not decode: its
@@ -210,11 +208,20 @@ pub(crate) struct Matched {
     pub(crate) tables: Vec<((String, String), Vec<Candidate>)>,
 }
 
+/// Changes a check parses between two yields of its task (`TableSet::parse`): the 10,000
+/// of a bulk write took it 50-90 ms here, which in one go held one of the runtime's two
+/// threads, and the drain and the connections queued behind it.
+const PARSE_PER_YIELD: usize = 256;
+
 /// One table's share of a batch, for a check of its own: its changes (renumbered from 0,
 /// in queue order), their batch indexes, and its candidates.
 pub(crate) struct TableSet {
     pub(crate) schema: String,
     pub(crate) table: String,
+    /// Each change's `data` as drained.
+    pub(crate) raw: Vec<String>,
+    /// Each change's `data` parsed (None: not JSON), by `parse`, where the set is checked:
+    /// empty until then.
     pub(crate) parsed: Vec<Option<Value>>,
     pub(crate) at: Vec<usize>,
     pub(crate) candidates: Vec<Candidate>,
@@ -225,18 +232,41 @@ pub(crate) struct TableSet {
     pub(crate) positions: Vec<(i64, i64)>,
 }
 
+impl TableSet {
+    /// How many changes it holds.
+    pub(crate) fn changes(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Parses its changes' `data` for the check, on the check's task: never on the drain's
+    /// path (`matched`), and PARSE_PER_YIELD at a time, the task yielding in between.
+    pub(crate) async fn parse(&mut self) {
+        if self.parsed.len() == self.raw.len() {
+            return;
+        }
+        self.parsed = Vec::with_capacity(self.raw.len());
+        for chunk in self.raw.chunks(PARSE_PER_YIELD) {
+            let parsed = chunk.iter().map(|d| serde_json::from_str(d).ok());
+            self.parsed.extend(parsed);
+            if self.raw.len() > PARSE_PER_YIELD {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
 impl Matched {
-    /// Each table's changes and candidates as a set of its own (the parsed changes move
-    /// into it: a change is of one table).
-    pub(crate) fn split(&mut self) -> Vec<TableSet> {
+    /// Each table's changes and candidates as a set of its own (a change is of one table);
+    /// `datas` as given to `matched`.
+    pub(crate) fn split(&mut self, datas: &[&str]) -> Vec<TableSet> {
         let mut sets = Vec::with_capacity(self.tables.len());
         for ((schema, table), mut candidates) in std::mem::take(&mut self.tables) {
             let mut local: HashMap<usize, usize> = HashMap::new();
-            let (mut parsed, mut at, mut bytes) = (Vec::new(), Vec::new(), 0);
+            let (mut raw, mut at, mut bytes) = (Vec::new(), Vec::new(), 0);
             for c in &mut candidates {
                 let i = *local.entry(c.change).or_insert_with(|| {
                     bytes += self.sizes[c.change];
-                    parsed.push(self.parsed[c.change].take());
+                    raw.push(datas[c.change].to_owned());
                     at.push(c.change);
                     at.len() - 1
                 });
@@ -245,7 +275,8 @@ impl Matched {
             sets.push(TableSet {
                 schema,
                 table,
-                parsed,
+                raw,
+                parsed: Vec::new(),
                 at,
                 candidates,
                 bytes,
@@ -256,34 +287,77 @@ impl Matched {
     }
 }
 
+/// What `matched` reads of a change's `data`: its place and kind, and its rows as text.
+/// A row is parsed only for a table some channel filters (`Subscribers::reads_rows`), and
+/// the whole `data` only where the change is checked (`TableSet::parse`). Parsed whole
+/// here, a 10,000-row insert held the drain, and every broadcast committed after it, for
+/// about 90 ms of building JSON trees (the soak's bulk writer: `pgbench/RESULTS.md`).
+#[derive(serde::Deserialize)]
+struct Head<'a> {
+    #[serde(borrow)]
+    schema: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    table: std::borrow::Cow<'a, str>,
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    record: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    old_record: Option<&'a serde_json::value::RawValue>,
+}
+
 /// Which channels each change of a batch (`datas`: each change's `data` JSON, in queue
 /// order) may go to by their bindings, before any check: no database call.
 pub(crate) fn matched(subscribers: &Subscribers, datas: &[&str]) -> Matched {
     let mut out = Matched {
-        parsed: Vec::new(),
         sizes: datas.iter().map(|d| d.len()).collect(),
         notices: datas.iter().map(|_| Vec::new()).collect(),
         tables: Vec::new(),
     };
     if subscribers.is_empty() {
-        out.parsed = datas.iter().map(|_| None).collect();
         return out;
     }
-    out.parsed = datas.iter().map(|d| serde_json::from_str(d).ok()).collect();
     let mut table_at: HashMap<(String, String), usize> = HashMap::new();
-    for (i, data) in out.parsed.iter().enumerate() {
-        let Some(data) = data else { continue };
-        let Some(c) = Change::from_data(data) else {
-            report_undeliverable(subscribers, data, &mut out.notices[i]);
+    // Whether a table's rows are read to match its changes, asked once per table a batch.
+    let mut reads_rows: Vec<(String, String, bool)> = Vec::new();
+    for (i, d) in datas.iter().enumerate() {
+        let Ok(head) = serde_json::from_str::<Head>(d) else {
+            // Not a deliverable change (a table dropped or altered before it was drained
+            // carries only errors), or not JSON.
+            if let Ok(data) = serde_json::from_str::<Value>(d) {
+                report_undeliverable(subscribers, &data, &mut out.notices[i]);
+            }
             continue;
         };
-        let mut found = Vec::new();
-        let row = if c.kind == "DELETE" {
-            c.old_record
-        } else {
-            c.record
+        let (schema, table) = (head.schema.as_ref(), head.table.as_ref());
+        let reads = match reads_rows
+            .iter()
+            .find(|(s, t, _)| s == schema && t == table)
+        {
+            Some(&(_, _, reads)) => reads,
+            None => {
+                let reads = subscribers.reads_rows(schema, table);
+                reads_rows.push((schema.to_owned(), table.to_owned(), reads));
+                reads
+            }
         };
-        for sub in subscribers.of(c.schema, c.table, row) {
+        let delete = head.kind == "DELETE";
+        // Deletes are matched on the old row, the others on the new (`Binding::matches`).
+        let row: Option<Map<String, Value>> = if reads {
+            let text = if delete { head.old_record } else { head.record };
+            text.and_then(|r| serde_json::from_str(r.get()).ok())
+        } else {
+            None
+        };
+        let c = Change {
+            schema,
+            table,
+            kind: &head.kind,
+            record: if delete { None } else { row.as_ref() },
+            old_record: if delete { row.as_ref() } else { None },
+        };
+        let mut found = Vec::new();
+        for sub in subscribers.of(c.schema, c.table, row.as_ref()) {
             let bindings: Vec<usize> = (0..sub.bindings.len())
                 .filter(|&b| sub.bindings[b].matches(&c))
                 .collect();
@@ -325,11 +399,15 @@ pub(crate) async fn prepare(
     metrics: &Metrics,
 ) -> Prepared {
     let Matched {
-        parsed,
-        notices,
-        tables,
-        ..
+        notices, tables, ..
     } = matched(subscribers, datas);
+    // Only the changes some channel may get are parsed.
+    let mut parsed: Vec<Option<Value>> = datas.iter().map(|_| None).collect();
+    for c in tables.iter().flat_map(|(_, candidates)| candidates) {
+        if parsed[c.change].is_none() {
+            parsed[c.change] = serde_json::from_str(datas[c.change]).ok();
+        }
+    }
     let mut out = Prepared {
         frames: notices,
         lost: None,
@@ -1876,5 +1954,60 @@ mod tests {
         assert_eq!(text["errors"], json!(["Error 413: Payload Too Large"]));
         let small: Value = serde_json::from_str(&shape(&data, &cols, None, None, 500)).unwrap();
         assert_eq!(small["errors"], Value::Null);
+    }
+
+    #[tokio::test]
+    async fn a_bulk_write_is_matched_on_the_drain_s_path_without_its_rows_parsed() {
+        // The soak's bulk writer: 10,000 inserts into a table one channel listens to whole.
+        let subs = Subscribers::default();
+        let (whole, _r1) = sub(
+            1,
+            "authenticated",
+            "{}",
+            json!([{"event": "INSERT", "schema": "public", "table": "bulk"}]),
+        );
+        subs.add(whole);
+        assert!(!subs.reads_rows("public", "bulk"), "nobody filters it");
+        let datas: Vec<String> = (0..10_000).map(|i| change("bulk", "INSERT", i)).collect();
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let mut m = matched(&subs, &datas);
+        let sets = m.split(&datas);
+        assert_eq!(sets.len(), 1);
+        let mut set = sets.into_iter().next().unwrap();
+        assert_eq!((set.changes(), set.candidates.len()), (10_000, 10_000));
+        assert!(set.parsed.is_empty(), "parsed on the drain's path");
+        assert_eq!(set.raw[7], datas[7]);
+        // Where it is checked.
+        set.parse().await;
+        assert_eq!(set.parsed.len(), 10_000);
+        assert_eq!(set.parsed[7].as_ref().unwrap()["record"]["id"], 7);
+
+        // A channel that filters the table: its rows are read to match, and only the
+        // changes it wants are candidates.
+        let (room, _r2) = sub(
+            2,
+            "authenticated",
+            "{}",
+            json!([{"event": "*", "schema": "public", "table": "bulk", "filter": "id=eq.7"}]),
+        );
+        subs.add(room);
+        assert!(subs.reads_rows("public", "bulk"));
+        let mut m = matched(&subs, &datas[..10]);
+        let set = m.split(&datas[..10]).into_iter().next().unwrap();
+        let to_room: Vec<usize> = set
+            .candidates
+            .iter()
+            .filter(|c| c.sub.reach.conn == 2)
+            .map(|c| c.change)
+            .collect();
+        assert_eq!(to_room, vec![7]);
+        // A filter on the old row of a DELETE reads the old row.
+        let deleted = [change("bulk", "DELETE", 7), change("bulk", "DELETE", 8)];
+        let deleted: Vec<&str> = deleted.iter().map(String::as_str).collect();
+        let mut m = matched(&subs, &deleted);
+        let set = m.split(&deleted).into_iter().next().unwrap();
+        assert_eq!(set.candidates.len(), 1);
+        assert_eq!(set.candidates[0].sub.reach.conn, 2);
+        assert!(!subs.reads_rows("public", "other"));
     }
 }

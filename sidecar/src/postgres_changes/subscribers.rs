@@ -234,6 +234,31 @@ impl Subscribers {
             .collect()
     }
 
+    /// Whether changes of `schema.table` must have their row read to be matched: some
+    /// channel listening there is indexed by a value of it, or has a binding with a filter.
+    /// Otherwise the drain matches them by their place and kind alone (`deliver::matched`).
+    pub fn reads_rows(&self, schema: &str, table: &str) -> bool {
+        let inner = self.inner.read().unwrap();
+        let places = [
+            (schema, Some(table)),
+            (schema, None),
+            ("*", Some(table)),
+            ("*", None),
+        ];
+        places.into_iter().any(|(s, t)| {
+            let place = (s.to_owned(), t.map(str::to_owned));
+            inner.places.get(&place).is_some_and(|l| {
+                !l.by_value.is_empty()
+                    || l.all.iter().any(|k| {
+                        inner.channels[k]
+                            .bindings
+                            .iter()
+                            .any(|b| !b.filters.is_empty())
+                    })
+            })
+        })
+    }
+
     /// The channels that may want a change of table `schema.table` whose row (the new one;
     /// the old one for a DELETE) is `row`, each once: those listening to the whole table
     /// (by name, by schema or on every schema) and those whose `eq` filter wants a value of
