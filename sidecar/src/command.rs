@@ -60,11 +60,21 @@ fn broadcast(
 /// Parses a text frame of either serializer; a join's bindings are counted against `bounds`
 /// before they are parsed.
 pub fn from_text(vsn: Vsn, text: &str, bounds: &Bounds) -> Result<Frame, DecodeError> {
-    let mut head = frame::decode_text(vsn, text)?;
-    let payload = std::mem::take(&mut head.payload);
+    let (head, raw) = frame::decode_text_head(vsn, text)?;
+    let raw = raw.map_or("null", |p| p.get());
+    // JSON by its grammar (the envelope's parse checked it), but a value may still not be
+    // one serde_json holds (a number past f64's range): then not JSON, as before.
+    let not_json = |e: serde_json::Error| DecodeError::NotJson(e.to_string());
+    if head.event == "phx_join" {
+        let config = join_config::parse_join_text(raw, bounds).map_err(not_json)?;
+        return Ok(Frame {
+            head,
+            command: Command::Join(Box::new(config)),
+        });
+    }
+    let payload: Value = serde_json::from_str(raw).map_err(not_json)?;
     let command = match (head.topic.as_str(), head.event.as_str()) {
         ("phoenix", "heartbeat") => Command::Heartbeat,
-        (_, "phx_join") => Command::Join(Box::new(join_config::parse_join(&payload, bounds))),
         (_, "phx_leave") => Command::Leave,
         (_, "access_token") => Command::AccessToken(
             payload

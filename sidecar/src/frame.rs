@@ -3,6 +3,8 @@
 //! to clients).
 
 use bytes::{BufMut, Bytes, BytesMut};
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 /// The serializer a socket negotiated with its `vsn` query parameter.
@@ -74,30 +76,67 @@ fn required_str(v: &Value, what: &'static str) -> Result<String, DecodeError> {
 
 /// Decodes a text frame.
 pub fn decode_text(vsn: Vsn, text: &str) -> Result<Inbound, DecodeError> {
-    let v: Value = serde_json::from_str(text).map_err(|e| DecodeError::NotJson(e.to_string()))?;
-    match (vsn, v) {
-        (Vsn::V1, Value::Object(mut m)) => Ok(Inbound {
-            join_ref: opt_ref(m.get("join_ref").unwrap_or(&Value::Null))?,
-            reference: opt_ref(m.get("ref").unwrap_or(&Value::Null))?,
-            topic: required_str(
-                m.get("topic").unwrap_or(&Value::Null),
-                "topic must be a string",
-            )?,
-            event: required_str(
-                m.get("event").unwrap_or(&Value::Null),
-                "event must be a string",
-            )?,
-            payload: m.remove("payload").unwrap_or(Value::Null),
-        }),
-        (Vsn::V2, Value::Array(mut a)) if a.len() == 5 => Ok(Inbound {
-            payload: a.pop().unwrap(),
-            event: required_str(&a[3], "event must be a string")?,
-            topic: required_str(&a[2], "topic must be a string")?,
-            reference: opt_ref(&a[1])?,
-            join_ref: opt_ref(&a[0])?,
-        }),
-        (Vsn::V1, _) => Err(DecodeError::Shape("expected a JSON object")),
-        (Vsn::V2, _) => Err(DecodeError::Shape("expected a JSON array of 5 elements")),
+    let (mut head, payload) = decode_text_head(vsn, text)?;
+    if let Some(p) = payload {
+        head.payload =
+            serde_json::from_str(p.get()).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+    }
+    Ok(head)
+}
+
+/// A 1.0.0 frame's fields; the payload left as its text.
+#[derive(serde::Deserialize)]
+struct V1Envelope<'a> {
+    #[serde(default)]
+    join_ref: Value,
+    #[serde(default, rename = "ref")]
+    reference: Value,
+    #[serde(default)]
+    topic: Value,
+    #[serde(default)]
+    event: Value,
+    #[serde(borrow, default)]
+    payload: Option<&'a RawValue>,
+}
+
+/// Decodes a text frame's header (its `payload` left `Null`) and hands its payload back
+/// as text, checked to be JSON but not built as values: what the payload is read as
+/// depends on the event (a join's bindings are counted before any is built:
+/// `join_config::parse_join_text`).
+pub fn decode_text_head(vsn: Vsn, text: &str) -> Result<(Inbound, Option<&RawValue>), DecodeError> {
+    // A frame that is JSON but not of the serializer's shape says so; one that is not JSON
+    // says why.
+    let shape = |e: serde_json::Error, what| match serde_json::from_str::<IgnoredAny>(text) {
+        Ok(_) => DecodeError::Shape(what),
+        Err(_) => DecodeError::NotJson(e.to_string()),
+    };
+    match vsn {
+        Vsn::V1 => {
+            let e: V1Envelope =
+                serde_json::from_str(text).map_err(|e| shape(e, "expected a JSON object"))?;
+            let head = Inbound {
+                join_ref: opt_ref(&e.join_ref)?,
+                reference: opt_ref(&e.reference)?,
+                topic: required_str(&e.topic, "topic must be a string")?,
+                event: required_str(&e.event, "event must be a string")?,
+                payload: Value::Null,
+            };
+            Ok((head, e.payload.filter(|p| p.get() != "null")))
+        }
+        Vsn::V2 => {
+            type V2Envelope<'a> = (Value, Value, Value, Value, &'a RawValue);
+            let (join_ref, reference, topic, event, payload): V2Envelope =
+                serde_json::from_str(text)
+                    .map_err(|e| shape(e, "expected a JSON array of 5 elements"))?;
+            let head = Inbound {
+                event: required_str(&event, "event must be a string")?,
+                topic: required_str(&topic, "topic must be a string")?,
+                reference: opt_ref(&reference)?,
+                join_ref: opt_ref(&join_ref)?,
+                payload: Value::Null,
+            };
+            Ok((head, Some(payload)))
+        }
     }
 }
 
@@ -456,6 +495,34 @@ mod tests {
         assert!(matches!(
             decode_text(Vsn::V1, "{oops"),
             Err(DecodeError::NotJson(_))
+        ));
+        // The header read with the payload left as text, as `command` reads frames.
+        let (head, payload) = decode_text_head(Vsn::V2, v2).unwrap();
+        assert_eq!(
+            (head.topic.as_str(), head.payload.is_null()),
+            ("realtime:a", true)
+        );
+        assert_eq!(payload.map(|p| p.get()), Some(r#"{"x":1}"#));
+        let (_, none) = decode_text_head(Vsn::V1, r#"{"topic":"t","event":"e"}"#).unwrap();
+        assert!(none.is_none());
+        for (vsn, bad) in [
+            (Vsn::V1, "[1,2]"),
+            (Vsn::V2, r#"["1","1","t","e"]"#),
+            (Vsn::V2, r#"["1","1","t","e",{},6]"#),
+            (Vsn::V2, "{}"),
+        ] {
+            assert!(
+                matches!(decode_text(vsn, bad), Err(DecodeError::Shape(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            decode_text(Vsn::V2, r#"["1","1","t","e",{"n":1e400}]"#),
+            Err(DecodeError::NotJson(_))
+        ));
+        assert!(matches!(
+            decode_text(Vsn::V1, r#"{"topic":5,"event":"e"}"#),
+            Err(DecodeError::Shape("topic must be a string"))
         ));
     }
 

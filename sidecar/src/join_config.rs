@@ -102,6 +102,116 @@ pub fn parse_join(payload: &Value, bounds: &Bounds) -> JoinConfig {
     }
 }
 
+/// A join's payload as text: its bindings are counted as the text is scanned, and a join
+/// with more than MAX_BINDINGS_PER_JOIN is refused with only its token read, none of its
+/// bindings (nor the rest of it) built as JSON values. Built whole and then counted, a
+/// join of 17,000 bindings cost its tree of values and the freeing of it: a quarter of the
+/// sidecar's CPU under the soak's binding floods (`pgbench/RESULTS.md`).
+pub fn parse_join_text(text: &str, bounds: &Bounds) -> Result<JoinConfig, serde_json::Error> {
+    if let Ok(outline) = serde_json::from_str::<Outline>(text) {
+        let listed = outline.config.and_then(|c| c.postgres_changes);
+        if let Some(Listed::Array(n)) = listed {
+            if let Err(e) = bounds.count(n) {
+                let token = match (outline.access_token, outline.user_token) {
+                    (Maybe::Present(t), _) | (Maybe::Absent, Maybe::Present(t)) => t,
+                    (Maybe::Absent, Maybe::Absent) => Value::Null,
+                };
+                return Ok(JoinConfig {
+                    postgres_changes_error: Some(e),
+                    access_token: token.as_str().map(str::to_owned),
+                    ..JoinConfig::default()
+                });
+            }
+        }
+    }
+    let payload: Value = serde_json::from_str(text)?;
+    Ok(parse_join(&payload, bounds))
+}
+
+/// What `parse_join_text` reads of a join before it builds anything.
+#[derive(serde::Deserialize)]
+struct Outline {
+    #[serde(default)]
+    config: Option<ConfigOutline>,
+    #[serde(default)]
+    access_token: Maybe,
+    #[serde(default)]
+    user_token: Maybe,
+}
+
+#[derive(serde::Deserialize)]
+struct ConfigOutline {
+    #[serde(default)]
+    postgres_changes: Option<Listed>,
+}
+
+/// A field given (null included: `parse_join` then reads no token, and does not fall back
+/// to `user_token`), or not.
+#[derive(Default)]
+enum Maybe {
+    #[default]
+    Absent,
+    Present(Value),
+}
+
+impl<'de> serde::Deserialize<'de> for Maybe {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Value::deserialize(d).map(Maybe::Present)
+    }
+}
+
+/// How many elements a JSON array holds, counted without building them; or that the value
+/// is something else (skipped, as `parse_bindings` then refuses it).
+enum Listed {
+    Array(usize),
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Listed {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Counter;
+        impl<'de> serde::de::Visitor<'de> for Counter {
+            type Value = Listed;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Listed, A::Error> {
+                let mut n = 0;
+                while a.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Listed::Array(n))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Listed, A::Error> {
+                while a
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Listed::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Listed, E> {
+                Ok(Listed::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Listed, E> {
+                Ok(Listed::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Listed, E> {
+                Ok(Listed::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Listed, E> {
+                Ok(Listed::Other)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Listed, E> {
+                Ok(Listed::Other)
+            }
+            fn visit_unit<E>(self) -> Result<Listed, E> {
+                Ok(Listed::Other)
+            }
+        }
+        d.deserialize_any(Counter)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +253,53 @@ mod tests {
             &Bounds::defaults(),
         );
         assert_eq!(c.postgres_changes.len(), limit);
+    }
+
+    #[test]
+    fn a_join_of_too_many_bindings_is_refused_from_its_text_before_any_is_built() {
+        let bounds = Bounds::defaults();
+        let limit = bounds.bindings;
+        // Built as JSON values, this list could not be (a number past f64's range), and the
+        // frame was refused as not JSON; counted from the text, none is built.
+        let mut list: Vec<String> = vec![r#"{"event":"*","schema":"public"}"#.into(); limit];
+        list.push(r#"{"event":"*","schema":"public","n":1e400}"#.into());
+        let join = |token: &str, list: &[String]| {
+            format!(
+                r#"{{{token}"config":{{"postgres_changes":[{}]}}}}"#,
+                list.join(",")
+            )
+        };
+        let c = parse_join_text(&join(r#""access_token":"tok","#, &list), &bounds).unwrap();
+        assert_eq!(
+            c.postgres_changes_error.map(|e| e.text()).as_deref(),
+            Some("InvalidPostgresChanges: the join has bindings: 101; the limit is 100 (MAX_BINDINGS_PER_JOIN)")
+        );
+        assert_eq!(c.access_token.as_deref(), Some("tok"), "its token is read");
+        // The token as parse_join reads it: access_token, else user_token; a null
+        // access_token is no token.
+        let c = parse_join_text(&join(r#""user_token":"u","#, &list), &bounds).unwrap();
+        assert_eq!(c.access_token.as_deref(), Some("u"));
+        let c = parse_join_text(
+            &join(r#""access_token":null,"user_token":"u","#, &list),
+            &bounds,
+        )
+        .unwrap();
+        assert_eq!(c.access_token, None);
+        // Within the bound, that number is not JSON serde_json holds: as before.
+        assert!(parse_join_text(&join("", &list[1..]), &bounds).is_err());
+        // Within it, the text reads as the values do.
+        for payload in [
+            join(r#""access_token":"tok","#, &list[..limit]),
+            r#"{"config":{"broadcast":{"ack":true},"presence":{"key":"k"},"private":true,"postgres_changes":[{"event":"INSERT","schema":"public","table":"t","filter":"id=eq.1"}]},"access_token":"tok"}"#.into(),
+            r#"{"config":{"postgres_changes":{"not":"a list"}}}"#.into(),
+            r#"{"config":{"postgres_changes":"nope"}}"#.into(),
+            r#"{"config":5}"#.into(),
+            r#"[1,2]"#.into(),
+            "null".into(),
+        ] {
+            let v: Value = serde_json::from_str(&payload).unwrap();
+            assert_eq!(parse_join_text(&payload, &bounds).unwrap(), parse_join(&v, &bounds), "{payload}");
+        }
     }
 
     #[test]
