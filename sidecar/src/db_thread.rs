@@ -86,6 +86,19 @@ impl Drop for DbThread {
 mod tests {
     use super::*;
 
+    /// The name of the thread that work spawned from inside `thread`'s work runs on, as a
+    /// worker spawns its tokio-postgres connection.
+    async fn inner_thread_name(thread: &DbThread) -> Option<String> {
+        thread
+            .spawn(async {
+                tokio::spawn(async { std::thread::current().name().map(str::to_owned) })
+                    .await
+                    .unwrap()
+            })
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn work_spawned_here_runs_on_its_own_thread_and_answers_the_caller() {
         let db = DbThread::start().unwrap();
@@ -94,27 +107,17 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(name.as_deref(), Some("db-round-trips"));
-        // Spawned from inside, as a worker spawns its tokio-postgres connection: lands here too.
-        let inner = db
-            .spawn(async {
-                tokio::spawn(async { std::thread::current().name().map(str::to_owned) })
-                    .await
-                    .unwrap()
-            })
-            .await
-            .unwrap();
-        assert_eq!(inner.as_deref(), Some("db-round-trips"));
+        // Spawned from inside: lands here too.
+        assert_eq!(
+            inner_thread_name(&db).await.as_deref(),
+            Some("db-round-trips")
+        );
         // Another of its kind, by its name: the history worker and its sending tasks.
         let history = DbThread::start_named("history").unwrap();
-        let name = history
-            .spawn(async {
-                tokio::spawn(async { std::thread::current().name().map(str::to_owned) })
-                    .await
-                    .unwrap()
-            })
-            .await
-            .unwrap();
-        assert_eq!(name.as_deref(), Some("history"));
+        assert_eq!(
+            inner_thread_name(&history).await.as_deref(),
+            Some("history")
+        );
     }
 
     #[tokio::test]

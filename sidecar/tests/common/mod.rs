@@ -304,28 +304,19 @@ impl Client {
     /// A client whose kernel receive buffer is small and fixed (no autotuning), so that not
     /// reading backs up into the server quickly.
     pub async fn connect_small_buffer(port: u16, vsn: &str) -> Client {
-        let socket =
-            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        socket.set_recv_buffer_size(64 * 1024).unwrap();
-        socket
-            .connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())
-            .unwrap();
-        socket.set_nonblocking(true).unwrap();
-        let stream = TcpStream::from_std(socket.into()).unwrap();
-        let (ws, _) = tokio_tungstenite::client_async(
-            url(port, vsn, &anon_key()),
-            MaybeTlsStream::Plain(stream),
-        )
-        .await
-        .expect("websocket connect");
-        Self::over(ws, vsn)
+        Self::connect_buffered("127.0.0.1", port, vsn, 64 * 1024).await
     }
 
     /// A client from the loopback address `from` whose kernel receive buffer is small and
     /// fixed: one that stops reading backs up into the server after a few kilobytes.
     pub async fn connect_from_small_buffer(from: &str, port: u16, vsn: &str) -> Client {
+        Self::connect_buffered(from, port, vsn, 4096).await
+    }
+
+    /// A client from `from` whose kernel receive buffer is fixed at `bytes`.
+    async fn connect_buffered(from: &str, port: u16, vsn: &str, bytes: u32) -> Client {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
+        socket.set_recv_buffer_size(bytes).unwrap();
         socket
             .bind(std::net::SocketAddr::new(from.parse().unwrap(), 0))
             .unwrap();
