@@ -121,7 +121,7 @@ pub fn decode_text_head(vsn: Vsn, text: &str) -> Result<(Inbound, Option<&RawVal
                 event: required_str(&e.event, "event must be a string")?,
                 payload: Value::Null,
             };
-            Ok((head, e.payload.filter(|p| p.get() != "null")))
+            Ok((head, e.payload))
         }
         Vsn::V2 => {
             type V2Envelope<'a> = (Value, Value, Value, Value, &'a RawValue);
@@ -505,6 +505,8 @@ mod tests {
         assert_eq!(payload.map(|p| p.get()), Some(r#"{"x":1}"#));
         let (_, none) = decode_text_head(Vsn::V1, r#"{"topic":"t","event":"e"}"#).unwrap();
         assert!(none.is_none());
+        let null = r#"{"topic":"t","event":"e","payload":null}"#;
+        assert!(decode_text_head(Vsn::V1, null).unwrap().1.is_none());
         for (vsn, bad) in [
             (Vsn::V1, "[1,2]"),
             (Vsn::V2, r#"["1","1","t","e"]"#),

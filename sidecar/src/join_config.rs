@@ -110,8 +110,8 @@ pub fn parse_join(payload: &Value, bounds: &Bounds) -> JoinConfig {
 pub fn parse_join_text(text: &str, bounds: &Bounds) -> Result<JoinConfig, serde_json::Error> {
     if let Ok(outline) = serde_json::from_str::<Outline>(text) {
         let listed = outline.config.and_then(|c| c.postgres_changes);
-        if let Some(Listed::Array(n)) = listed {
-            if let Err(e) = bounds.count(n) {
+        if let Some(list) = listed {
+            if let Err(e) = bounds.count(list.len()) {
                 let token = match (outline.access_token, outline.user_token) {
                     (Maybe::Present(t), _) | (Maybe::Absent, Maybe::Present(t)) => t,
                     (Maybe::Absent, Maybe::Absent) => Value::Null,
@@ -141,8 +141,11 @@ struct Outline {
 
 #[derive(serde::Deserialize)]
 struct ConfigOutline {
+    /// The bindings, each skipped as it is scanned (`IgnoredAny` takes no memory): only
+    /// their count is kept. A list that is not an array fails the outline, and the join is
+    /// read whole, where `parse_bindings` refuses it.
     #[serde(default)]
-    postgres_changes: Option<Listed>,
+    postgres_changes: Option<Vec<serde::de::IgnoredAny>>,
 }
 
 /// A field given (null included: `parse_join` then reads no token, and does not fall back
@@ -157,58 +160,6 @@ enum Maybe {
 impl<'de> serde::Deserialize<'de> for Maybe {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Value::deserialize(d).map(Maybe::Present)
-    }
-}
-
-/// How many elements a JSON array holds, counted without building them; or that the value
-/// is something else (skipped, as `parse_bindings` then refuses it).
-enum Listed {
-    Array(usize),
-    Other,
-}
-
-impl<'de> serde::Deserialize<'de> for Listed {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Counter;
-        impl<'de> serde::de::Visitor<'de> for Counter {
-            type Value = Listed;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Listed, A::Error> {
-                let mut n = 0;
-                while a.next_element::<serde::de::IgnoredAny>()?.is_some() {
-                    n += 1;
-                }
-                Ok(Listed::Array(n))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Listed, A::Error> {
-                while a
-                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(Listed::Other)
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Listed, E> {
-                Ok(Listed::Other)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Listed, E> {
-                Ok(Listed::Other)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Listed, E> {
-                Ok(Listed::Other)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Listed, E> {
-                Ok(Listed::Other)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Listed, E> {
-                Ok(Listed::Other)
-            }
-            fn visit_unit<E>(self) -> Result<Listed, E> {
-                Ok(Listed::Other)
-            }
-        }
-        d.deserialize_any(Counter)
     }
 }
 

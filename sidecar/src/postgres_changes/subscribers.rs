@@ -239,13 +239,7 @@ impl Subscribers {
     /// Otherwise the drain matches them by their place and kind alone (`deliver::matched`).
     pub fn reads_rows(&self, schema: &str, table: &str) -> bool {
         let inner = self.inner.read().unwrap();
-        let places = [
-            (schema, Some(table)),
-            (schema, None),
-            ("*", Some(table)),
-            ("*", None),
-        ];
-        places.into_iter().any(|(s, t)| {
+        places_of(schema, table).into_iter().any(|(s, t)| {
             let place = (s.to_owned(), t.map(str::to_owned));
             inner.places.get(&place).is_some_and(|l| {
                 !l.by_value.is_empty()
@@ -272,13 +266,7 @@ impl Subscribers {
         let inner = self.inner.read().unwrap();
         let mut seen = HashSet::new();
         let mut out = Vec::new();
-        let candidates = [
-            (schema, Some(table)),
-            (schema, None),
-            ("*", Some(table)),
-            ("*", None),
-        ];
-        for (s, t) in candidates {
+        for (s, t) in places_of(schema, table) {
             let place = (s.to_owned(), t.map(str::to_owned));
             let Some(l) = inner.places.get(&place) else {
                 continue;
@@ -302,6 +290,17 @@ impl Subscribers {
         }
         out
     }
+}
+
+/// The places a change of `schema.table` is heard at: the table by name, its schema, the
+/// table's name on every schema, and every table of every schema.
+fn places_of<'a>(schema: &'a str, table: &'a str) -> [(&'a str, Option<&'a str>); 4] {
+    [
+        (schema, Some(table)),
+        (schema, None),
+        ("*", Some(table)),
+        ("*", None),
+    ]
 }
 
 fn remove_places(inner: &mut Inner, key: &ChannelKey, old: &Subscriber) {
