@@ -28,6 +28,7 @@ use crate::identity::{
     without_leftover_subxacts, SubXact,
 };
 use crate::rerun::Rerun;
+use crate::returned_rows::ReturnedRows;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::collections::HashMap;
@@ -321,7 +322,6 @@ RETURNS TABLE("ordinality" integer, allowed boolean, error text)
 STRICT VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
-#[allow(clippy::type_complexity)]
 fn authorize(
     roles: Vec<Option<String>>,
     claims: Vec<Option<String>>,
@@ -329,14 +329,8 @@ fn authorize(
     topics: Vec<Option<String>>,
     extensions: Vec<Option<String>>,
     actions: Vec<Option<String>>,
-) -> TableIterator<
-    'static,
-    (
-        name!(ordinality, i32),
-        name!(allowed, bool),
-        name!(error, Option<String>),
-    ),
-> {
+    fcinfo: pg_sys::FunctionCallInfo,
+) {
     let requests = parse(roles, claims, headers, topics, extensions, actions);
     let mut verdicts: Vec<Verdict> = vec![(false, None); requests.len()];
     // Requests grouped by who asks, so each identity's settings are made once.
@@ -346,10 +340,14 @@ fn authorize(
         (&x.role, &x.claims, &x.headers).cmp(&(&y.role, &y.claims, &y.headers))
     });
     without_leftover_subxacts(|| evaluate(&requests, &order, &mut verdicts));
-    TableIterator::new(
-        verdicts
-            .into_iter()
-            .enumerate()
-            .map(|(i, (allowed, error))| (i as i32 + 1, allowed, error)),
-    )
+    let mut rows = unsafe { ReturnedRows::begin(fcinfo) };
+    for (i, (allowed, error)) in verdicts.into_iter().enumerate() {
+        rows.push(|| {
+            [
+                (i as i32 + 1).into_datum(),
+                allowed.into_datum(),
+                error.into_datum(),
+            ]
+        });
+    }
 }

@@ -21,6 +21,7 @@ mod payload;
 mod presence;
 mod queue;
 mod rerun;
+mod returned_rows;
 mod ring_pages;
 mod row_json;
 mod row_trigger;

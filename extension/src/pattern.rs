@@ -22,6 +22,7 @@
 
 use crate::errors;
 use crate::identity::{prepare, report, without_leftover_subxacts, SubXact};
+use crate::returned_rows::ReturnedRows;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::IntoDatum;
@@ -208,22 +209,14 @@ RETURNS TABLE(pattern integer, subject integer, matched boolean, error text)
 VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
-#[allow(clippy::type_complexity)]
 fn match_patterns(
     patterns: Vec<Option<String>>,
     ops: Vec<Option<String>>,
     subjects: Vec<Option<String>>,
     asked: Option<Vec<Option<i32>>>,
     budget_ms: i32,
-) -> TableIterator<
-    'static,
-    (
-        name!(pattern, i32),
-        name!(subject, Option<i32>),
-        name!(matched, Option<bool>),
-        name!(error, Option<String>),
-    ),
-> {
+    fcinfo: pg_sys::FunctionCallInfo,
+) {
     if patterns.len() != ops.len() {
         errors::invalid(
             "realtime.match_patterns needs as many ops as patterns",
@@ -258,7 +251,17 @@ fn match_patterns(
     };
     let mut out = Vec::new();
     without_leftover_subxacts(|| evaluate(&patterns, &subjects, &asked, budget_ms, &mut out));
-    TableIterator::new(out)
+    let mut rows = unsafe { ReturnedRows::begin(fcinfo) };
+    for (pattern, subject, matched, error) in out {
+        rows.push(|| {
+            [
+                pattern.into_datum(),
+                subject.into_datum(),
+                matched.into_datum(),
+                error.into_datum(),
+            ]
+        });
+    }
 }
 
 /// `asked` as the subjects each pattern is asked about: a flat list of (pattern, subject)

@@ -25,6 +25,7 @@ use crate::identity::{
     interrupts_call, prepare, prepare_generic, report, role_guard, set_identity,
     without_leftover_subxacts, SubXact,
 };
+use crate::returned_rows::ReturnedRows;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::IntoDatum;
@@ -285,21 +286,14 @@ RETURNS TABLE(identity integer, record integer, error text)
 VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
-#[allow(clippy::type_complexity)]
 fn visible(
     entity: pg_sys::Oid,
     roles: Vec<Option<String>>,
     claims: Vec<Option<String>>,
     records: Vec<Option<String>>,
     asked: Option<Vec<Option<i32>>>,
-) -> TableIterator<
-    'static,
-    (
-        name!(identity, i32),
-        name!(record, Option<i32>),
-        name!(error, Option<String>),
-    ),
-> {
+    fcinfo: pg_sys::FunctionCallInfo,
+) {
     if roles.len() != claims.len() {
         errors::invalid("realtime.visible needs as many claims as roles", None);
     }
@@ -317,7 +311,16 @@ fn visible(
     let asked = asked.map(|flat| pairs(&flat, identities.len(), records.len()));
     let mut out = Vec::new();
     without_leftover_subxacts(|| evaluate(entity, &identities, &records, &asked, &mut out));
-    TableIterator::new(out)
+    let mut rows = unsafe { ReturnedRows::begin(fcinfo) };
+    for (identity, record, error) in out {
+        rows.push(|| {
+            [
+                identity.into_datum(),
+                record.into_datum(),
+                error.into_datum(),
+            ]
+        });
+    }
 }
 
 /// `asked` as the records each identity is asked about: a flat list of (identity, record)
