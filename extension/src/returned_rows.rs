@@ -17,7 +17,9 @@ pub(crate) struct ReturnedRows {
     desc: pg_sys::TupleDesc,
     /// Where one row's values are made (a text's copy, say): reset after each row, since
     /// the tuplestore keeps its own copy, so a call returning megabytes of rows does not
-    /// hold them twice.
+    /// hold them twice. A child of the call's memory, freed with it: never deleted here, so
+    /// an error raised while it is current (a tuplestore that cannot spill, say) does not
+    /// leave the server in a deleted context while the error unwinds.
     scratch: pg_sys::MemoryContext,
 }
 
@@ -101,11 +103,5 @@ impl ReturnedRows {
             pg_sys::MemoryContextSwitchTo(old);
             pg_sys::MemoryContextReset(self.scratch);
         }
-    }
-}
-
-impl Drop for ReturnedRows {
-    fn drop(&mut self) {
-        unsafe { pg_sys::MemoryContextDelete(self.scratch) };
     }
 }
