@@ -10,9 +10,17 @@
 //! setting is applied once per call.
 
 use pgrx::pg_sys;
+// PostgreSQL's own set-up of a materialize-mode call: it checks that the caller accepts a
+// set, makes the tuplestore in the query's memory (spilling past `work_mem`) with the
+// function's declared row type, and hands both to the executor. PostgreSQL 15 calls it
+// `SetSingleFuncCall` (every 15.x has that name); 16 renamed it.
+#[cfg(feature = "pg17")]
+use pg_sys::InitMaterializedSRF as init_materialized_srf;
+#[cfg(not(feature = "pg17"))]
+use pg_sys::SetSingleFuncCall as init_materialized_srf;
 
-/// The tuplestore a materialize-mode call returns its rows in.
-pub(crate) struct ReturnedRows {
+/// The tuplestore a materialize-mode call returns its rows of `N` columns in.
+pub(crate) struct ReturnedRows<const N: usize> {
     store: *mut pg_sys::Tuplestorestate,
     desc: pg_sys::TupleDesc,
     /// Where one row's values are made (a text's copy, say): reset after each row, since
@@ -23,39 +31,22 @@ pub(crate) struct ReturnedRows {
     scratch: pg_sys::MemoryContext,
 }
 
-impl ReturnedRows {
-    /// Switches the call to materialize mode: the tuplestore lives in the query's memory,
-    /// spills past `work_mem`, and its row type is the function's declared result.
+impl<const N: usize> ReturnedRows<N> {
+    /// Switches the call to materialize mode.
     ///
     /// # Safety
     /// `fcinfo` is the call's own, from a function declared `RETURNS TABLE` or `SETOF`.
-    pub(crate) unsafe fn begin(fcinfo: pg_sys::FunctionCallInfo) -> ReturnedRows {
+    pub(crate) unsafe fn begin(fcinfo: pg_sys::FunctionCallInfo) -> Self {
         unsafe {
+            init_materialized_srf(fcinfo, 0);
             let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
-            if rsinfo.is_null()
-                || (*rsinfo).type_ != pg_sys::NodeTag::T_ReturnSetInfo
-                || ((*rsinfo).allowedModes & pg_sys::SetFunctionReturnMode::SFRM_Materialize as i32)
-                    == 0
-            {
-                pgrx::error!("set-valued function called in context that cannot accept a set");
+            let desc = (*rsinfo).setDesc;
+            if (*desc).natts as usize != N {
+                pgrx::error!(
+                    "returned rows have {N} columns where the function declares {}",
+                    (*desc).natts
+                );
             }
-            let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
-            if pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut desc)
-                != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE
-            {
-                pgrx::error!("return type must be a row type");
-            }
-            let query_memory = (*(*rsinfo).econtext).ecxt_per_query_memory;
-            let old = pg_sys::MemoryContextSwitchTo(query_memory);
-            let desc = pg_sys::CreateTupleDescCopy(desc);
-            let random_access = ((*rsinfo).allowedModes
-                & pg_sys::SetFunctionReturnMode::SFRM_Materialize_Random as i32)
-                != 0;
-            let store = pg_sys::tuplestore_begin_heap(random_access, false, pg_sys::work_mem);
-            pg_sys::MemoryContextSwitchTo(old);
-            (*rsinfo).returnMode = pg_sys::SetFunctionReturnMode::SFRM_Materialize;
-            (*rsinfo).setResult = store;
-            (*rsinfo).setDesc = desc;
             let scratch = pg_sys::AllocSetContextCreateExtended(
                 pg_sys::CurrentMemoryContext,
                 c"returned rows".as_ptr(),
@@ -64,7 +55,7 @@ impl ReturnedRows {
                 pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
             );
             ReturnedRows {
-                store,
+                store: (*rsinfo).setResult,
                 desc,
                 scratch,
             }
@@ -73,17 +64,8 @@ impl ReturnedRows {
 
     /// Adds one row: `make` gives its columns in declared order, None for NULL (as
     /// `IntoDatum::into_datum` does).
-    pub(crate) fn push<const N: usize>(
-        &mut self,
-        make: impl FnOnce() -> [Option<pg_sys::Datum>; N],
-    ) {
+    pub(crate) fn push(&mut self, make: impl FnOnce() -> [Option<pg_sys::Datum>; N]) {
         unsafe {
-            if (*self.desc).natts as usize != N {
-                pgrx::error!(
-                    "a returned row has {N} columns where the function declares {}",
-                    (*self.desc).natts
-                );
-            }
             let old = pg_sys::MemoryContextSwitchTo(self.scratch);
             let row = make();
             let mut values = [pg_sys::Datum::from(0); N];

@@ -46,7 +46,7 @@ FROM (SELECT m.*, row_number() OVER () AS n
           (SELECT array_agg(i::text) FROM generate_series(1, 200) i)) m) r;
 RESET work_mem;
 
--- An error inside the call ends it as any statement's error does, and the next call works.
+-- A call refused for its arguments ends as any statement's error does, and the next call works.
 SELECT * FROM realtime.visible('rr_items', ARRAY['authenticated'], ARRAY['{}', '{}'], ARRAY['{}']);
 SELECT count(*) FROM realtime.visible('rr_items', ARRAY['authenticated'],
     ARRAY['{"room": 1}'], ARRAY['{"room": 1, "id": 1}']);
