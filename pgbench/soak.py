@@ -16,6 +16,11 @@ history never read, a slow reader on the busiest topic, 100 KB join_refs, a conn
 a 10,000-row insert under a 2 ms-a-row policy every 15 s, a user persisting 200 1 KB
 messages a second, a connection rejoining 150 channels a second.
 
+With --attackers-apart, a third run sends the same attackers to a second sidecar on the
+same database: the ordinary groups' sidecar serves none of them, so what is left of their
+cost to the ordinary groups is the machine's (the 2 cores, Postgres, the queue): the floor
+under any change to the sidecar.
+
 Measured per run: each ordinary group's commit-to-receive p50/p99 and what it lost (for
 presence: push-to-diff at the observers and what they never saw), the sidecar's peak RSS
 and CPU, Postgres's CPU, and the load generators' CPU (ordinary and attackers apart).
@@ -23,6 +28,7 @@ Prints markdown (the JSON lines on stderr). Run as root after scripts/install-ex
 builds the sidecar and the load generators (release)."""
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -67,17 +73,31 @@ def run_all(commands, timeout):
     return out
 
 
-def one_run(a, pg, epoch, attackers):
+def one_run(a, pg, epoch, attackers, apart=False):
     label = "with the attackers" if attackers else "without attackers"
     url = f"ws://127.0.0.1:{a.http_port}"
     # The defaults, stated: the ordinary groups each come from one address.
     env = {"MAX_CONNECTIONS_PER_ADDRESS": "1000", "MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS": "1000",
            "MAX_BINDINGS_PER_ADDRESS": "10000", "MAX_RESUMES_PER_ADDRESS": "100",
            "MAX_RESUMES_WAITING_PER_ADDRESS": "1000"}
-    with harness.Sidecar(a.http_port, pg.dsn, f"soak_{int(attackers)}", SECRET, **env) as sidecar:
+    if apart:
+        label = "with the attackers on a sidecar of their own"
+    with contextlib.ExitStack() as stack:
+        sidecar = stack.enter_context(harness.Sidecar(a.http_port, pg.dsn, f"soak_{int(attackers)}", SECRET, **env))
         pid = sidecar.process.pid
         if a.pin:
             subprocess.run(["taskset", "-a", "-pc", "0", str(pid)], check=True, stdout=subprocess.DEVNULL)
+        # --attackers-apart: the floor under any sidecar. The attackers reach the same
+        # database and queue through a second sidecar, so the ordinary subscribers' sidecar
+        # serves none of their connections; what they still cost the ordinary groups is the
+        # machine's (shared cores, Postgres, the queue), which no change to the sidecar moves.
+        attackers_port = a.http_port
+        if apart:
+            aside = stack.enter_context(harness.Sidecar(a.http_port + 2, pg.dsn, "soak_apart", SECRET, **env))
+            attackers_port = a.http_port + 2
+            if a.pin:
+                subprocess.run(["taskset", "-a", "-pc", "1", str(aside.process.pid)], check=True,
+                               stdout=subprocess.DEVNULL)
         commands = [
             harness.loadgen_cmd(url, pg.dsn, SECRET, "--clients", 600, "--topics", 20, "--topic-prefix", "bench-",
                                 "--publisher", "send", "--rate", 200, "--seconds", a.seconds, "--vsn", "2.0.0",
@@ -91,7 +111,7 @@ def one_run(a, pg, epoch, attackers):
              "--source-ips", "127.0.0.52"],
         ]
         if attackers:
-            commands.append([ATTACKERS, "--port", str(a.http_port), "--jwt-secret", SECRET, "--dsn", pg.dsn,
+            commands.append([ATTACKERS, "--port", str(attackers_port), "--jwt-secret", SECRET, "--dsn", pg.dsn,
                              "--seconds", str(a.seconds), "--epoch", str(epoch), "--busy-topic", "bench-0",
                              *(["--skip", a.skip_attackers] if a.skip_attackers else []),
                              *(["--only", a.only_attackers] if a.only_attackers else [])])
@@ -100,12 +120,17 @@ def one_run(a, pg, epoch, attackers):
             # is left of the attackers' cost is the sidecar's own and Postgres's.
             commands = [["taskset", "-c", "1", *c] for c in commands]
         with harness.Usage([pid], f"{pg.dir}/pg/data") as u:
+            cpu0 = harness.proc_stats(aside.process.pid)[0] if apart else 0
             results = run_all(commands, timeout=a.seconds + 300)
+            if apart:
+                r_apart = harness.proc_stats(aside.process.pid)[0] - cpu0
     r = {"label": label, **u.result}
     (b, b_cpu), (c, c_cpu), (p, p_cpu) = results[:3]
     r.update(broadcast=b, changes=c, presence=p, ordinary_loadgen_cpu_s=b_cpu + c_cpu + p_cpu)
     if attackers:
         r["attackers"], r["attackers_cpu_s"] = results[3][0]["attackers"], results[3][1]
+    if apart:
+        r["attackers_sidecar_cpu_s"] = r_apart
     print(json.dumps(r), file=sys.stderr)
     return r
 
@@ -117,6 +142,10 @@ def main():
     ap.add_argument("--only-attackers", default="", help="only these attackers, by name (comma-separated)")
     ap.add_argument("--pin", action="store_true",
                     help="the sidecar on CPU 0, every load generator on CPU 1, Postgres on either")
+    ap.add_argument("--attackers-apart", nargs="?", const="after", choices=["after", "before"],
+                    help="a third run with the attackers on a second sidecar (pinned with the load generators "
+                         "under --pin), after the run with them on ours or before it: what they cost the "
+                         "ordinary groups through the machine alone")
     ap.add_argument("--pg-port", type=int, default=24396)
     ap.add_argument("--http-port", type=int, default=24397)
     a = ap.parse_args()
@@ -127,12 +156,19 @@ def main():
         pg.psql("-v", "users=300", "-v", "rooms=30", "-f", f"{HERE}/changes_setup.sql")
         pg.psql("-f", f"{HERE}/soak_setup.sql")
         epoch = int(pg.psql("-c", "SELECT (extract(epoch FROM epoch) * 1000000)::int8 FROM realtime.stats()").strip())
-        runs = [one_run(a, pg, epoch, attackers) for attackers in (False, True)]
+        # The runs share one cluster (what the attackers persisted stays), so the apart run
+        # can go before the run with the attackers on ours, to show the order does not decide.
+        kinds = [(False, False), (True, False)] + ([(True, True)] if a.attackers_apart else [])
+        if a.attackers_apart == "before":
+            kinds[1], kinds[2] = kinds[2], kinds[1]
+        by_kind = {k: one_run(a, pg, epoch, *k) for k in kinds}
+        runs = [by_kind[k] for k in sorted(by_kind)]
+        ran = ", ".join(by_kind[k]["label"] for k in kinds)
 
     where = ("the sidecar pinned to CPU 0, every load generator (the attackers' too) to CPU 1, Postgres on either"
              if a.pin else "sidecar, Postgres and every load generator on the same 2 cores")
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; {a.seconds} s a run, one after the other on one "
-          f"cluster; one sidecar with its default limits; {where}.\n")
+          f"cluster ({ran}); one sidecar with its default limits; {where}.\n")
     print("| run | broadcast p50 / p99 ms | lost | changes p50 / p99 ms | lost | presence p50 / p99 ms | unseen | "
           "sidecar peak RSS | sidecar CPU | Postgres CPU | ordinary load gen. CPU | attackers' CPU |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -144,11 +180,16 @@ def main():
               f"{each.get('p50_ms', float('nan')):.1f} / {each.get('p99_ms', float('nan')):.1f} | "
               f"{churn.get('unseen', 'n/a')} | {r['server_peak_rss_mb']:.0f} MB | {r['server_cpu_pct']:.0f}% | "
               f"{r['pg_cpu_pct']:.0f}% | {r['ordinary_loadgen_cpu_s']:.1f} s | "
-              f"{r.get('attackers_cpu_s', 0):.1f} s |")
-    base, hit = runs
-    ratio = lambda k: hit[k]["p99_ms"] / max(base[k]["p99_ms"], 1e-9)
-    print(f"\np99 with attackers against without: broadcast {ratio('broadcast'):.2f}x, "
-          f"Postgres Changes {ratio('changes'):.2f}x.\n")
+              f"{r.get('attackers_cpu_s', 0):.1f} s"
+              + (f" (their sidecar {r['attackers_sidecar_cpu_s']:.1f} s)" if "attackers_sidecar_cpu_s" in r else "")
+              + " |")
+    base, hit = runs[:2]
+    print()
+    for run in runs[1:]:
+        ratio = lambda k: run[k]["p99_ms"] / max(base[k]["p99_ms"], 1e-9)
+        print(f"p99 {run['label']} against without: broadcast {ratio('broadcast'):.2f}x, "
+              f"Postgres Changes {ratio('changes'):.2f}x.")
+    print()
     print("| attacker | address | sent | accepted | refused (reason: count) | connect failures |")
     print("|---|---|---:|---:|---|---:|")
     for t in hit["attackers"]:

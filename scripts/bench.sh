@@ -51,9 +51,10 @@ run routed:60k --ways routed --processes 8 --clients 30000 --goal-clients 60000 
     --json "$out/routed-60k.json"
 # 100,000 (the design's goal), 250,000 (issue 14's) and one step larger.
 run connections --clients 100000,250000,300000 --json "$out/connections.json"
-# Twenty attackers beside a thousand ordinary subscribers, against the same without them.
-run soak --seconds 60
+# Twenty attackers beside a thousand ordinary subscribers, against the same without them, and
+# the floor: the same attackers on a sidecar of their own (what the machine alone costs).
+run soak --seconds 60 --attackers-apart
 # The same with every load generator off the sidecar's core: the box's contention apart from
 # the sidecar's own cost of refusing the attackers.
-run soak:pinned --seconds 60 --pin --pg-port 24398 --http-port 24399
+run soak:pinned --seconds 60 --pin --attackers-apart --pg-port 24398 --http-port 24399
 echo "tables in $out"
