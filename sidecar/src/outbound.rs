@@ -162,11 +162,14 @@ fn write_encoded(
     frames: &[Message],
     encoded: &Bytes,
 ) -> io::Result<(usize, Option<Bytes>)> {
-    let written = match socket.try_write_vectored(&[IoSlice::new(encoded)]) {
+    let written = match socket.send_now(encoded) {
         Ok(w) => w,
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((0, None)),
         Err(e) => return Err(e),
     };
+    if written == encoded.len() {
+        return Ok((frames.len(), None));
+    }
     let mut at = 0;
     for (i, m) in frames.iter().enumerate() {
         let end = at + wire::encoded_len(m);
@@ -799,6 +802,73 @@ mod tests {
         *fake.room.lock().unwrap() = usize::MAX;
         assert_eq!(rx.write_some(usize::MAX).unwrap(), Written::All);
         assert_eq!(fake.messages(), texts(0..3));
+    }
+
+    /// The hub writes with `send(2)` past tokio (`Socket::send_now`), so tokio never sees
+    /// the socket fill up: the connection's task, which waits on tokio's readiness, must
+    /// still finish what the hub could not write, in order, once the client reads again.
+    #[tokio::test]
+    async fn a_socket_the_hubs_sends_filled_is_finished_by_the_task_in_order() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (_read, write) = server.into_split();
+        let write = Arc::new(write);
+        let (tx, rx) = bounded(100_000, 1 << 30);
+        rx.attach(write.clone());
+        // Encoded runs, as the hub sends them, until the socket stops taking them.
+        let frame = |i: usize| text(&format!("{i:08}{}", "x".repeat(16 << 10)));
+        let mut sent = Vec::new();
+        let mut runs = 0;
+        while rx.pending().now_or_never().is_none() {
+            assert!(
+                runs < 10_000,
+                "a loopback socket takes no more than a few MB"
+            );
+            let frames: Vec<Message> = (sent.len()..sent.len() + 4).map(frame).collect();
+            let encoded = wire::encode(&frames);
+            assert_eq!(tx.send_encoded(&frames, &encoded), (4, Sent::Queued));
+            sent.extend(frames);
+            runs += 1;
+        }
+        assert!(runs > 1, "the first run went out whole, without the task");
+        // The client reads everything while the task writes what waits, as `socket.rs` does.
+        let expected: usize = sent.iter().map(wire::encoded_len).sum();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::with_capacity(expected);
+            let mut buf = vec![0u8; 1 << 16];
+            while got.len() < expected {
+                let n = client.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the server closed early");
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        });
+        let task = async {
+            for _ in 0..100_000 {
+                match rx.write_some(usize::MAX).unwrap() {
+                    Written::All => return,
+                    Written::More => {}
+                    Written::Blocked => write.writable().await.unwrap(),
+                }
+            }
+            panic!("the task did not finish the queue");
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(30), task)
+            .await
+            .expect("the task stalled");
+        let got = tokio::time::timeout(std::time::Duration::from_secs(30), reader)
+            .await
+            .expect("the client stalled")
+            .unwrap();
+        assert_eq!(
+            got,
+            wire::encode(&sent).to_vec(),
+            "every frame, once, in order"
+        );
     }
 
     #[test]

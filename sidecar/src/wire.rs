@@ -27,12 +27,32 @@ use tokio_tungstenite::tungstenite::Message;
 /// Where frames are written without waiting: a connected socket's write half, or a test's.
 pub trait Socket: Send + Sync {
     /// Writes what it can now from `bufs`, in order; `WouldBlock` when nothing fits.
+    /// Through tokio: a `WouldBlock` clears the readiness the connection's task waits on.
     fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+
+    /// Writes what it can now from `buf`, for a writer that never waits on the socket (the
+    /// hub's fan-out): what it cannot write it queues for the connection's task, which
+    /// writes through `try_write_vectored` and so keeps tokio's readiness right itself.
+    fn send_now(&self, buf: &[u8]) -> io::Result<usize> {
+        self.try_write_vectored(&[IoSlice::new(buf)])
+    }
 }
 
 impl Socket for OwnedWriteHalf {
     fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         OwnedWriteHalf::try_write_vectored(self, bufs)
+    }
+
+    /// `send(2)` on the socket itself. Why not tokio's write: at 300 msg/s to 1,000
+    /// subscribers 84% of the sidecar's CPU is the kernel's `writev` of each connection's
+    /// batch, and of the rest tokio's readiness check around each write (`try_io`, a cache
+    /// line per socket) was 4% and the file layer `writev` passes through (`vfs_writev`,
+    /// `fdget_pos`) 6.6% (`pgbench/RESULTS.md`, issue 28). The hub holds the write half,
+    /// so the descriptor stays open while it writes; the socket is non-blocking (tokio's),
+    /// and MSG_NOSIGNAL makes a closed peer an `EPIPE` for the connection's task to meet.
+    fn send_now(&self, buf: &[u8]) -> io::Result<usize> {
+        let socket = socket2::SockRef::from(self.as_ref());
+        socket.send_with_flags(buf, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
     }
 }
 
