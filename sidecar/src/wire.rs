@@ -1,7 +1,7 @@
 //! The socket's write side as the sidecar drives it itself: WebSocket frames as the bytes a
-//! server puts on the wire, written with one vectored system call straight from whoever has
-//! them (the hub's fan-out, without waking the connection's task), and the read side handed
-//! to tungstenite as before.
+//! server puts on the wire, written with one system call straight from whoever has them (the
+//! hub's fan-out with `send(2)`, without waking the connection's task; the task itself with a
+//! vectored write through tokio), and the read side handed to tungstenite as before.
 //!
 //! Why: at 500 messages/s to 1,000 subscribers of one channel (`pgbench/RESULTS.md`, issue
 //! 28) the sidecar's CPU went 57% to the `sendto` of each connection's batch and most of the
