@@ -64,8 +64,15 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
                        WHERE pt.pubname = 'supabase_realtime'
                          AND pt.schemaname = b ->> 'schema' AND pt.tablename = b ->> 'table') THEN
-            error := format('table %s is not in publication supabase_realtime; add it with '
-                            'ALTER PUBLICATION supabase_realtime ADD TABLE %s', relname, relname);
+            -- Without the publication itself that hint would fail too: name what is missing.
+            IF NOT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = 'supabase_realtime') THEN
+                error := format('publication supabase_realtime does not exist, so no table''s changes '
+                                'are captured; create it with CREATE PUBLICATION supabase_realtime, then '
+                                'ALTER PUBLICATION supabase_realtime ADD TABLE %s', relname);
+            ELSE
+                error := format('table %s is not in publication supabase_realtime; add it with '
+                                'ALTER PUBLICATION supabase_realtime ADD TABLE %s', relname, relname);
+            END IF;
             RETURN NEXT;
             CONTINUE;
         END IF;

@@ -67,7 +67,8 @@ $$;
 
 -- sql/subscribable.sql: a binding on a partitioned table's own name is refused with the
 -- reason (its rows' changes are named after their partitions), not as missing from the
--- publication.
+-- publication; and a binding when publication supabase_realtime does not exist at all says
+-- so and how to create it, instead of a hint to ALTER a publication that is not there.
 CREATE OR REPLACE FUNCTION realtime.subscribable(bindings jsonb)
 RETURNS TABLE(item integer, error text, "values" jsonb)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -119,8 +120,15 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
                        WHERE pt.pubname = 'supabase_realtime'
                          AND pt.schemaname = b ->> 'schema' AND pt.tablename = b ->> 'table') THEN
-            error := format('table %s is not in publication supabase_realtime; add it with '
-                            'ALTER PUBLICATION supabase_realtime ADD TABLE %s', relname, relname);
+            -- Without the publication itself that hint would fail too: name what is missing.
+            IF NOT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = 'supabase_realtime') THEN
+                error := format('publication supabase_realtime does not exist, so no table''s changes '
+                                'are captured; create it with CREATE PUBLICATION supabase_realtime, then '
+                                'ALTER PUBLICATION supabase_realtime ADD TABLE %s', relname);
+            ELSE
+                error := format('table %s is not in publication supabase_realtime; add it with '
+                                'ALTER PUBLICATION supabase_realtime ADD TABLE %s', relname, relname);
+            END IF;
             RETURN NEXT;
             CONTINUE;
         END IF;
