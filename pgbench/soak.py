@@ -74,14 +74,13 @@ def run_all(commands, timeout):
 
 
 def one_run(a, pg, epoch, attackers, apart=False):
-    label = "with the attackers" if attackers else "without attackers"
+    label = ("with the attackers on a sidecar of their own" if apart
+             else "with the attackers" if attackers else "without attackers")
     url = f"ws://127.0.0.1:{a.http_port}"
     # The defaults, stated: the ordinary groups each come from one address.
     env = {"MAX_CONNECTIONS_PER_ADDRESS": "1000", "MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS": "1000",
            "MAX_BINDINGS_PER_ADDRESS": "10000", "MAX_RESUMES_PER_ADDRESS": "100",
            "MAX_RESUMES_WAITING_PER_ADDRESS": "1000"}
-    if apart:
-        label = "with the attackers on a sidecar of their own"
     with contextlib.ExitStack() as stack:
         sidecar = stack.enter_context(harness.Sidecar(a.http_port, pg.dsn, f"soak_{int(attackers)}", SECRET, **env))
         pid = sidecar.process.pid

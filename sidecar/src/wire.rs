@@ -44,10 +44,10 @@ impl Socket for OwnedWriteHalf {
     }
 
     /// `send(2)` on the socket itself. Why not tokio's write: at 300 msg/s to 1,000
-    /// subscribers 84% of the sidecar's CPU is the kernel's `writev` of each connection's
-    /// batch, and of the rest tokio's readiness check around each write (`try_io`, a cache
-    /// line per socket) was 4% and the file layer `writev` passes through (`vfs_writev`,
-    /// `fdget_pos`) 6.6% (`pgbench/RESULTS.md`, issue 28). The hub holds the write half,
+    /// subscribers 84% of the sidecar's CPU was the kernel's `writev` of each connection's
+    /// batch, 6.6% of it the file layer `writev` passes through before TCP (`vfs_writev`,
+    /// `fdget_pos`), and outside it tokio's readiness check around each write (`try_io`, a
+    /// cache line per socket) 4% (`pgbench/RESULTS.md`, issue 28). The hub holds the write half,
     /// so the descriptor stays open while it writes; the socket is non-blocking (tokio's),
     /// and MSG_NOSIGNAL makes a closed peer an `EPIPE` for the connection's task to meet.
     fn send_now(&self, buf: &[u8]) -> io::Result<usize> {
