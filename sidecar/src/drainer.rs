@@ -270,11 +270,21 @@ async fn session(
     };
     let stats = within(setup, "prepare", client.prepare(STATS_SQL)).await?;
     let batch = cfg.drain_batch as i32;
-    let linger = cfg.drain_linger_ms as i32;
+    // The linger is kept here, not asked of `realtime.drain` (which would wait after the
+    // first message it finds, on its own latch): the next call is made a linger after the
+    // last batch was handed out, so under load the backend finds a batch waiting and answers
+    // at once, woken once per call instead of two or three times (for the call, for the
+    // first commit, after its linger); a message after a quiet spell is not held at all; and
+    // a busy hub still gathers a linger's messages beyond those its hand-out took.
+    let linger = Duration::from_millis(cfg.drain_linger_ms.into());
+    let no_linger = 0i32;
     let timeout_ms = 1000i32;
-    // A drain answers within its timeout and linger; much later means the backend or the
-    // network is stuck, and /healthz says so meanwhile.
-    let deadline = Duration::from_millis((timeout_ms + linger) as u64) + Duration::from_secs(5);
+    // A drain answers within its timeout; much later means the backend or the network is
+    // stuck, and /healthz says so meanwhile.
+    let deadline = Duration::from_millis(timeout_ms as u64) + Duration::from_secs(5);
+    // When the next call may be made: a linger after the last batch was handed out, unless
+    // that batch carried nothing or was full (then there is nothing to gather, or more waits).
+    let mut next_call: Option<tokio::time::Instant> = None;
     let mut stats_at = Instant::now();
     // Which tables' changes the drain decodes (None: all), for which subscription generation.
     let mut decode: Option<Vec<u32>> = None;
@@ -311,10 +321,22 @@ async fn session(
                 .retained_seconds
                 .set(row.get::<_, f64>("retained_secs"));
         }
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-            [&cfg.consumer, &pos, &batch, &timeout_ms, &linger, &decode];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+            &cfg.consumer,
+            &pos,
+            &batch,
+            &timeout_ms,
+            &no_linger,
+            &decode,
+        ];
+        let paced = async {
+            if let Some(at) = next_call.take() {
+                tokio::time::sleep_until(at).await;
+            }
+            within(deadline, "drain", client.query(&stmt, &params)).await
+        };
         let rows = tokio::select! {
-            r = within(deadline, "drain", client.query(&stmt, &params)) => r?,
+            r = paced => r?,
             _ = shutdown.changed() => {
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&cfg.consumer, &pos];
                 let confirm = client.execute("SELECT realtime.confirm($1, $2)", &params);
@@ -336,6 +358,12 @@ async fn session(
             },
         }
         .map_err(SessionError::Lost)?;
+        // Only an answer that carried something paces the next call: a marker alone (messages
+        // for other sidecars' topics read past) says nothing of this sidecar's load.
+        let carried = entries
+            .iter()
+            .any(|r| !matches!(r.entry, Entry::Filtered | Entry::End));
+        let mut pace = !linger.is_zero() && carried && entries.len() < batch as usize;
         // A change left undecoded (no channel listened to its table when the call began)
         // that a channel now listens to (it joined meanwhile): stop before it and drain
         // again from there with its table decoded. Once per change, so a table that cannot
@@ -357,6 +385,8 @@ async fn session(
             redrained = entries[cut].seq;
             entries.truncate(cut);
             decode_for = None;
+            // What was cut off is waiting: fetch it again at once.
+            pace = false;
             metrics.drain_redrains_total.increment(1);
         }
         if entries.is_empty() {
@@ -467,6 +497,9 @@ async fn session(
         *handed = pos;
         for ((id, set), holders) in jobs.into_iter().zip(holders) {
             to.checks.submit(id, set, holders.into_values().collect());
+        }
+        if pace {
+            next_call = Some(tokio::time::Instant::now() + linger);
         }
     }
 }
