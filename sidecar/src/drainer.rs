@@ -331,6 +331,10 @@ async fn session(
         ];
         let paced = async {
             if let Some(at) = next_call.take() {
+                // The linger is this sidecar's own wait, not the database's silence: /healthz
+                // counts a stuck drain from its end.
+                let wait = at.saturating_duration_since(tokio::time::Instant::now());
+                metrics.drain_answered(unix_millis() + wait.as_millis() as i64);
                 tokio::time::sleep_until(at).await;
             }
             within(deadline, "drain", client.query(&stmt, &params)).await
