@@ -40,7 +40,10 @@ sys.exit('harness.fixed_port accepted 54999, inside the ephemeral range')"
 echo "== cluster for the end-to-end tests"
 cluster="$log/cluster"
 port=${TEST_PG_PORT:-24350}
-scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 64" "max_connections = 200" "realtime.queue_size = 32MB" \
+# Every test's sidecar keeps its consumer slot for the server's life (a test that restarts
+# one resumes from it), so the slots must outnumber the suite's consumer names: 64 ran out
+# on 2026-11-28 ("all 64 realtime consumer slots are in use" in postgres_restart).
+scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 128" "max_connections = 200" "realtime.queue_size = 32MB" \
     "realtime.max_topics_per_consumer = 64"
 # A second one made like Supabase's image, holding a database Supabase made, switched to
 # pg_realtime (sidecar/e2e/supabase_database.test.mjs).
