@@ -38,8 +38,8 @@ pub struct Config {
     /// Consumer slot this sidecar drains; every sidecar needs its own.
     #[arg(long, env = "CONSUMER_NAME", default_value = "realtime-sidecar")]
     pub consumer: String,
-    /// After a drain call returned messages, wait this long before the next (fewer, larger
-    /// batches under load; a message after a quiet spell is not held).
+    /// After handing out a drained batch, wait this long before the next drain call (fewer,
+    /// larger batches under load; a message after a quiet spell is not held).
     #[arg(long, env = "DRAIN_LINGER_MS", default_value_t = 1)]
     pub drain_linger_ms: u32,
     /// Drain only the topics (and tables) this sidecar's channels joined (`realtime.listen`);
