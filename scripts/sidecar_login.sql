@@ -29,6 +29,7 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
     realtime.authorize(text[], text[], text[], text[], text[], text[]),
     realtime.visible(regclass, text[], text[], text[], integer[]),
     realtime.selectable(regclass, text[]), realtime.subscribable(jsonb),
+    realtime.render_filter_values(text, oid, integer, text[]), realtime.check_privileges(),
     realtime.match_patterns(text[], text[], text[], integer[], integer),
     realtime.table_oids(text[], text[]), realtime.table_access(text, text, text[]),
     realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer, oid[]),

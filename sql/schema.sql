@@ -105,62 +105,94 @@ BEGIN
 END
 $$;
 
+-- The role realtime.authorize inserts its read-probe rows as (extension/src/identity.rs,
+-- `prober`): no login, no superuser, nothing but BYPASSRLS (a reader may have no INSERT
+-- policy), USAGE on schema realtime and INSERT on realtime.messages, so a trigger someone
+-- put on realtime.messages or on a partition runs with those rights, inside a probe that is
+-- rolled back. Roles belong to the cluster: a second database, or a restore into a cluster
+-- that has it, finds it made; one that could log in or is a superuser is refused, since its
+-- rights would reach every probe. It stays after DROP EXTENSION (another database may use
+-- it): README says how to drop it. The grants on the app's schema and table are recorded
+-- nowhere as initial privileges (pg_dump would then leave the objects' other grants out of
+-- a dump): they are dumped with them, and restored after CREATE EXTENSION made the role.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'realtime_prober') THEN
+        CREATE ROLE realtime_prober NOLOGIN NOINHERIT BYPASSRLS;
+    ELSIF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'realtime_prober' AND (rolsuper OR rolcanlogin)) THEN
+        RAISE EXCEPTION 'role realtime_prober exists and is a superuser or can log in'
+            USING HINT = 'pg_realtime inserts its read probes as realtime_prober, so triggers on realtime.messages run with its rights: ALTER ROLE realtime_prober NOSUPERUSER NOLOGIN, then CREATE EXTENSION again.';
+    ELSE
+        ALTER ROLE realtime_prober BYPASSRLS;
+    END IF;
+    GRANT USAGE ON SCHEMA realtime TO realtime_prober;
+    GRANT INSERT ON realtime.messages TO realtime_prober;
+    DELETE FROM pg_catalog.pg_init_privs
+    WHERE privtype = 'e'
+      AND ((classoid = 'pg_catalog.pg_class'::regclass AND objoid = 'realtime.messages'::regclass)
+           OR (classoid = 'pg_catalog.pg_namespace'::regclass AND objoid = 'realtime'::regnamespace));
+END
+$$;
+
 -- Supabase's realtime.send, send_binary and broadcast_changes (what apps and their triggers
 -- call) write rows into realtime.messages for Supabase's server to pick up. Ours, created
 -- next with the same signatures, put the message into the extension's queue instead, for
--- the sidecar. Supabase's are dropped here, their definitions, owners and grants kept in
--- realtime.replaced_functions (the app's table, like realtime.messages), and
--- realtime.restore_replaced_functions() puts them back after DROP EXTENSION pg_realtime: the
--- way back to a database Supabase Realtime can serve (README, "Leaving pg_realtime").
+-- the sidecar. Supabase's are kept as they are (the same oid, owner, grants and body) under
+-- the names supabase_send, supabase_send_binary and supabase_broadcast_changes, and
+-- realtime.restore_replaced_functions() renames them back after DROP EXTENSION pg_realtime:
+-- the way back to a database Supabase Realtime can serve (README, "Leaving pg_realtime").
+-- Nothing is kept as SQL text to be executed later: text in a table is whatever the roles
+-- that may write the table made it. A function something depends on by oid (a view, a
+-- BEGIN ATOMIC body) is refused, as DROP FUNCTION would refuse it: renamed, it would go on
+-- calling Supabase's function.
 DO $$
 DECLARE
-    replaced regprocedure[] := ARRAY[
-        to_regprocedure('realtime.send(jsonb, text, text, boolean)'),
-        to_regprocedure('realtime.send_binary(bytea, text, text, boolean)'),
-        to_regprocedure('realtime.broadcast_changes(text, text, text, text, text, record, record, text)')];
-    f regprocedure;
+    f record;
+    replaced boolean := false;
 BEGIN
-    IF array_remove(replaced, NULL) = '{}' THEN
+    FOR f IN
+        SELECT p.oid, p.oid::regprocedure AS proc, p.proname
+        FROM pg_catalog.pg_proc p
+        WHERE p.oid IN (to_regprocedure('realtime.send(jsonb, text, text, boolean)'),
+                        to_regprocedure('realtime.send_binary(bytea, text, text, boolean)'),
+                        to_regprocedure('realtime.broadcast_changes(text, text, text, text, text, record, record, text)'))
+    LOOP
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                   WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.refobjid = f.oid AND d.deptype = 'n') THEN
+            RAISE EXCEPTION 'cannot replace % because other objects depend on it', f.proc
+                USING HINT = format('Drop them, CREATE EXTENSION pg_realtime, then recreate them so that they call its function '
+                                    '(SELECT pg_describe_object(classid, objid, objsubid) FROM pg_depend WHERE refobjid = %L::regprocedure lists them).',
+                                    f.proc);
+        END IF;
+        EXECUTE format('ALTER FUNCTION %s RENAME TO %I', f.proc, 'supabase_' || f.proname);
+        replaced := true;
+    END LOOP;
+    IF NOT replaced THEN
         RETURN;  -- none of them: a database Supabase did not make
     END IF;
-    CREATE TABLE IF NOT EXISTS realtime.replaced_functions (
-        signature text PRIMARY KEY,
-        owner name NOT NULL,
-        acl aclitem[],
-        definition text NOT NULL
-    );
-    ALTER EXTENSION pg_realtime DROP TABLE realtime.replaced_functions;
-    REVOKE ALL ON realtime.replaced_functions FROM PUBLIC;
-    FOREACH f IN ARRAY array_remove(replaced, NULL) LOOP
-        INSERT INTO realtime.replaced_functions
-        SELECT format('realtime.%I(%s)', p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid)),
-               p.proowner::regrole::name, p.proacl, pg_catalog.pg_get_functiondef(p.oid)
-        FROM pg_catalog.pg_proc p WHERE p.oid = f;
-        EXECUTE format('DROP FUNCTION %s', f);
-    END LOOP;
 
     CREATE OR REPLACE FUNCTION realtime.restore_replaced_functions() RETURNS SETOF text
     LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
     DECLARE
-        s record;
-        g record;
+        p record;
     BEGIN
         IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_realtime') THEN
             RAISE EXCEPTION 'pg_realtime is still installed'
                 USING HINT = 'Run DROP EXTENSION pg_realtime CASCADE first.';
         END IF;
-        FOR s IN SELECT * FROM realtime.replaced_functions ORDER BY signature LOOP
-            EXECUTE s.definition;
-            EXECUTE format('ALTER FUNCTION %s OWNER TO %I', s.signature, s.owner);
-            IF s.acl IS NOT NULL THEN  -- NULL: the default grants CREATE FUNCTION gave
-                EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I', s.signature, s.owner);
-                FOR g IN SELECT * FROM aclexplode(s.acl) LOOP
-                    EXECUTE format('GRANT %s ON FUNCTION %s TO %s%s', g.privilege_type, s.signature,
-                                   CASE g.grantee WHEN 0 THEN 'PUBLIC' ELSE quote_ident(g.grantee::regrole::text) END,
-                                   CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-                END LOOP;
-            END IF;
-            RETURN NEXT s.signature;
+        -- pg_realtime 0.3.0 kept Supabase's functions as SQL text in this table, which roles
+        -- other than its owner could edit (Supabase's default privileges gave postgres and
+        -- dashboard_user every right on it): the text is never executed here.
+        IF to_regclass('realtime.replaced_functions') IS NOT NULL THEN
+            RAISE EXCEPTION 'realtime.replaced_functions holds the SQL text of functions pg_realtime 0.3.0 replaced; it is not executed, since roles other than its owner could edit it'
+                USING HINT = 'Review each definition (SELECT signature, definition FROM realtime.replaced_functions), run those you trust, then DROP TABLE realtime.replaced_functions and call realtime.restore_replaced_functions() again.';
+        END IF;
+        FOR p IN SELECT oid, proname FROM pg_proc
+                 WHERE pronamespace = 'realtime'::regnamespace
+                   AND proname IN ('supabase_send', 'supabase_send_binary', 'supabase_broadcast_changes')
+                 ORDER BY proname LOOP
+            EXECUTE format('ALTER FUNCTION %s RENAME TO %I', p.oid::regprocedure, substr(p.proname, length('supabase_') + 1));
+            RETURN NEXT p.oid::regprocedure::text;
         END LOOP;
         -- Supabase's server makes a partition per day; a DEFAULT partition holding rows of
         -- those days would stop it, so it goes (if it holds rows, they are the app's to move).
@@ -171,7 +203,10 @@ BEGIN
             END IF;
             DROP TABLE realtime.messages_9999_12_31;
         END IF;
-        DROP TABLE realtime.replaced_functions;
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'realtime_prober') THEN
+            REVOKE INSERT ON realtime.messages FROM realtime_prober;
+            REVOKE USAGE ON SCHEMA realtime FROM realtime_prober;
+        END IF;
         DROP FUNCTION realtime.restore_replaced_functions();
     END
     $f$;

@@ -13,23 +13,28 @@
 --
 -- A filter or a select on a column the role may not SELECT is refused: a filter evaluated
 -- on a hidden column would let a subscriber learn its values one question at a time.
+--
+-- Runs as its caller (the sidecar's login), reading only catalogs, and calls the
+-- extension's functions by their exact signatures, so an overload another role adds to
+-- schema realtime is never chosen. A value is rendered by realtime.render_filter_values as
+-- the binding's role: the column type's input function and cast to json are the type
+-- owner's code, run with the client's rights and no more.
 CREATE FUNCTION realtime.subscribable(bindings jsonb)
 RETURNS TABLE(item integer, error text, "values" jsonb)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
 DECLARE
     b jsonb;
     f jsonb;
     n integer := 0;
-    rel oid;
+    rel regclass;
+    r jsonb;
     relname text;
     sel record;
     col record;
     typ oid;
     category "char";
     c text;
-    v text;
-    rendered jsonb;
     one jsonb;
 BEGIN
     IF jsonb_typeof(bindings) IS DISTINCT FROM 'array' THEN
@@ -99,7 +104,7 @@ BEGIN
                 SELECT a.atttypid, a.atttypmod INTO col FROM pg_attribute a
                 WHERE a.attrelid = rel AND a.attname = f ->> 'column';
                 -- A domain's values are read as its base type: a domain's CHECK may call any
-                -- function, and this function runs as the extension's owner.
+                -- function, and a value that fails it matches no row anyway.
                 typ := col.atttypid;
                 WHILE (SELECT t.typtype = 'd' FROM pg_type t WHERE t.oid = typ) LOOP
                     SELECT t.typbasetype INTO typ FROM pg_type t WHERE t.oid = typ;
@@ -134,21 +139,19 @@ BEGIN
                     error := format('column %I of %s is of type %s, which filters do not support',
                                     f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
                 ELSE
-                    one := '[]';
-                    FOR v IN SELECT jsonb_array_elements_text(f -> 'values') LOOP
-                        BEGIN
-                            -- isdistinct.null is the value 'null' of the column's type, as in
-                            -- Supabase's check_equality_op (the text "null"; refused for an
-                            -- integer): use is.null for NULL.
-                            EXECUTE format('SELECT to_jsonb(%L::%s)', v, format_type(typ, col.atttypmod))
-                                INTO rendered;
-                        EXCEPTION WHEN data_exception THEN
-                            error := format('filter value %L is not a valid %s: %s', v,
-                                            format_type(col.atttypid, col.atttypmod), SQLERRM);
-                            EXIT;
-                        END;
-                        one := one || jsonb_build_array(rendered);
-                    END LOOP;
+                    -- isdistinct.null is the value 'null' of the column's type, as in
+                    -- Supabase's check_equality_op (the text "null"; refused for an
+                    -- integer): use is.null for NULL.
+                    r := realtime.render_filter_values(b ->> 'role', typ, col.atttypmod,
+                             ARRAY(SELECT jsonb_array_elements_text(f -> 'values')))::jsonb;
+                    IF r ? 'values' THEN
+                        one := r -> 'values';
+                    ELSIF r ? 'value' THEN
+                        error := format('filter value %L is not a valid %s: %s', r ->> 'value',
+                                        format_type(col.atttypid, col.atttypmod), r ->> 'error');
+                    ELSE
+                        error := r ->> 'error';
+                    END IF;
                 END IF;
                 EXIT WHEN error IS NOT NULL;
                 "values" := "values" || jsonb_build_array(one);
@@ -163,3 +166,4 @@ END
 $$;
 
 REVOKE EXECUTE ON FUNCTION realtime.subscribable(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.render_filter_values(text, oid, integer, text[]) FROM PUBLIC;

@@ -8,8 +8,9 @@
 //! refusal, 42501, denies); then it rolls everything back. This does the same, with the same
 //! settings, inside subtransactions of the caller's transaction:
 //!
-//! * one outer subtransaction holds the probe rows (inserted as the function's owner, which
-//!   bypasses RLS) for every (topic, extension) that is to be read;
+//! * one outer subtransaction holds the probe rows for every (topic, extension) that is to be
+//!   read, inserted as `realtime_prober` (BYPASSRLS, INSERT on `realtime.messages` and
+//!   nothing else: a trigger on the table runs with those rights);
 //! * the read requests of one role run together in one subtransaction, on one executor
 //!   start: each identity sets its settings, each request `realtime.topic`, and the probe
 //!   runs again (`read_together`); if one raises an error, all of that role's reads are
@@ -24,8 +25,8 @@
 
 use crate::errors;
 use crate::identity::{
-    interrupts_call, prepare_generic, report, role_guard, run, set_identity, set_local, text_datum,
-    without_leftover_subxacts, SubXact,
+    as_role, interrupts_call, prepare_generic, prober, report, role_guard, run, set_identity,
+    set_local, text_datum, without_leftover_subxacts, SubXact,
 };
 use crate::rerun::Rerun;
 use crate::returned_rows::ReturnedRows;
@@ -126,20 +127,26 @@ fn evaluate(requests: &[Request], order: &[usize], verdicts: &mut [Verdict]) {
 
         let outer = SubXact::begin();
         let mut probes: Probes = HashMap::new();
-        for r in requests.iter().filter(|r| !r.write) {
-            if let std::collections::hash_map::Entry::Vacant(slot) =
-                probes.entry((r.topic.clone(), r.extension.clone()))
-            {
-                let id = Box::new(crate::payload::new_id());
-                let args = [
-                    text_datum(&r.topic),
-                    text_datum(&r.extension),
-                    pg_sys::Datum::from(id.as_ptr()),
-                ];
-                run(probe_insert, &args);
-                slot.insert(id);
+        // As realtime_prober: a trigger on realtime.messages or the partition a row lands
+        // in runs with its rights (BYPASSRLS, INSERT on realtime.messages), never the
+        // caller's, and its effects are rolled back with `outer`.
+        let prober = prober();
+        as_role(prober, || {
+            for r in requests.iter().filter(|r| !r.write) {
+                if let std::collections::hash_map::Entry::Vacant(slot) =
+                    probes.entry((r.topic.clone(), r.extension.clone()))
+                {
+                    let id = Box::new(crate::payload::new_id());
+                    let args = [
+                        text_datum(&r.topic),
+                        text_datum(&r.extension),
+                        pg_sys::Datum::from(id.as_ptr()),
+                    ];
+                    run(probe_insert, &args);
+                    slot.insert(id);
+                }
             }
-        }
+        });
 
         // `order` sorts by role, then claims and headers: each role's requests, and within
         // them each identity's, are contiguous.
@@ -319,7 +326,7 @@ unsafe fn probe_alone(
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."authorize"(roles text[], claims text[], headers text[], topics text[], extensions text[], actions text[])
 RETURNS TABLE("ordinality" integer, allowed boolean, error text)
-STRICT VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+STRICT VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
 fn authorize(

@@ -1,7 +1,14 @@
 //! Acting as a client's identity inside the database: the subtransactions that undo every
-//! setting, the role guard (which roles a sidecar may act as), and running prepared probes.
-//! Shared by the batched channel authorization (`authorize.rs`) and the batched visibility
-//! of Postgres Changes (`visible.rs`).
+//! setting, the role guard (which roles a sidecar may act as), the switch to a role for one
+//! step (`as_role`), the probe role (`prober`), and running prepared probes. Shared by the
+//! batched channel authorization (`authorize.rs`), the batched visibility of Postgres
+//! Changes (`visible.rs`) and the rendering of filter values (`filter_values.rs`).
+//!
+//! None of the functions that use these is `SECURITY DEFINER`: each runs as its caller (the
+//! sidecar's login), and every step that runs code another role controls (a policy, a
+//! trigger, a domain CHECK, a type's input function, a cast to json) runs after `as_role`
+//! has switched to the role whose rights that step needs, and no more: the client's role,
+//! or `realtime_prober` for the read probe's row. `lib.rs` tells the whole story.
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -24,6 +31,15 @@ impl SubXact {
             pg_sys::BeginInternalSubTransaction(std::ptr::null());
             pg_sys::MemoryContextSwitchTo(s.ctx);
             s
+        }
+    }
+
+    /// Commits the subtransaction into its parent: what it made (SPI results included) stays.
+    pub(crate) unsafe fn release(self) {
+        unsafe {
+            pg_sys::ReleaseCurrentSubTransaction();
+            pg_sys::MemoryContextSwitchTo(self.ctx);
+            pg_sys::CurrentResourceOwner = self.owner;
         }
     }
 
@@ -146,6 +162,52 @@ pub(crate) fn role_guard(name: &str) -> Result<pg_sys::Oid, String> {
             ));
         }
         Ok(role)
+    }
+}
+
+/// Runs `f` as `role`, as PostgreSQL runs a SECURITY DEFINER function or a maintenance
+/// command's index expressions: `SET ROLE`, `SET SESSION AUTHORIZATION` and the other session
+/// changes a security-restricted operation refuses are refused to whatever `f` runs, so code
+/// of another role's cannot step back into the caller's rights. The user is restored when
+/// `f` returns; if `f` raises, the rollback of the enclosing (sub)transaction restores it.
+pub(crate) unsafe fn as_role<R>(role: pg_sys::Oid, f: impl FnOnce() -> R) -> R {
+    unsafe {
+        let (mut saved_user, mut saved_context) = (pg_sys::InvalidOid, 0);
+        pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
+        pg_sys::SetUserIdAndSecContext(
+            role,
+            saved_context
+                | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32
+                | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
+        );
+        let out = f();
+        pg_sys::SetUserIdAndSecContext(saved_user, saved_context);
+        out
+    }
+}
+
+/// The role the read probe's row is inserted as (`authorize.rs`): `CREATE EXTENSION` makes
+/// it with nothing but BYPASSRLS and INSERT on `realtime.messages`, so a trigger on that
+/// table or a partition runs with those rights and no more. Refused if it is missing or has
+/// been made a superuser, which would hand such a trigger a superuser's rights again.
+pub(crate) fn prober() -> pg_sys::Oid {
+    unsafe {
+        let role = pg_sys::get_role_oid(c"realtime_prober".as_ptr(), true);
+        if role == pg_sys::InvalidOid {
+            crate::errors::fail(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+                "role \"realtime_prober\" does not exist: pg_realtime inserts its read probes as it",
+                Some("ALTER EXTENSION pg_realtime UPDATE creates it, as CREATE EXTENSION does."),
+            );
+        }
+        if pg_sys::superuser_arg(role) {
+            crate::errors::fail(
+                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+                "role \"realtime_prober\" is a superuser: triggers on realtime.messages would run with a superuser's rights in every read probe",
+                Some("ALTER ROLE realtime_prober NOSUPERUSER;"),
+            );
+        }
+        role
     }
 }
 

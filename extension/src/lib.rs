@@ -2,6 +2,29 @@
 //! WebSocket sidecars drain. See `queue.rs` for how messages are ordered and delivered;
 //! `capture.rs` for how the row changes of published tables join them (Postgres Changes),
 //! `authorize.rs` and `visible.rs` for the batched RLS checks sidecars ask for.
+//!
+//! Who runs what. A superuser installs the extension, and none of its functions hands that
+//! superuser's rights to code another role controls (a trigger, a cast, a domain's CHECK, a
+//! type's input function, an overload, SQL kept in a table). Every function runs as its
+//! caller (the sidecar's login, or the app's role for `send`), and a step that meets code
+//! another role controls first switches to the role whose rights it needs, in a
+//! security-restricted operation (`identity::as_role`):
+//! * `authorize`: the read probe's row is inserted as `realtime_prober` (NOLOGIN, BYPASSRLS,
+//!   USAGE on schema realtime and INSERT on `realtime.messages`, nothing else), so a trigger
+//!   on the table or a partition gets those rights inside a probe that is rolled back; the
+//!   probes' SELECT and the write probe's INSERT run as the client's role.
+//! * `visible`: the records' keys are read into the table's row type, and the lookup is
+//!   planned and run, as the subscriber's role.
+//! * `subscribable` (SQL) renders a filter's values through `filter_values.rs`, as the
+//!   binding's role; it and `selectable` read only catalogs, as the caller, and call the
+//!   extension's functions by their exact signatures.
+//! * `sync_capture` (SQL, the event trigger) is the one SECURITY DEFINER function, owned by
+//!   the installing superuser: creating a trigger on another role's table needs it, and it
+//!   runs catalog reads and `CREATE`/`DROP TRIGGER realtime_capture`, nothing else.
+//! * `restore_replaced_functions` (SQL, the way back to Supabase's server) renames
+//!   Supabase's functions back; it executes no stored text.
+//! `realtime.check_privileges()` (`sql/check_privileges.sql`) lists the rights through which
+//! a role could still place code where these steps run it, and whose rights it would get.
 
 mod app_objects;
 mod args;
@@ -10,6 +33,7 @@ mod capture;
 mod change;
 mod consumer;
 mod errors;
+mod filter_values;
 mod gucs;
 mod history;
 mod identity;
@@ -45,7 +69,7 @@ extension_sql_file!(
 extension_sql_file!(
     "../../sql/subscribable.sql",
     name = "subscribable",
-    requires = [visible::selectable]
+    requires = [visible::selectable, filter_values::render_filter_values]
 );
 extension_sql_file!("../../sql/persisted.sql", name = "persisted");
 extension_sql_file!(
@@ -63,6 +87,7 @@ extension_sql_file!(
     name = "app_objects",
     requires = [app_objects::depend_on]
 );
+extension_sql_file!("../../sql/check_privileges.sql", name = "check_privileges");
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]

@@ -3,7 +3,9 @@
 //! row-level security, as Supabase's `apply_rls` decides it, in one call per batch.
 //!
 //! Supabase runs one primary-key lookup per subscriber per change, as the subscriber's role
-//! with its claims (`SELECT EXISTS (SELECT 1 FROM entity WHERE pk = <value>)`). Here each
+//! with its claims (`SELECT EXISTS (SELECT 1 FROM entity WHERE pk = <value>)`). Here the
+//! records' keys are read once per role, as that role (a domain's CHECK on the key is the
+//! domain owner's code: it never runs with more rights than the subscriber's), and each
 //! distinct identity is set once (a subtransaction, the role guard of `identity.rs`, the
 //! same `request.jwt.*` settings as `realtime.authorize`) and asks once for all the
 //! records: the rows of `entity` whose primary key equals that of a record, under RLS. So
@@ -22,7 +24,7 @@
 
 use crate::errors;
 use crate::identity::{
-    interrupts_call, prepare, prepare_generic, report, role_guard, set_identity,
+    as_role, interrupts_call, prepare, prepare_generic, report, role_guard, set_identity,
     without_leftover_subxacts, SubXact,
 };
 use crate::returned_rows::ReturnedRows;
@@ -32,7 +34,7 @@ use pgrx::IntoDatum;
 use std::ffi::CStr;
 
 /// The first column of each row `sql` returns for the oid arguments `args`, as text. Runs in
-/// this call's SPI connection, as the function's owner.
+/// this call's SPI connection, as the caller (catalog reads only).
 unsafe fn texts(sql: &str, args: &[pg_sys::Oid]) -> Vec<String> {
     unsafe {
         let plan = prepare(sql, &vec![pg_sys::OIDOID; args.len()]);
@@ -64,18 +66,17 @@ const KEY_TYPES_SQL: &str = "SELECT t.typarray::text || ' ' || a.attname FROM pg
      JOIN pg_type t ON t.oid = a.atttypid \
      WHERE i.indrelid = $1 AND i.indisprimary ORDER BY a.attnum";
 
-/// How one call looks `entity`'s rows up: a statement taking the record numbers to ask
-/// about (int[]) and, per key column, the records' key values as an array of that column's
-/// type, read from the JSON records once per call rather than once per identity.
-struct Lookup {
-    plan: pg_sys::SPIPlanPtr,
-    keys: Vec<pg_sys::Datum>,
+/// What the catalogs say of `entity`, read once per call as the caller: its name as SQL
+/// names it, and its primary key's columns, each as (array type, quoted name).
+struct Table {
+    name: String,
+    key: Vec<(pg_sys::Oid, String)>,
 }
 
-unsafe fn lookup(entity: pg_sys::Oid, records: pg_sys::Datum) -> Result<Lookup, String> {
+unsafe fn table(entity: pg_sys::Oid) -> Result<Table, String> {
     unsafe {
-        let table = texts("SELECT $1::regclass::text", &[entity]);
-        let Some(table) = table.first() else {
+        let name = texts("SELECT $1::regclass::text", &[entity]);
+        let Some(name) = name.first() else {
             return Err(format!(
                 "relation with OID {} does not exist",
                 entity.to_u32()
@@ -97,6 +98,57 @@ unsafe fn lookup(entity: pg_sys::Oid, records: pg_sys::Datum) -> Result<Lookup, 
         if key.iter().any(|(array, _)| *array == pg_sys::InvalidOid) {
             return Err("the primary key has a type without an array type".into());
         }
+        Ok(Table {
+            name: name.clone(),
+            key,
+        })
+    }
+}
+
+/// How one role looks `entity`'s rows up: a statement taking the record numbers to ask
+/// about (int[]) and, per key column, the records' key values as an array of that column's
+/// type, read from the JSON records once per role rather than once per identity.
+struct Lookup {
+    plan: pg_sys::SPIPlanPtr,
+    keys: Vec<pg_sys::Datum>,
+}
+
+/// Reading the records into the table's row type runs code the table's column types
+/// carry (a domain's CHECK, an input function), and the statement is planned with the
+/// role's policies: so both are done as the role, in a subtransaction of their own. An
+/// error there (a CHECK that raises, a schema the role may not use) fails that role's
+/// identities only; on success the subtransaction is kept, and with it the keys' tuple.
+unsafe fn lookup_as(
+    role: pg_sys::Oid,
+    table: &Table,
+    records: pg_sys::Datum,
+) -> Result<Lookup, String> {
+    unsafe {
+        let sub = SubXact::begin();
+        let (ctx, owner) = (sub.ctx, sub.owner);
+        let made = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+            Ok(as_role(role, || lookup(table, records)))
+        }))
+        .catch_others(|e| {
+            let r = report(&e);
+            if interrupts_call(r.sql_error_code()) {
+                e.rethrow();
+            }
+            Err(r.message().to_owned())
+        })
+        .execute();
+        if made.is_ok() {
+            SubXact { ctx, owner }.release();
+        } else {
+            SubXact { ctx, owner }.rollback();
+        }
+        made
+    }
+}
+
+unsafe fn lookup(table: &Table, records: pg_sys::Datum) -> Lookup {
+    unsafe {
+        let (name, key) = (&table.name, &table.key);
         // The key values, typed by the table's own row type (as a change's record holds
         // them), one array per key column in record order.
         let aggs = key
@@ -106,7 +158,7 @@ unsafe fn lookup(entity: pg_sys::Oid, records: pg_sys::Datum) -> Result<Lookup, 
             .join(", ");
         let keys_sql = format!(
             "SELECT {aggs} FROM unnest($1::text[]) WITH ORDINALITY AS k(rec, i), \
-             LATERAL jsonb_populate_record(NULL::{table}, k.rec::jsonb) AS r"
+             LATERAL jsonb_populate_record(NULL::{name}, k.rec::jsonb) AS r"
         );
         let keys_plan = prepare(&keys_sql, &[pg_sys::TEXTARRAYOID]);
         let rc = pg_sys::SPI_execute_plan(
@@ -145,14 +197,14 @@ unsafe fn lookup(entity: pg_sys::Oid, records: pg_sys::Datum) -> Result<Lookup, 
             .join(" AND ");
         let sql = format!(
             "SELECT a.i FROM unnest($1::int[]) AS a(i) \
-             WHERE EXISTS (SELECT 1 FROM {table} t WHERE {same})"
+             WHERE EXISTS (SELECT 1 FROM {name} t WHERE {same})"
         );
         let mut types = vec![pg_sys::INT4ARRAYOID];
         types.extend(key.iter().map(|(array, _)| *array));
-        Ok(Lookup {
+        Lookup {
             plan: prepare_generic(&sql, &types),
             keys,
-        })
+        }
     }
 }
 
@@ -182,9 +234,8 @@ fn evaluate(
         if pg_sys::SPI_connect() < 0 {
             pgrx::error!("could not connect to SPI");
         }
-        let all = records.to_vec().into_datum().expect("an array of records");
-        let lookup = match lookup(entity, all) {
-            Ok(l) => l,
+        let table = match table(entity) {
+            Ok(t) => t,
             Err(why) => {
                 for i in 0..identities.len() {
                     out.push((i as i32 + 1, None, Some(why.clone())));
@@ -193,44 +244,40 @@ fn evaluate(
                 return;
             }
         };
-        if lookup.keys.is_empty() {
-            // No records: no identity sees any.
-            pg_sys::SPI_finish();
-            return;
-        }
+        let all = records.to_vec().into_datum().expect("an array of records");
         let every: Vec<i32> = (1..=records.len() as i32).collect();
-        let args_for = |numbers: &[i32]| {
-            let mut args = vec![numbers.to_vec().into_datum().expect("an array of numbers")];
-            args.extend_from_slice(&lookup.keys);
-            args
-        };
-        let all_args = args_for(&every);
-        // The role guard's answer, once per role of the call.
-        let mut guarded: std::collections::HashMap<&str, Result<pg_sys::Oid, String>> =
+        // The role guard's answer and the role's lookup, once per role of the call.
+        let mut by_role: std::collections::HashMap<&str, Result<(pg_sys::Oid, Lookup), String>> =
             std::collections::HashMap::new();
         let (mut saved_user, mut saved_context) = (pg_sys::InvalidOid, 0);
         pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
         for (i, (role_name, claims)) in identities.iter().enumerate() {
             let at = i as i32 + 1;
-            let own;
-            let args = match asked {
-                None => &all_args,
-                Some(per) if per[i].is_empty() => continue,
-                Some(per) => {
-                    own = args_for(&per[i]);
-                    &own
-                }
-            };
-            let guard = guarded
-                .entry(role_name.as_str())
-                .or_insert_with(|| role_guard(role_name));
-            let role = match guard {
-                Ok(role) => *role,
+            if matches!(asked, Some(per) if per[i].is_empty()) {
+                continue;
+            }
+            let made = by_role.entry(role_name.as_str()).or_insert_with(|| {
+                let role = role_guard(role_name)?;
+                Ok((role, lookup_as(role, &table, all)?))
+            });
+            let (role, lookup) = match made {
+                Ok((role, lookup)) => (*role, &*lookup),
                 Err(why) => {
                     out.push((at, None, Some(why.clone())));
                     continue;
                 }
             };
+            if lookup.keys.is_empty() {
+                // No records: no identity sees any.
+                continue;
+            }
+            let mut args = vec![match asked {
+                None => every.clone(),
+                Some(per) => per[i].clone(),
+            }
+            .into_datum()
+            .expect("an array of numbers")];
+            args.extend_from_slice(&lookup.keys);
             let sub = SubXact::begin();
             let (ctx, owner) = (sub.ctx, sub.owner);
             let seen = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
@@ -283,7 +330,7 @@ fn evaluate(
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."visible"(entity regclass, roles text[], claims text[], records text[], asked integer[] DEFAULT NULL)
 RETURNS TABLE(identity integer, record integer, error text)
-VOLATILE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
 fn visible(
@@ -356,7 +403,7 @@ fn pairs(flat: &[Option<i32>], identities: usize, records: usize) -> Vec<Vec<i32
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."selectable"(entity regclass, roles text[])
 RETURNS TABLE("role" text, "columns" text[], error text)
-STRICT STABLE PARALLEL UNSAFE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+STRICT STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
 #[allow(clippy::type_complexity)]

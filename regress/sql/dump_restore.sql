@@ -52,6 +52,38 @@ SELECT realtime.send('{"a": 1}', 'ev', 'room:1', true);
 SELECT kind, topic, event, private FROM realtime.drain('restored', NULL, 10, 0);
 SELECT realtime.drop_consumer('restored');
 
+-- The read probe's role: made by the first CREATE EXTENSION of the cluster, found by the
+-- restore's (a second database), granted INSERT on realtime.messages in both.
+SELECT rolname, rolsuper, rolcanlogin, rolbypassrls FROM pg_roles WHERE rolname = 'realtime_prober';
+SELECT a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+WHERE c.oid = 'realtime.messages'::regclass AND a.grantee = 'realtime_prober'::regrole;
+-- DROP EXTENSION leaves the role (the cluster's, and another database's) and the app's
+-- table with its grant; CREATE EXTENSION again finds both.
+DROP EXTENSION pg_realtime CASCADE;
+SELECT count(*) AS prober_kept FROM pg_roles WHERE rolname = 'realtime_prober';
+CREATE EXTENSION pg_realtime;
+SELECT a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+WHERE c.oid = 'realtime.messages'::regclass AND a.grantee = 'realtime_prober'::regrole;
+-- A role of that name that could log in is refused: its rights would reach every probe.
+DROP EXTENSION pg_realtime CASCADE;
+ALTER ROLE realtime_prober LOGIN;
+CREATE EXTENSION pg_realtime;
+ALTER ROLE realtime_prober NOLOGIN;
+
+-- The same dump restored into a new cluster that has never seen the extension: the app's
+-- roles made first (as pg_dumpall --globals-only would), realtime_prober not: the restore's
+-- CREATE EXTENSION makes it before the dump's grant to it is restored.
+\set fresh :abs_builddir '/fresh_cluster'
+\setenv FRESH :fresh
+\! rm -rf "$FRESH" && mkdir -p "$FRESH" && "$PG_REALTIME_BINDIR/initdb" -D "$FRESH/data" -U postgres --auth=trust >/dev/null 2>&1 && echo initialized
+\! printf "shared_preload_libraries = 'pg_realtime'\nrealtime.queue_size = '16MB'\nlisten_addresses = ''\nunix_socket_directories = '%s'\n" "$FRESH" >> "$FRESH/data/postgresql.conf"
+\! "$PG_REALTIME_BINDIR/pg_ctl" -D "$FRESH/data" -l "$FRESH/server.log" -w start >/dev/null && echo started
+\! "$PG_REALTIME_BINDIR/psql" -X -q -h "$FRESH" -d postgres -c "CREATE ROLE anon" -c "CREATE ROLE authenticated" -c "CREATE ROLE service_role" -c "CREATE DATABASE restored" && echo prepared
+\! "$PG_REALTIME_BINDIR/psql" -X -At -h "$FRESH" -d postgres -c "SELECT count(*) AS prober_before FROM pg_roles WHERE rolname = 'realtime_prober'"
+\! "$PG_REALTIME_BINDIR/pg_restore" --exit-on-error -h "$FRESH" -d restored "$DUMP_FILE" && echo restored
+\! "$PG_REALTIME_BINDIR/psql" -X -At -h "$FRESH" -d restored -c "SELECT rolname, rolsuper, rolcanlogin, rolbypassrls FROM pg_roles WHERE rolname = 'realtime_prober'" -c "SELECT a.privilege_type FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = 'realtime.messages'::regclass AND a.grantee = 'realtime_prober'::regrole" -c "SELECT count(*) FROM realtime.persisted_messages"
+\! "$PG_REALTIME_BINDIR/pg_ctl" -D "$FRESH/data" -m fast -w stop >/dev/null && rm -rf "$FRESH" && echo stopped
+
 \c regression
 DROP DATABASE dump_source;
 DROP DATABASE dump_target;

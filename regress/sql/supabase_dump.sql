@@ -1,7 +1,7 @@
 -- The database Supabase made, with pg_realtime installed, backed up with pg_dump -Fc and
 -- restored with pg_restore --exit-on-error into a new database: no error, and the restored
 -- database is the installed one (Supabase's realtime.messages with its partitions, the
--- DEFAULT one attached, and the app's policies; our send; Supabase's functions saved for
+-- DEFAULT one attached, and the app's policies; our send; Supabase's functions kept for
 -- the way back). Then the way back there too, which again leaves the catalog Supabase's
 -- Realtime made (supabase_install.sql wrote its description before the first install).
 \getenv abs_srcdir PG_ABS_SRCDIR
@@ -28,9 +28,12 @@ WHERE i.inhparent = 'realtime.messages'::regclass ORDER BY c.relname;
 SELECT count(*) AS messages_rows FROM realtime.messages;
 SELECT p.oid::regprocedure AS function, l.lanname
 FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
-WHERE p.pronamespace = 'realtime'::regnamespace AND p.proname IN ('send', 'send_binary', 'broadcast_changes', 'topic')
-ORDER BY 1::text;
-SELECT signature, owner FROM realtime.replaced_functions ORDER BY 1;
+WHERE p.pronamespace = 'realtime'::regnamespace
+  AND p.proname IN ('send', 'send_binary', 'broadcast_changes', 'topic', 'supabase_send', 'supabase_send_binary', 'supabase_broadcast_changes')
+ORDER BY p.oid::regprocedure::text;
+-- The read probe's grants came back with realtime.messages' others.
+SELECT a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+WHERE c.oid = 'realtime.messages'::regclass AND a.grantee = 'realtime_prober'::regrole;
 SELECT pg_describe_object(refclassid, refobjid, refobjsubid) AS depends_on
 FROM pg_depend WHERE classid = 'pg_extension'::regclass
   AND objid = (SELECT oid FROM pg_extension WHERE extname = 'pg_realtime') ORDER BY 1;

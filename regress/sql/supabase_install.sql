@@ -57,9 +57,12 @@ SELECT p.oid::regprocedure AS function, l.lanname, p.proowner::regrole AS owner,
 FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
 WHERE p.pronamespace = 'realtime'::regnamespace AND p.proname IN ('send', 'send_binary', 'broadcast_changes', 'topic')
 ORDER BY 1::text;
--- Supabase's three, kept for the way back with their owners and grants.
-SELECT signature, owner, acl, definition LIKE '%LANGUAGE plpgsql%' AS plpgsql_definition_kept
-FROM realtime.replaced_functions ORDER BY 1;
+-- Supabase's three, kept for the way back as they are (the same owner, grants and body),
+-- under other names.
+SELECT p.oid::regprocedure AS kept, l.lanname, p.proowner::regrole AS owner, p.proacl AS acl,
+       p.oid IN (SELECT objid FROM pg_depend WHERE classid = 'pg_proc'::regclass AND deptype = 'e') AS member
+FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+WHERE p.pronamespace = 'realtime'::regnamespace AND p.proname LIKE 'supabase\_%' ORDER BY p.proname;
 -- The extension depends on the app's objects it uses, so pg_dump creates them before it.
 SELECT pg_describe_object(refclassid, refobjid, refobjsubid) AS depends_on
 FROM pg_depend WHERE classid = 'pg_extension'::regclass
@@ -69,9 +72,11 @@ SELECT pubname FROM pg_publication ORDER BY 1;
 SELECT tgname FROM pg_trigger WHERE tgrelid = 'public.messages'::regclass AND NOT tgisinternal ORDER BY 1;
 
 -- Every fact of Supabase's that changed, besides the extension's own functions and tables:
--- the three functions replaced; the DEFAULT partition (granted by the database's default
--- privileges, and so in Supabase's publication of realtime.messages) and the table of
--- replaced functions added. No grant or owner of Supabase's objects changed.
+-- the three functions replaced by ours and kept under other names; the DEFAULT partition
+-- added (in Supabase's publication of realtime.messages; the grants the database's default
+-- privileges gave on it revoked); realtime_prober's USAGE on schema realtime and INSERT on
+-- realtime.messages, the read probe's. No other grant or owner of Supabase's objects changed.
+-- Our functions hold no grant the default privileges would give (postgres, dashboard_user).
 \c
 \set ECHO none
 \pset format unaligned
@@ -83,13 +88,13 @@ SELECT tgname FROM pg_trigger WHERE tgrelid = 'public.messages'::regclass AND NO
 \pset tuples_only off
 \set ECHO all
 SELECT read_facts('installed', :'facts_installed');
-SELECT 'gone' AS change, line FROM (SELECT line FROM facts WHERE phase = 'before'
+SELECT 'gone' AS change, replace(line, 'arwdDxtm/', 'arwdDxt/') AS line FROM (SELECT line FROM facts WHERE phase = 'before'
                                     EXCEPT SELECT line FROM facts WHERE phase = 'installed') x
 UNION ALL
 -- (ALL on a table is arwdDxt on 15, arwdDxtm with 17's MAINTAIN: shown as on 15.)
 SELECT 'new', replace(line, 'arwdDxtm/', 'arwdDxt/') FROM (SELECT line FROM facts WHERE phase = 'installed'
                                                           EXCEPT SELECT line FROM facts WHERE phase = 'before') y
-WHERE (line NOT LIKE 'function %' OR line ~ '^function (send|send_binary|broadcast_changes|topic)\(')
+WHERE (line NOT LIKE 'function %' OR line ~ '^function (supabase_)?(send|send_binary|broadcast_changes|topic)\(')
   AND line !~ '(persisted_messages|presence_sessions|presences|presence_refs)'
 ORDER BY 1, 2;
 

@@ -249,6 +249,9 @@ async fn session(
         }
         None => {}
     }
+    if epoch.is_none() {
+        crate::privileges::log(&client, setup).await;
+    }
     *epoch = Some(now_epoch);
     metrics.db_up.store(1, Relaxed);
     tracing::info!(consumer = %cfg.consumer, position = pos, "draining");

@@ -163,6 +163,7 @@ pub mod persist;
 pub mod persist_full;
 pub mod postgres_changes;
 pub mod presence;
+pub mod privileges;
 pub mod rate;
 pub mod reach;
 pub mod reason;

@@ -115,3 +115,43 @@ async fn healthz_reports_a_stuck_drain_and_the_sidecar_recovers() {
     let m = c.next_json(10).await.expect("delivery resumes");
     assert_eq!(m["payload"]["payload"]["back"], true);
 }
+
+/// The rights through which a role could place code where pg_realtime runs it are logged
+/// when the sidecar starts (realtime.check_privileges()), so that a right granted after
+/// CREATE EXTENSION is seen; none is logged once it is revoked.
+#[tokio::test]
+async fn rights_reaching_extension_code_are_logged_at_start() {
+    let db = db().await;
+    db.batch_execute(
+        "DROP ROLE IF EXISTS t_trigger_holder; CREATE ROLE t_trigger_holder;
+         GRANT TRIGGER ON realtime.messages TO t_trigger_holder;",
+    )
+    .await
+    .unwrap();
+    let sidecar = Sidecar::start("t_privileges_logged", &[]).await;
+    sidecar.wait_healthy().await;
+    let logged = sidecar.log();
+    db.batch_execute(
+        "REVOKE TRIGGER ON realtime.messages FROM t_trigger_holder; DROP ROLE t_trigger_holder;",
+    )
+    .await
+    .unwrap();
+    let line = logged
+        .lines()
+        .find(|l| l.contains("t_trigger_holder"))
+        .unwrap_or_else(|| panic!("no line names the role; the log:\n{logged}"));
+    assert!(
+        line.contains("TRIGGER")
+            && line.contains("realtime.messages")
+            && line.contains("realtime_prober"),
+        "{line}"
+    );
+    drop(sidecar);
+    let sidecar = Sidecar::start("t_privileges_logged", &[]).await;
+    sidecar.wait_healthy().await;
+    assert!(
+        !sidecar.log().contains("t_trigger_holder"),
+        "{}",
+        sidecar.log()
+    );
+}

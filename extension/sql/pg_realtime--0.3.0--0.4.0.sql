@@ -1,0 +1,399 @@
+-- pg_realtime 0.3.0 -> 0.4.0: no role gains a superuser's rights through the extension
+-- (README, "Who runs what"). Every change of the extension's SQL since 0.3.0 (frozen in
+-- extension/released/pg_realtime--0.3.0.sql) is written here as well; regress/sql/upgrade.sql
+-- proves the result equals a fresh install.
+
+-- sql/schema.sql: the role the read probe's rows are inserted as.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'realtime_prober') THEN
+        CREATE ROLE realtime_prober NOLOGIN NOINHERIT BYPASSRLS;
+    ELSIF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'realtime_prober' AND (rolsuper OR rolcanlogin)) THEN
+        RAISE EXCEPTION 'role realtime_prober exists and is a superuser or can log in'
+            USING HINT = 'pg_realtime inserts its read probes as realtime_prober, so triggers on realtime.messages run with its rights: ALTER ROLE realtime_prober NOSUPERUSER NOLOGIN, then CREATE EXTENSION again.';
+    ELSE
+        ALTER ROLE realtime_prober BYPASSRLS;
+    END IF;
+    GRANT USAGE ON SCHEMA realtime TO realtime_prober;
+    GRANT INSERT ON realtime.messages TO realtime_prober;
+    DELETE FROM pg_catalog.pg_init_privs
+    WHERE privtype = 'e'
+      AND ((classoid = 'pg_catalog.pg_class'::regclass AND objoid = 'realtime.messages'::regclass)
+           OR (classoid = 'pg_catalog.pg_namespace'::regclass AND objoid = 'realtime'::regnamespace));
+END
+$$;
+
+-- extension/src/authorize.rs, visible.rs: no longer SECURITY DEFINER. They run as their
+-- caller and switch, step by step, to the role each step needs.
+ALTER FUNCTION realtime.authorize(text[], text[], text[], text[], text[], text[]) SECURITY INVOKER;
+ALTER FUNCTION realtime.visible(regclass, text[], text[], text[], integer[]) SECURITY INVOKER;
+ALTER FUNCTION realtime.selectable(regclass, text[]) SECURITY INVOKER;
+
+-- extension/src/filter_values.rs: a filter's values rendered as the binding's role.
+CREATE FUNCTION realtime."render_filter_values"("role" text, type_oid oid, typmod integer, "values" text[])
+RETURNS text
+STRICT VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'render_filter_values_wrapper';
+
+-- sql/subscribable.sql: runs as its caller; values rendered by render_filter_values.
+CREATE OR REPLACE FUNCTION realtime.subscribable(bindings jsonb)
+RETURNS TABLE(item integer, error text, "values" jsonb)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' AS $$
+DECLARE
+    b jsonb;
+    f jsonb;
+    n integer := 0;
+    rel regclass;
+    r jsonb;
+    relname text;
+    sel record;
+    col record;
+    typ oid;
+    category "char";
+    c text;
+    one jsonb;
+BEGIN
+    IF jsonb_typeof(bindings) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'bindings must be a JSON array' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR b IN SELECT e FROM jsonb_array_elements(bindings) e LOOP
+        n := n + 1;
+        item := n;
+        error := NULL;
+        "values" := NULL;
+        IF b ->> 'table' IS NULL OR b ->> 'schema' = '*' THEN
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        SELECT c.oid, format('%I.%I', ns.nspname, c.relname) INTO rel, relname
+        FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace
+        WHERE ns.nspname = b ->> 'schema' AND c.relname = b ->> 'table' AND c.relkind IN ('r', 'p');
+        IF rel IS NULL THEN
+            error := format('table %I.%I does not exist', b ->> 'schema', b ->> 'table');
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        -- A partitioned table's rows are captured on the partition written to and named
+        -- after it (as Supabase names them under publish_via_partition_root = false): a
+        -- binding on its own name would never match one, so it is refused, not left silent.
+        IF (SELECT c.relkind FROM pg_class c WHERE c.oid = rel) = 'p' THEN
+            error := format('table %s is partitioned: its rows'' changes are named after the '
+                            'partition they are written to; bind its partitions instead', relname);
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
+                       WHERE pt.pubname = 'supabase_realtime'
+                         AND pt.schemaname = b ->> 'schema' AND pt.tablename = b ->> 'table') THEN
+            -- Without the publication itself that hint would fail too: name what is missing.
+            IF NOT EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = 'supabase_realtime') THEN
+                error := format('publication supabase_realtime does not exist, so no table''s changes '
+                                'are captured; create it with CREATE PUBLICATION supabase_realtime, then '
+                                'ALTER PUBLICATION supabase_realtime ADD TABLE %s', relname);
+            ELSE
+                error := format('table %s is not in publication supabase_realtime; add it with '
+                                'ALTER PUBLICATION supabase_realtime ADD TABLE %s', relname, relname);
+            END IF;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        -- The role guard, the 400 (no primary key) and the 401 (the role may not select it).
+        SELECT s.columns, s.error INTO sel FROM realtime.selectable(rel, ARRAY[b ->> 'role']) s;
+        IF sel.error IS NOT NULL THEN
+            error := sel.error;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        FOR c IN SELECT jsonb_array_elements_text(coalesce(b -> 'select', '[]'))
+                 UNION ALL SELECT x ->> 'column' FROM jsonb_array_elements(coalesce(b -> 'filters', '[]')) x LOOP
+            IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = rel AND a.attname = c
+                           AND a.attnum > 0 AND NOT a.attisdropped) THEN
+                error := format('column %I does not exist in %s', c, relname);
+            ELSIF c <> ALL (sel.columns) THEN
+                error := format('role %I may not select column %I of %s', b ->> 'role', c, relname);
+            END IF;
+            EXIT WHEN error IS NOT NULL;
+        END LOOP;
+        IF error IS NULL AND b ? 'filters' THEN
+            "values" := '[]';
+            FOR f IN SELECT x FROM jsonb_array_elements(b -> 'filters') x LOOP
+                SELECT a.atttypid, a.atttypmod INTO col FROM pg_attribute a
+                WHERE a.attrelid = rel AND a.attname = f ->> 'column';
+                -- A domain's values are read as its base type: a domain's CHECK may call any
+                -- function, and a value that fails it matches no row anyway.
+                typ := col.atttypid;
+                WHILE (SELECT t.typtype = 'd' FROM pg_type t WHERE t.oid = typ) LOOP
+                    SELECT t.typbasetype INTO typ FROM pg_type t WHERE t.oid = typ;
+                END LOOP;
+                SELECT t.typcategory INTO category FROM pg_type t WHERE t.oid = typ;
+                one := NULL;
+                IF f ->> 'op' IN ('like', 'ilike', 'match', 'imatch') THEN
+                    IF category <> 'S' THEN
+                        error := format('%s applies to text; column %I of %s is of type %s', f ->> 'op',
+                                        f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
+                    ELSIF f ->> 'op' IN ('match', 'imatch') THEN
+                        -- The pattern is compiled here, by the regex engine that evaluates it
+                        -- at delivery, so an invalid one refuses the join instead of failing
+                        -- every change (Supabase's check and text). Its length is capped by
+                        -- the sidecar before it gets here; compiling a capped pattern is
+                        -- bounded by the caller's statement_timeout.
+                        BEGIN
+                            PERFORM '' ~ (f -> 'values' ->> 0);
+                        EXCEPTION WHEN invalid_regular_expression OR program_limit_exceeded THEN
+                            error := format('invalid regular expression for %s filter: %s', f ->> 'op', SQLERRM);
+                        END;
+                    END IF;
+                ELSIF f ->> 'op' = 'is' THEN
+                    IF f -> 'values' ->> 0 <> 'null' AND category <> 'B' THEN
+                        error := format('is.%s applies to booleans; column %I of %s is of type %s', f -> 'values' ->> 0,
+                                        f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
+                    END IF;
+                -- Arrays only of base and enum elements: a composite element's input would run
+                -- its fields' domain CHECKs as the owner, with the client's text.
+                ELSIF EXISTS (SELECT 1 FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1
+                              WHERE t.oid = typ AND (t.typtype NOT IN ('b', 'e') OR e.typtype NOT IN ('b', 'e'))) THEN
+                    error := format('column %I of %s is of type %s, which filters do not support',
+                                    f ->> 'column', relname, format_type(col.atttypid, col.atttypmod));
+                ELSE
+                    -- isdistinct.null is the value 'null' of the column's type, as in
+                    -- Supabase's check_equality_op (the text "null"; refused for an
+                    -- integer): use is.null for NULL.
+                    r := realtime.render_filter_values(b ->> 'role', typ, col.atttypmod,
+                             ARRAY(SELECT jsonb_array_elements_text(f -> 'values')))::jsonb;
+                    IF r ? 'values' THEN
+                        one := r -> 'values';
+                    ELSIF r ? 'value' THEN
+                        error := format('filter value %L is not a valid %s: %s', r ->> 'value',
+                                        format_type(col.atttypid, col.atttypmod), r ->> 'error');
+                    ELSE
+                        error := r ->> 'error';
+                    END IF;
+                END IF;
+                EXIT WHEN error IS NOT NULL;
+                "values" := "values" || jsonb_build_array(one);
+            END LOOP;
+            IF error IS NOT NULL THEN
+                "values" := NULL;
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION realtime.render_filter_values(text, oid, integer, text[]) FROM PUBLIC;
+
+-- sql/check_privileges.sql.
+CREATE FUNCTION realtime.check_privileges()
+RETURNS TABLE("role" name, privilege text, object text, runs_as text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    WITH roles AS (
+        SELECT r.oid, r.rolname FROM pg_roles r
+        WHERE NOT r.rolsuper AND r.rolname <> 'realtime_prober' AND r.rolname !~ '^pg_'
+    ),
+    ext AS (
+        SELECT e.oid FROM pg_extension e WHERE e.extname = 'pg_realtime'
+    ),
+    probed AS (
+        SELECT c.oid, c.relowner FROM pg_class c
+        WHERE c.oid = 'realtime.messages'::regclass
+           OR c.oid IN (SELECT t.relid FROM pg_partition_tree('realtime.messages'::regclass) t)
+    ),
+    own_tables AS (
+        SELECT c.oid, c.relowner,
+               CASE WHEN c.relname = 'replaced_functions'
+                    THEN 'nobody (no row of it is executed)'
+                    ELSE 'the sidecar''s login (it writes the rows)' END AS runs_as
+        FROM pg_class c
+        WHERE c.relnamespace = 'realtime'::regnamespace AND c.relkind IN ('r', 'p')
+          AND (c.relname = 'replaced_functions'
+               OR c.oid IN (SELECT d.objid FROM pg_depend d, ext
+                            WHERE d.classid = 'pg_class'::regclass AND d.deptype = 'e' AND d.refobjid = ext.oid))
+    ),
+    members AS (
+        SELECT d.classid, d.objid FROM pg_depend d, ext
+        WHERE d.deptype = 'e' AND d.refobjid = ext.oid AND d.refclassid = 'pg_extension'::regclass
+    )
+    SELECT r.rolname, 'CREATE', 'schema realtime',
+           'nobody (the extension calls its functions by their exact signatures)'
+    FROM roles r WHERE has_schema_privilege(r.oid, 'realtime', 'CREATE')
+    UNION ALL
+    SELECT r.rolname, 'OWNER', 'table ' || p.oid::regclass,
+           'realtime_prober (read probe) or the client''s role (write probe)'
+    FROM probed p, roles r WHERE pg_has_role(r.oid, p.relowner, 'MEMBER')
+    UNION ALL
+    SELECT r.rolname, 'TRIGGER', 'table ' || p.oid::regclass,
+           'realtime_prober (read probe) or the client''s role (write probe)'
+    FROM probed p, roles r
+    WHERE has_table_privilege(r.oid, p.oid, 'TRIGGER') AND NOT pg_has_role(r.oid, p.relowner, 'MEMBER')
+    UNION ALL
+    SELECT r.rolname, 'OWNER', 'table ' || t.oid::regclass, t.runs_as
+    FROM own_tables t, roles r WHERE pg_has_role(r.oid, t.relowner, 'MEMBER')
+    UNION ALL
+    SELECT r.rolname, x.privilege, 'table ' || t.oid::regclass, t.runs_as
+    FROM own_tables t, roles r, unnest(ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) x(privilege)
+    WHERE has_table_privilege(r.oid, t.oid, x.privilege) AND NOT pg_has_role(r.oid, t.relowner, 'MEMBER')
+    UNION ALL
+    SELECT r.rolname, 'MEMBER', 'role realtime_prober',
+           'realtime_prober (BYPASSRLS, INSERT on realtime.messages)'
+    FROM roles r WHERE pg_has_role(r.oid, 'realtime_prober', 'MEMBER')
+    UNION ALL
+    SELECT r.rolname, 'OWNER', pg_describe_object(m.classid, m.objid, 0), 'its owner'
+    FROM members m
+    JOIN LATERAL (SELECT p.proowner AS owner FROM pg_proc p WHERE m.classid = 'pg_proc'::regclass AND p.oid = m.objid
+                  UNION ALL SELECT c.relowner FROM pg_class c WHERE m.classid = 'pg_class'::regclass AND c.oid = m.objid
+                  UNION ALL SELECT t.typowner FROM pg_type t WHERE m.classid = 'pg_type'::regclass AND t.oid = m.objid) o ON true,
+         roles r
+    WHERE pg_has_role(r.oid, o.owner, 'MEMBER')
+$$;
+
+-- sql/schema.sql: Supabase's replaced functions are no longer kept as SQL text to execute.
+-- A 0.3.0 install keeps its table (its rows are the app's to review: the way back now
+-- refuses to execute them), with the rights Supabase's default privileges gave on it
+-- revoked below; the function that executed them is replaced by one that does not.
+DO $$
+BEGIN
+    IF to_regprocedure('realtime.restore_replaced_functions()') IS NULL THEN
+        RETURN;
+    END IF;
+    DROP FUNCTION realtime.restore_replaced_functions();
+    CREATE OR REPLACE FUNCTION realtime.restore_replaced_functions() RETURNS SETOF text
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+    DECLARE
+        p record;
+    BEGIN
+        IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_realtime') THEN
+            RAISE EXCEPTION 'pg_realtime is still installed'
+                USING HINT = 'Run DROP EXTENSION pg_realtime CASCADE first.';
+        END IF;
+        -- pg_realtime 0.3.0 kept Supabase's functions as SQL text in this table, which roles
+        -- other than its owner could edit (Supabase's default privileges gave postgres and
+        -- dashboard_user every right on it): the text is never executed here.
+        IF to_regclass('realtime.replaced_functions') IS NOT NULL THEN
+            RAISE EXCEPTION 'realtime.replaced_functions holds the SQL text of functions pg_realtime 0.3.0 replaced; it is not executed, since roles other than its owner could edit it'
+                USING HINT = 'Review each definition (SELECT signature, definition FROM realtime.replaced_functions), run those you trust, then DROP TABLE realtime.replaced_functions and call realtime.restore_replaced_functions() again.';
+        END IF;
+        FOR p IN SELECT oid, proname FROM pg_proc
+                 WHERE pronamespace = 'realtime'::regnamespace
+                   AND proname IN ('supabase_send', 'supabase_send_binary', 'supabase_broadcast_changes')
+                 ORDER BY proname LOOP
+            EXECUTE format('ALTER FUNCTION %s RENAME TO %I', p.oid::regprocedure, substr(p.proname, length('supabase_') + 1));
+            RETURN NEXT p.oid::regprocedure::text;
+        END LOOP;
+        -- Supabase's server makes a partition per day; a DEFAULT partition holding rows of
+        -- those days would stop it, so it goes (if it holds rows, they are the app's to move).
+        IF to_regclass('realtime.messages_9999_12_31') IS NOT NULL THEN
+            IF EXISTS (SELECT 1 FROM realtime.messages_9999_12_31) THEN
+                RAISE EXCEPTION 'realtime.messages_9999_12_31 holds rows'
+                    USING HINT = 'Move or delete them, then call realtime.restore_replaced_functions() again.';
+            END IF;
+            DROP TABLE realtime.messages_9999_12_31;
+        END IF;
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'realtime_prober') THEN
+            REVOKE INSERT ON realtime.messages FROM realtime_prober;
+            REVOKE USAGE ON SCHEMA realtime FROM realtime_prober;
+        END IF;
+        DROP FUNCTION realtime.restore_replaced_functions();
+    END
+    $f$;
+    ALTER EXTENSION pg_realtime DROP FUNCTION realtime.restore_replaced_functions();
+    REVOKE ALL ON FUNCTION realtime.restore_replaced_functions() FROM PUBLIC;
+END
+$$;
+
+-- sql/privileges.sql.
+REVOKE EXECUTE ON FUNCTION realtime.check_privileges() FROM PUBLIC;
+
+-- The roles that could ask realtime.subscribable (a sidecar's login) may ask it still: it
+-- now calls render_filter_values as its caller. They may also read realtime.check_privileges(),
+-- which the sidecar logs at its start.
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT pg_catalog.quote_ident(a.rolname) FROM pg_catalog.pg_roles a
+             WHERE NOT a.rolsuper
+               AND pg_catalog.has_function_privilege(a.oid, 'realtime.subscribable(jsonb)', 'EXECUTE') LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.render_filter_values(text, oid, integer, text[]) TO %s', r);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.check_privileges() TO %s', r);
+    END LOOP;
+END
+$$;
+
+-- What a database's default privileges gave on the extension's own objects, revoked: they
+-- apply to whatever the installing role creates in schema realtime, and a database Supabase
+-- made gives postgres and dashboard_user ALL on tables and routines there, which would hand
+-- them the sidecar's functions (a drain sees every private message) and the extension's
+-- tables. Only what the default ACLs of the objects' creator (the extension's owner) or
+-- owner added is revoked, so a later grant of an administrator's survives an update. Also
+-- the DEFAULT partition sql/schema.sql adds, and 0.3.0's realtime.replaced_functions.
+CREATE FUNCTION realtime.revoke_default_grants() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    o record;
+    g record;
+BEGIN
+    FOR o IN
+        WITH ext AS (SELECT e.oid, e.extowner FROM pg_extension e WHERE e.extname = 'pg_realtime')
+        SELECT CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END AS kind, c.oid::regclass::text AS name,
+               c.relowner AS owner, c.relacl AS acl, CASE c.relkind WHEN 'S' THEN 'S' ELSE 'r' END::"char" AS objtype,
+               ext.extowner AS creator
+        FROM pg_class c, ext
+        WHERE c.relnamespace = 'realtime'::regnamespace
+          AND (c.relname IN ('messages_9999_12_31', 'replaced_functions')
+               OR c.oid IN (SELECT d.objid FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+                              AND d.deptype = 'e' AND d.refobjid = ext.oid))
+        UNION ALL
+        SELECT 'FUNCTION', p.oid::regprocedure::text, p.proowner, p.proacl, 'f', ext.extowner
+        FROM pg_proc p, ext
+        WHERE p.oid IN (SELECT d.objid FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
+                          AND d.deptype = 'e' AND d.refobjid = ext.oid)
+        UNION ALL
+        SELECT 'TYPE', t.oid::regtype::text, t.typowner, t.typacl, 'T', ext.extowner
+        FROM pg_type t, ext
+        WHERE t.oid IN (SELECT d.objid FROM pg_depend d WHERE d.classid = 'pg_type'::regclass
+                          AND d.deptype = 'e' AND d.refobjid = ext.oid)
+    LOOP
+        FOR g IN
+            SELECT DISTINCT a.grantee, a.privilege_type FROM aclexplode(o.acl) a
+            WHERE a.grantee <> o.owner
+              AND EXISTS (SELECT 1 FROM pg_default_acl d, aclexplode(d.defaclacl) da
+                          WHERE d.defaclrole IN (o.owner, o.creator)
+                            AND d.defaclnamespace IN (0, 'realtime'::regnamespace)
+                            AND d.defaclobjtype = o.objtype
+                            AND da.grantee = a.grantee AND da.privilege_type = a.privilege_type)
+        LOOP
+            EXECUTE format('REVOKE %s ON %s %s FROM %s', g.privilege_type, o.kind, o.name,
+                           CASE g.grantee WHEN 0 THEN 'PUBLIC' ELSE quote_ident(g.grantee::regrole::text) END);
+        END LOOP;
+    END LOOP;
+    -- A REVOKE inside CREATE or ALTER EXTENSION is recorded as initial privileges even on an
+    -- object that is no member, which pg_dump would then leave out of a dump: the records of
+    -- the app's objects go.
+    DELETE FROM pg_init_privs i
+    WHERE i.classoid = 'pg_class'::regclass AND i.privtype = 'e'
+      AND i.objoid IN (SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'realtime'::regnamespace)
+      AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = i.classoid AND d.objid = i.objoid AND d.deptype = 'e');
+END
+$$;
+REVOKE EXECUTE ON FUNCTION realtime.revoke_default_grants() FROM PUBLIC;
+SELECT realtime.revoke_default_grants();
+
+-- What realtime.check_privileges() finds, said once at install (the sidecar logs it at each
+-- start, so rights granted later are seen too).
+DO $$
+DECLARE
+    rights text;
+BEGIN
+    SELECT string_agg(format('%s: %s on %s: such code runs as %s', g.role, g.privilege, g.objects, g.runs_as),
+                      E'\n' ORDER BY g.role, g.privilege, g.objects)
+    INTO rights
+    FROM (SELECT c.role, c.privilege, c.runs_as, string_agg(c.object, ', ' ORDER BY c.object) AS objects
+          FROM realtime.check_privileges() c GROUP BY 1, 2, 3) g;
+    IF rights IS NOT NULL THEN
+        RAISE WARNING 'roles that are no superuser can place code where pg_realtime runs it'
+            USING DETAIL = rights,
+                  HINT = 'None of it runs with a superuser''s rights. Revoke what no role needs; SELECT * FROM realtime.check_privileges() lists it again.';
+    END IF;
+END
+$$;

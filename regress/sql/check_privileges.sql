@@ -1,0 +1,28 @@
+-- realtime.check_privileges() on a plain install: nothing but the installer holds a right
+-- through which code could be placed where the extension's privileged steps run it. Then
+-- each kind of right, granted to a role of its own, is listed with the role its code would
+-- run as, and goes when revoked.
+SELECT count(*) AS rights FROM realtime.check_privileges();
+CREATE ROLE cp_creator;
+CREATE ROLE cp_trigger;
+CREATE ROLE cp_member;
+CREATE ROLE cp_writer;
+GRANT CREATE ON SCHEMA realtime TO cp_creator;
+GRANT TRIGGER ON realtime.messages TO cp_trigger;
+GRANT realtime_prober TO cp_member;
+GRANT INSERT ON realtime.persisted_messages TO cp_writer;
+SELECT role, privilege, object, runs_as FROM realtime.check_privileges() ORDER BY 1, 3, 2;
+REVOKE CREATE ON SCHEMA realtime FROM cp_creator;
+REVOKE TRIGGER ON realtime.messages FROM cp_trigger;
+REVOKE realtime_prober FROM cp_member;
+REVOKE INSERT ON realtime.persisted_messages FROM cp_writer;
+SELECT count(*) AS rights FROM realtime.check_privileges();
+DROP ROLE cp_creator, cp_trigger, cp_member, cp_writer;
+-- The role the read probe runs as: no superuser, no login, nothing but BYPASSRLS.
+SELECT rolname, rolsuper, rolcanlogin, rolbypassrls, rolcreaterole, rolcreatedb, rolreplication, rolinherit
+FROM pg_roles WHERE rolname = 'realtime_prober';
+SELECT c.oid::regclass AS on_table, a.privilege_type
+FROM pg_class c, aclexplode(c.relacl) a
+WHERE a.grantee = 'realtime_prober'::regrole ORDER BY c.oid::regclass::text, 2;
+SELECT has_schema_privilege('realtime_prober', 'realtime', 'USAGE') AS uses_schema,
+       has_schema_privilege('realtime_prober', 'realtime', 'CREATE') AS creates_in_schema;
