@@ -37,12 +37,24 @@ const USER_TIMEOUT: i32 = 12;
 #[cfg(feature = "pg17")]
 const USER_TIMEOUT: i32 = 13;
 
-// Declared here unguarded: the handler runs in a signal handler, where pgrx's error
-// boundary has no business, and the others raise no error in the ways they are used.
-extern "C" {
+// Each can raise (elog(FATAL) when the timeout slots run out, or when setitimer fails):
+// every call goes through pgrx's error boundary (`guarded`), since a longjmp through Rust
+// frames would be undefined.
+extern "C-unwind" {
     fn RegisterTimeout(id: i32, handler: Option<unsafe extern "C" fn()>) -> i32;
     fn enable_timeout_after(id: i32, delay_ms: i32);
     fn disable_timeout(id: i32, keep_indicator: bool);
+}
+
+/// `f`, a call of one of the functions above, behind pgrx's error boundary: an error it
+/// raises becomes a Rust panic that pgrx turns back into the same Postgres error.
+unsafe fn guarded<T>(f: impl FnOnce() -> T) -> T {
+    unsafe { pg_sys::ffi::pg_guard_ffi_boundary(f) }
+}
+
+// Unguarded: SetLatch is called from the timer's signal handler, where pgrx's boundary has
+// no business, and neither raises an error.
+extern "C" {
     fn get_timeout_active(id: i32) -> bool;
     fn SetLatch(latch: *mut pg_sys::Latch);
 }
@@ -70,7 +82,7 @@ fn timer() -> i32 {
     if t >= 0 {
         return t;
     }
-    let t = unsafe { RegisterTimeout(USER_TIMEOUT, Some(budget_spent)) };
+    let t = unsafe { guarded(|| RegisterTimeout(USER_TIMEOUT, Some(budget_spent))) };
     TIMER.store(t, Ordering::Relaxed);
     t
 }
@@ -106,13 +118,13 @@ unsafe fn evaluate_one(
             op.into_datum().expect("an operator"),
         ];
         SPENT.store(false, Ordering::SeqCst);
-        enable_timeout_after(id, budget_ms);
+        guarded(|| enable_timeout_after(id, budget_ms));
         let got = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
             let rc =
                 pg_sys::SPI_execute_plan(plan, args.as_ptr().cast_mut(), std::ptr::null(), true, 0);
             // A budget spent between two rows is raised here, inside the subtransaction,
             // rather than at the caller's next interrupt check.
-            disable_timeout(id, false);
+            guarded(|| disable_timeout(id, false));
             pgrx::check_for_interrupts!();
             if rc < 0 {
                 pgrx::error!("pattern evaluation failed (SPI error {rc})");
@@ -129,7 +141,7 @@ unsafe fn evaluate_one(
             Ok(out)
         }))
         .catch_others(|e| {
-            disable_timeout(id, false);
+            guarded(|| disable_timeout(id, false));
             let r = report(&e);
             let code = r.sql_error_code();
             if code == PgSqlErrorCode::ERRCODE_QUERY_CANCELED {
