@@ -10,6 +10,9 @@ REVOKE EXECUTE ON FUNCTION realtime.drop_consumer(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.confirm(text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.drain(text, bigint, integer, integer, integer, oid[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.drain_packed(text, bigint, integer, integer, integer, oid[]) FROM PUBLIC;
+-- It hands back json values it never validated: any role calling it could make invalid
+-- json datums.
+REVOKE EXECUTE ON FUNCTION realtime.drain_unpack(bytea) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.listen(text, text[], text[], boolean, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.unlisten(text, text[], text[], boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.listen_all(text) FROM PUBLIC;
@@ -17,6 +20,7 @@ REVOKE EXECUTE ON FUNCTION realtime.history(bigint, text[], boolean[], timestamp
 REVOKE EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.authorize(text[], text[], text[], text[], text[], text[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.visible(regclass, text[], text[], text[], integer[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.visible_current(regclass, text[], text[], text[], integer[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.selectable(regclass, text[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.match_patterns(text[], text[], text[], integer[], integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.check_privileges() FROM PUBLIC;

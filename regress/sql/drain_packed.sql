@@ -85,6 +85,7 @@ SELECT * FROM realtime.drain_unpack('\x52545031010000000900000000000000000000');
 SELECT * FROM realtime.drain_unpack('\x525450310000000000');
 SELECT * FROM realtime.drain_unpack(NULL);
 
--- Only roles granted it may drain (the sidecar's); unpacking reads nothing of the queue.
+-- Only roles granted them may drain or unpack (the sidecar's): unpacking reads nothing of the
+-- queue, but hands back json values it never validated (drain_unpack_was_public.sql).
 SELECT has_function_privilege('public', 'realtime.drain_packed(text, bigint, integer, integer, integer, oid[])', 'EXECUTE') AS public_drains,
        has_function_privilege('public', 'realtime.drain_unpack(bytea)', 'EXECUTE') AS public_unpacks;
