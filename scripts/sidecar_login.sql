@@ -28,6 +28,7 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
     realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean),
     realtime.authorize(text[], text[], text[], text[], text[], text[]),
     realtime.visible(regclass, text[], text[], text[], integer[]),
+    realtime.visible_current(regclass, text[], text[], text[], integer[]),
     realtime.selectable(regclass, text[]), realtime.subscribable(jsonb),
     realtime.render_filter_values(text, oid, integer, text[]), realtime.check_privileges(),
     realtime.match_patterns(text[], text[], text[], integer[], integer),

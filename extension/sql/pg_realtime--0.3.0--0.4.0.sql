@@ -301,6 +301,40 @@ BEGIN
 END
 $$;
 
+-- extension/src/visible.rs: a resume's changes asked as versions (a version is resent only
+-- while the row still holds it). The roles that may ask realtime.visible may ask this.
+CREATE FUNCTION realtime."visible_current"(entity regclass, roles text[], claims text[], records text[], asked integer[] DEFAULT NULL)
+RETURNS TABLE(identity integer, record integer, error text)
+VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'visible_current_wrapper';
+REVOKE EXECUTE ON FUNCTION realtime.visible_current(regclass, text[], text[], text[], integer[]) FROM PUBLIC;
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT pg_catalog.quote_ident(a.rolname) FROM pg_catalog.pg_roles a
+             WHERE NOT a.rolsuper
+               AND pg_catalog.has_function_privilege(a.oid, 'realtime.visible(regclass, text[], text[], text[], integer[])', 'EXECUTE') LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.visible_current(regclass, text[], text[], text[], integer[]) TO %s', r);
+    END LOOP;
+END
+$$;
+
+-- sql/privileges.sql: realtime.drain_unpack is no longer PUBLIC's (it hands back json values
+-- it never validated); the roles that may drain may still unpack.
+REVOKE EXECUTE ON FUNCTION realtime.drain_unpack(bytea) FROM PUBLIC;
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT pg_catalog.quote_ident(a.rolname) FROM pg_catalog.pg_roles a
+             WHERE NOT a.rolsuper
+               AND pg_catalog.has_function_privilege(a.oid, 'realtime.drain_packed(text, bigint, integer, integer, integer, oid[])', 'EXECUTE') LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.drain_unpack(bytea) TO %s', r);
+    END LOOP;
+END
+$$;
+
 -- sql/privileges.sql.
 REVOKE EXECUTE ON FUNCTION realtime.check_privileges() FROM PUBLIC;
 
@@ -397,3 +431,4 @@ BEGIN
     END IF;
 END
 $$;
+

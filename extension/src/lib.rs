@@ -23,6 +23,7 @@
 //!   runs catalog reads and `CREATE`/`DROP TRIGGER realtime_capture`, nothing else.
 //! * `restore_replaced_functions` (SQL, the way back to Supabase's server) renames
 //!   Supabase's functions back; it executes no stored text.
+//!
 //! `realtime.check_privileges()` (`sql/check_privileges.sql`) lists the rights through which
 //! a role could still place code where these steps run it, and whose rights it would get.
 

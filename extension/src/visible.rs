@@ -69,6 +69,7 @@ const KEY_TYPES_SQL: &str = "SELECT t.typarray::text || ' ' || a.attname FROM pg
 /// What the catalogs say of `entity`, read once per call as the caller: its name as SQL
 /// names it, and its primary key's columns, each as (array type, quoted name).
 struct Table {
+    oid: pg_sys::Oid,
     name: String,
     key: Vec<(pg_sys::Oid, String)>,
 }
@@ -99,10 +100,21 @@ unsafe fn table(entity: pg_sys::Oid) -> Result<Table, String> {
             return Err("the primary key has a type without an array type".into());
         }
         Ok(Table {
+            oid: entity,
             name: name.clone(),
             key,
         })
     }
+}
+
+/// What a record is asked about.
+#[derive(Clone, Copy, PartialEq)]
+enum Asked {
+    /// Whether the row with its primary key is visible now (`realtime.visible`).
+    Key,
+    /// Whether the row with its primary key is visible now and still holds, in every
+    /// column the role may read, the values the record holds (`realtime.visible_current`).
+    Version,
 }
 
 /// How one role looks `entity`'s rows up: a statement taking the record numbers to ask
@@ -122,12 +134,16 @@ unsafe fn lookup_as(
     role: pg_sys::Oid,
     table: &Table,
     records: pg_sys::Datum,
+    mode: Asked,
 ) -> Result<Lookup, String> {
     unsafe {
         let sub = SubXact::begin();
         let (ctx, owner) = (sub.ctx, sub.owner);
         let made = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
-            Ok(as_role(role, || lookup(table, records)))
+            Ok(as_role(role, || match mode {
+                Asked::Key => lookup(table, records),
+                Asked::Version => lookup_version(role, table, records),
+            }))
         }))
         .catch_others(|e| {
             let r = report(&e);
@@ -218,16 +234,55 @@ fn quote_ident(name: &str) -> String {
     }
 }
 
+/// The statement of `Asked::Version`: the records themselves are its second argument
+/// (text[]), each read into the table's row type as the identity asks about it, and a
+/// record is seen when the row with its key is visible and equal to it, column by column
+/// as text, in each column `role` may read. A column the role may not read is not
+/// compared: what it held is none of the subscriber's business, and the record it gets
+/// leaves it out.
+unsafe fn lookup_version(role: pg_sys::Oid, table: &Table, records: pg_sys::Datum) -> Lookup {
+    unsafe {
+        let name = &table.name;
+        let readable = texts(
+            "SELECT quote_ident(a.attname) FROM pg_attribute a \
+             WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
+             AND has_column_privilege($2, a.attrelid, a.attnum, 'SELECT') ORDER BY a.attnum",
+            &[table.oid, role],
+        );
+        let same = table
+            .key
+            .iter()
+            .map(|(_, c)| format!("t.{c} = r.{c}"))
+            .chain(
+                readable
+                    .iter()
+                    .map(|c| format!("t.{c}::text IS NOT DISTINCT FROM r.{c}::text")),
+            )
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let sql = format!(
+            "SELECT a.i FROM unnest($1::int[]) AS a(i), \
+             LATERAL jsonb_populate_record(NULL::{name}, ($2::text[])[a.i]::jsonb) AS r \
+             WHERE EXISTS (SELECT 1 FROM {name} t WHERE {same})"
+        );
+        Lookup {
+            plan: prepare_generic(&sql, &[pg_sys::INT4ARRAYOID, pg_sys::TEXTARRAYOID]),
+            keys: vec![records],
+        }
+    }
+}
+
 type Row = (i32, Option<i32>, Option<String>);
 
 /// The records each identity is asked about (1-based), or None: every record.
-type Asked = Option<Vec<Vec<i32>>>;
+type PerIdentity = Option<Vec<Vec<i32>>>;
 
 fn evaluate(
     entity: pg_sys::Oid,
     identities: &[(String, String)],
     records: &[Option<String>],
-    asked: &Asked,
+    asked: &PerIdentity,
+    mode: Asked,
     out: &mut Vec<Row>,
 ) {
     unsafe {
@@ -258,7 +313,7 @@ fn evaluate(
             }
             let made = by_role.entry(role_name.as_str()).or_insert_with(|| {
                 let role = role_guard(role_name)?;
-                Ok((role, lookup_as(role, &table, all)?))
+                Ok((role, lookup_as(role, &table, all, mode)?))
             });
             let (role, lookup) = match made {
                 Ok((role, lookup)) => (*role, &*lookup),
@@ -341,6 +396,49 @@ fn visible(
     asked: Option<Vec<Option<i32>>>,
     fcinfo: pg_sys::FunctionCallInfo,
 ) {
+    answer(entity, roles, claims, records, asked, Asked::Key, fcinfo)
+}
+
+/// `realtime.visible` for a resume: each record is a whole row as a change recorded it,
+/// and counts as seen only while the row with its key is visible to the identity and still
+/// holds, in every column its role may read, what the record holds. A version written while
+/// the row was hidden (a draft published since) is therefore never resent: the row's latest
+/// change, which holds what the row holds now, is. The live stage asks `realtime.visible`:
+/// a live change is checked within milliseconds of its commit, as Supabase checks it.
+#[pg_extern(sql = r#"
+CREATE FUNCTION realtime."visible_current"(entity regclass, roles text[], claims text[], records text[], asked integer[] DEFAULT NULL)
+RETURNS TABLE(identity integer, record integer, error text)
+VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
+"#)]
+fn visible_current(
+    entity: pg_sys::Oid,
+    roles: Vec<Option<String>>,
+    claims: Vec<Option<String>>,
+    records: Vec<Option<String>>,
+    asked: Option<Vec<Option<i32>>>,
+    fcinfo: pg_sys::FunctionCallInfo,
+) {
+    answer(
+        entity,
+        roles,
+        claims,
+        records,
+        asked,
+        Asked::Version,
+        fcinfo,
+    )
+}
+
+fn answer(
+    entity: pg_sys::Oid,
+    roles: Vec<Option<String>>,
+    claims: Vec<Option<String>>,
+    records: Vec<Option<String>>,
+    asked: Option<Vec<Option<i32>>>,
+    mode: Asked,
+    fcinfo: pg_sys::FunctionCallInfo,
+) {
     if roles.len() != claims.len() {
         errors::invalid("realtime.visible needs as many claims as roles", None);
     }
@@ -357,7 +455,7 @@ fn visible(
         .collect();
     let asked = asked.map(|flat| pairs(&flat, identities.len(), records.len()));
     let mut out = Vec::new();
-    without_leftover_subxacts(|| evaluate(entity, &identities, &records, &asked, &mut out));
+    without_leftover_subxacts(|| evaluate(entity, &identities, &records, &asked, mode, &mut out));
     let mut rows = unsafe { ReturnedRows::begin(fcinfo) };
     for (identity, record, error) in out {
         rows.push(|| {

@@ -25,19 +25,24 @@ before(async () => {
   db = await database();
   await db.query(fs.readFileSync(new URL('../../pgbench/supabase_auth.sql', import.meta.url), 'utf8'));
   await db.query(`
-    DROP TABLE IF EXISTS pcr_tasks, pcr_notes CASCADE;
+    DROP TABLE IF EXISTS pcr_tasks, pcr_notes, pcr_posts CASCADE;
     CREATE TABLE pcr_tasks (id bigint PRIMARY KEY, run text NOT NULL, title text);
     GRANT SELECT ON pcr_tasks TO anon, authenticated;
     CREATE TABLE pcr_notes (id bigint PRIMARY KEY, owner uuid NOT NULL, body text);
     ALTER TABLE pcr_notes ENABLE ROW LEVEL SECURITY;
     CREATE POLICY own ON pcr_notes FOR SELECT TO authenticated USING (owner = auth.uid());
     GRANT SELECT ON pcr_notes TO authenticated;
-    ALTER PUBLICATION supabase_realtime ADD TABLE pcr_tasks, pcr_notes;`);
+    CREATE TABLE pcr_posts (id bigint PRIMARY KEY, status text NOT NULL, body text);
+    ALTER TABLE pcr_posts REPLICA IDENTITY FULL;
+    ALTER TABLE pcr_posts ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY published ON pcr_posts FOR SELECT TO anon USING (status = 'published');
+    GRANT SELECT ON pcr_posts TO anon;
+    ALTER PUBLICATION supabase_realtime ADD TABLE pcr_tasks, pcr_notes, pcr_posts;`);
   ({ process: sidecar, port } = await startSidecar(SECRET, 'postgres_changes_resume_e2e'));
 });
 
 after(async () => {
-  await db?.query('ALTER PUBLICATION supabase_realtime DROP TABLE pcr_tasks, pcr_notes').catch(() => {});
+  await db?.query('ALTER PUBLICATION supabase_realtime DROP TABLE pcr_tasks, pcr_notes, pcr_posts').catch(() => {});
   await db?.end();
   sidecar?.kill('SIGTERM');
 });
@@ -162,6 +167,61 @@ for (const vsn of ['1.0.0', '2.0.0']) {
     } finally {
       await close(again);
       await db.query(`DROP POLICY own ON pcr_notes; CREATE POLICY own ON pcr_notes FOR SELECT TO authenticated USING (owner = auth.uid())`);
+    }
+  });
+
+  // Regression (issue 39, H3): a resume checked each change against the row as it is at the
+  // rejoin and sent the version the change recorded, so a post inserted as a hidden draft and
+  // published while the subscriber was away was resent with the draft's text.
+  test(`realtime-js (${vsn}): a draft published after the subscriber left is not resent with its draft text`, async () => {
+    const base = vsn === '1.0.0' ? 100 : 200;
+    const topic = `posts-${vsn}-${Date.now()}`;
+    const join = (c, resume, got, systems) => {
+      const channel = c.channel(topic, { config: { broadcast: { resume } } });
+      channel.on('postgres_changes', { event: '*', schema: 'public', table: 'pcr_posts' }, (p) => got.push(p));
+      remember(channel, systems);
+      return channel;
+    };
+    const first = client(vsn);
+    let at;
+    try {
+      await first.setAuth(apikey);
+      const got = [];
+      const channel = join(first, { changes: true }, got, []);
+      await subscribed(channel);
+      await db.query(`INSERT INTO pcr_posts VALUES ($1, 'published', 'hello')`, [base + 1]);
+      await waitFor(() => got.length >= 1 && position(channel)?.seq, 10000, 'the first post and its position');
+      at = position(channel);
+    } finally {
+      await close(first);
+    }
+    // While it is away: a draft no anonymous reader may see, rewritten and published; and a
+    // published post edited twice (only its latest text is resent).
+    await db.query(`INSERT INTO pcr_posts VALUES ($1, 'draft', 'acquisition of X at $40M')`, [base + 2]);
+    await db.query(`UPDATE pcr_posts SET status = 'published', body = 'Press release' WHERE id = $1`, [base + 2]);
+    await db.query(`UPDATE pcr_posts SET body = 'hello, edited' WHERE id = $1`, [base + 1]);
+    await db.query(`UPDATE pcr_posts SET body = 'hello, edited twice' WHERE id = $1`, [base + 1]);
+    const again = client(vsn);
+    try {
+      await again.setAuth(apikey);
+      const got = [];
+      const systems = [];
+      const channel = join(again, at, got, systems);
+      await subscribed(channel);
+      await waitFor(() => systems.some((s) => 'recovered' in s), 10000, 'the resume system message');
+      await db.query(`INSERT INTO pcr_posts VALUES ($1, 'published', 'live')`, [base + 3]);
+      await waitFor(() => got.some((p) => Number(p.new?.id) === base + 3), 10000, 'the live post');
+      assert.ok(!JSON.stringify(got).includes('$40M'), `the draft's text was resent: ${JSON.stringify(got)}`);
+      assert.deepEqual(got.map((p) => [p.eventType, Number(p.new.id) - base, p.new.body, p.old]),
+        [['UPDATE', 2, 'Press release', { id: base + 2 }],
+         ['UPDATE', 1, 'hello, edited twice', { id: base + 1 }],
+         ['INSERT', 3, 'live', {}]]);
+      const resumed = systems.find((s) => 'recovered' in s);
+      assert.equal(resumed.recovered, true, JSON.stringify(resumed));
+      assert.equal(resumed.changes, 2, JSON.stringify(resumed));
+      assert.match(resumed.message, /still holds what it wrote/);
+    } finally {
+      await close(again);
     }
   });
 

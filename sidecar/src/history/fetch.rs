@@ -773,6 +773,12 @@ async fn check_changes(
     });
     let mut out = Vec::new();
     let (mut sent, mut withheld, mut asked) = (0, 0, false);
+    // Checked long after their commit: a version is resent only while its row still holds
+    // it (`deliver::Limits::resume`).
+    let limits = &deliver::Limits {
+        resume: true,
+        ..*limits
+    };
     for chunk in changes.chunks(limits.max_changes.max(1)) {
         let datas: Vec<&str> = chunk.iter().map(|c| c.data.as_str()).collect();
         let p = deliver::prepare(db, &only, &datas, limits, metrics).await;
@@ -855,7 +861,7 @@ fn resume_system(
         }
         payload["changes"] = json!(changes);
         payload["withheld"] = json!(carry.withheld);
-        let judged = " Changes were checked as the channel's role may read them now: an INSERT or UPDATE of a row deleted or no longer visible since is not resent; a DELETE is.";
+        let judged = " Changes were checked as the channel's role may read them now: an INSERT or UPDATE is resent only while its row is visible and still holds what it wrote (of a row changed since, its latest change is resent, not the versions before it), and an UPDATE's old_record keeps only the key on a table with row level security; a DELETE is resent.";
         let text = payload["message"].as_str().unwrap_or_default().to_owned() + judged;
         payload["message"] = json!(text);
     }

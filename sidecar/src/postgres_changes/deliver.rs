@@ -118,6 +118,9 @@ pub struct VisibleCall {
     pub claims: Vec<String>,
     pub records: Vec<String>,
     pub asked: Vec<i32>,
+    /// The records are whole rows, each seen only while the row still holds it
+    /// (`realtime.visible_current`, a resume's check), not keys (`realtime.visible`).
+    pub current: bool,
 }
 
 /// The bounds of the stage (`Config`).
@@ -130,6 +133,12 @@ pub struct Limits {
     pub max_changes: usize,
     /// Identities per `realtime.visible` call.
     pub max_identities: usize,
+    /// The changes are a resume's, checked long after their commit: on a table with RLS an
+    /// INSERT or UPDATE is sent only while its row still holds the version it recorded
+    /// (a version written while the row was hidden, a draft published since, is never
+    /// resent), and an UPDATE's old_record keeps only the key (the old version is no
+    /// row's any more).
+    pub resume: bool,
 }
 
 impl Limits {
@@ -139,6 +148,7 @@ impl Limits {
             check_timeout: Duration::from_millis(cfg.changes_check_timeout_ms),
             max_changes: cfg.poll_max_changes as usize,
             max_identities: cfg.changes_check_max_identities as usize,
+            resume: false,
         }
     }
 }
@@ -687,8 +697,9 @@ async fn authorize(
         }
         calls[c].push(p);
     }
-    // Each record's key, made once however many calls ask about it, and only when a call
-    // does (a bulk write's records past the budget are never asked about).
+    // Each record's key (a resume's: the whole record), made once however many calls ask
+    // about it, and only when a call does (a bulk write's records past the budget are never
+    // asked about).
     let mut keys: Vec<Option<String>> = vec![None; records.len()];
     let mut seen = vec![false; distinct.len()];
     let mut decided = vec![false; calls.len()];
@@ -698,6 +709,7 @@ async fn authorize(
     let mut local_record = vec![0i32; records.len() + 1];
     let mut build = |c: usize| {
         let mut built = Built::default();
+        built.call.current = limits.resume;
         for &p in calls.get(c).map(Vec::as_slice).unwrap_or_default() {
             let (r, i) = distinct[p];
             if local_identity[i as usize] == 0 {
@@ -709,8 +721,12 @@ async fn authorize(
             }
             if local_record[r as usize] == 0 {
                 let key = keys[r as usize - 1].get_or_insert_with(|| {
-                    let change = records[r as usize - 1];
-                    key_only(parsed[change].as_ref().expect("parsed"), &info.primary_key)
+                    let data = parsed[records[r as usize - 1]].as_ref().expect("parsed");
+                    if limits.resume {
+                        data.get("record").map(Value::to_string).unwrap_or_default()
+                    } else {
+                        key_only(data, &info.primary_key)
+                    }
                 });
                 built.call.records.push(key.clone());
                 built.records.push(r);
@@ -773,7 +789,8 @@ async fn authorize(
         if !decided[call_of[p]] {
             undecided.push(cand);
         } else if seen[p] {
-            kept.push((cand, cols, None));
+            let trim = limits.resume.then(|| info.primary_key.clone());
+            kept.push((cand, cols, trim));
         } else {
             metrics.changes_withheld_total.increment(1);
         }
@@ -1170,6 +1187,9 @@ const TABLE_SQL: &str =
 const VISIBLE_SQL: &str = "SELECT identity, record, error \
      FROM realtime.visible($1::oid::regclass, $2::text[], $3::text[], $4::text[], $5::int4[])";
 
+const VISIBLE_CURRENT_SQL: &str = "SELECT identity, record, error \
+     FROM realtime.visible_current($1::oid::regclass, $2::text[], $3::text[], $4::text[], $5::int4[])";
+
 const PATTERNS_SQL: &str = "SELECT pattern, subject, matched, error \
      FROM realtime.match_patterns($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4)";
 
@@ -1190,6 +1210,7 @@ pub struct Db<'a> {
 pub struct Statements {
     table: tokio::sync::OnceCell<tokio_postgres::Statement>,
     visible: tokio::sync::OnceCell<tokio_postgres::Statement>,
+    visible_current: tokio::sync::OnceCell<tokio_postgres::Statement>,
     patterns: tokio::sync::OnceCell<tokio_postgres::Statement>,
 }
 
@@ -1282,10 +1303,15 @@ impl Lookup for Db<'_> {
         call: &VisibleCall,
         budget: Duration,
     ) -> Result<Vec<VisibleRow>, DbError> {
+        let (cell, sql) = if call.current {
+            (&self.statements.visible_current, VISIBLE_CURRENT_SQL)
+        } else {
+            (&self.statements.visible, VISIBLE_SQL)
+        };
         let rows = self
             .query(
-                &self.statements.visible,
-                VISIBLE_SQL,
+                cell,
+                sql,
                 &[&oid, &call.roles, &call.claims, &call.records, &call.asked],
                 budget,
             )
@@ -1340,6 +1366,8 @@ mod tests {
     /// Plays the database: table `public.todos` with RLS and key `id`; role
     /// `authenticated` reads every column but `secret`, `anon` may not read the key (401);
     /// a row is visible to claims `{"sub":"u1"}` when its id is odd. `notes` has no RLS.
+    /// Asked about versions (a resume's check), a row holds a record's version unless the
+    /// record's title is "draft" (the row was published since).
     #[derive(Default)]
     struct Fake {
         /// Each visible call's (claims, records, asked).
@@ -1391,6 +1419,7 @@ mod tests {
                 claims,
                 records,
                 asked,
+                current,
             } = call;
             assert_eq!(oid, 42);
             if self.visible_takes > budget {
@@ -1412,11 +1441,17 @@ mod tests {
             for pair in asked.chunks(2) {
                 let (i, r) = (pair[0], pair[1]);
                 let rec: Value = serde_json::from_str(&records[r as usize - 1]).unwrap();
-                assert_eq!(rec.as_object().unwrap().len(), 1, "only the key is sent");
+                if *current {
+                    assert!(rec.get("title").is_some(), "a version is sent whole");
+                } else {
+                    assert_eq!(rec.as_object().unwrap().len(), 1, "only the key is sent");
+                }
                 let odd = rec["id"].as_i64().unwrap() % 2 == 1;
+                let held = !*current || rec["title"] != "draft";
                 if roles[i as usize - 1] == "authenticated"
                     && claims[i as usize - 1] == r#"{"sub":"u1"}"#
                     && odd
+                    && held
                 {
                     rows.push((i, Some(r), None));
                 }
@@ -1473,6 +1508,7 @@ mod tests {
             check_timeout: Duration::from_secs(5),
             max_changes: 100,
             max_identities: 100,
+            resume: false,
         }
     }
 
@@ -1576,6 +1612,56 @@ mod tests {
         assert_eq!(calls[0].2.len(), 8);
         // Withheld: anon's three (401) and the three pairs RLS hides.
         assert_eq!(m.value("realtime_changes_withheld_total"), Some(6.0));
+    }
+
+    /// A resume's check (`resume`: the issue's H3, a draft resent after it was published)
+    /// asks whether each row still holds the version its change recorded, sending whole
+    /// records: the draft's INSERT is not resent, the UPDATE that published it is, and its
+    /// old_record (the draft) keeps only the key. The live check sends keys.
+    #[tokio::test]
+    async fn a_resume_resends_only_versions_rows_still_hold_and_old_records_keep_the_key() {
+        let subs = Subscribers::default();
+        let all = json!([{"event": "*", "schema": "public", "table": "todos"}]);
+        let (owner, _r1) = sub(1, "authenticated", r#"{"sub":"u1"}"#, all);
+        subs.add(owner);
+        let db = Fake::default();
+        let with_title = |data: String, title: &str, old: Option<&str>| {
+            let mut d: Value = serde_json::from_str(&data).unwrap();
+            d["record"]["title"] = json!(title);
+            if let Some(old) = old {
+                d["old_record"]["title"] = json!(old);
+            }
+            d.to_string()
+        };
+        let datas = [
+            with_title(change("todos", "INSERT", 7), "draft", None),
+            with_title(change("todos", "UPDATE", 7), "published", Some("draft")),
+        ];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let resume = Limits {
+            resume: true,
+            ..limits()
+        };
+        let out = prepare(&db, &subs, &datas, &resume, &Metrics::default())
+            .await
+            .frames;
+        let got = delivered(&out);
+        assert!(got[0].is_empty(), "the draft was resent: {:?}", got[0]);
+        assert_eq!(got[1].len(), 1);
+        assert_eq!(
+            got[1][0].2["record"],
+            json!({"id": 7, "title": "published", "owner": "u"})
+        );
+        assert_eq!(got[1][0].2["old_record"], json!({"id": 7}));
+        let asked = db.visible_calls.lock().unwrap().clone();
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].1.len(), 2);
+        // Live, the same batch is asked by key, and the draft's INSERT is sent (its row is
+        // visible at the check, milliseconds after the commit, as on Supabase).
+        let live = prepare(&db, &subs, &datas, &limits(), &Metrics::default())
+            .await
+            .frames;
+        assert_eq!(delivered(&live)[0].len(), 1);
     }
 
     #[tokio::test]
