@@ -44,23 +44,42 @@ pub fn client(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> Ip
     if !trusted.contains(peer) {
         return peer;
     }
-    // Every X-Forwarded-For header, in order, is one list; read it from the right.
-    let hops: Vec<IpAddr> = headers
+    // Every X-Forwarded-For header, in order, is one list; read it from the right, where
+    // each trusted proxy appended the address it saw, and stop at the first entry a trusted
+    // proxy did not vouch for. What a client wrote further left is never read: an entry
+    // there that does not parse once made the whole list count as the proxy's own.
+    let hops = headers
         .get_all("x-forwarded-for")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|h| h.trim().parse::<IpAddr>().map(unmapped))
-        .collect::<Result<_, _>>()
-        // A list the proxy could not have written: the proxy is the client we know.
-        .unwrap_or_default();
-    hops.iter()
-        .rev()
-        .find(|ip| !trusted.contains(**ip))
-        // Every hop a trusted proxy: the first one is where the request entered.
-        .or(hops.first())
-        .copied()
-        .unwrap_or(peer)
+        .collect::<Vec<_>>();
+    let mut entered = peer;
+    for hop in hops.iter().rev() {
+        match hop_address(hop) {
+            Some(ip) if trusted.contains(ip) => entered = ip,
+            Some(ip) => return ip,
+            // A trusted proxy that could not name its peer ("unknown"): the request
+            // entered there.
+            None => return entered,
+        }
+    }
+    // Every hop a trusted proxy: the first one is where the request entered.
+    entered
+}
+
+/// One X-Forwarded-For entry as an address: `a.b.c.d`, `a.b.c.d:port`, an IPv6 address,
+/// or `[v6]:port` (some proxies write the port).
+fn hop_address(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    let bare = if let Some(rest) = hop.strip_prefix('[') {
+        rest.split_once(']')?.0
+    } else if hop.matches(':').count() == 1 {
+        hop.split_once(':')?.0
+    } else {
+        hop
+    };
+    bare.parse::<IpAddr>().ok().map(unmapped)
 }
 
 /// What a per-address limit counts by: an IPv4 address, or an IPv6 address's /64.
@@ -170,5 +189,40 @@ mod tests {
         assert!(TrustedProxies::parse("::1, 192.168.0.0/16")
             .unwrap()
             .contains(ip("192.168.3.4")));
+    }
+
+    /// Regression (issue 39, L1): one entry a client wrote that does not parse made the
+    /// whole list count as the proxy's, so a client could take a second budget (the
+    /// proxy's) and fill the bucket every client with such an entry shares.
+    #[test]
+    fn an_unparsable_entry_a_client_wrote_does_not_make_it_the_proxy() {
+        let trusted = TrustedProxies::parse("127.0.0.1").unwrap();
+        let peer = ip("127.0.0.1");
+        for xff in [&["x, 203.0.113.9"][..], &["unknown", "203.0.113.9"][..]] {
+            assert_eq!(
+                client(peer, &headers(xff), &trusted),
+                ip("203.0.113.9"),
+                "{xff:?}"
+            );
+        }
+        // The proxy's own "unknown" (it could not name its peer): the request entered there.
+        assert_eq!(
+            client(peer, &headers(&["203.0.113.9, unknown"]), &trusted),
+            peer
+        );
+    }
+
+    #[test]
+    fn ports_proxies_append_are_stripped() {
+        let trusted = TrustedProxies::parse("10.0.0.0/8").unwrap();
+        let peer = ip("10.0.0.2");
+        for (xff, want) in [
+            ("198.51.100.7:51234", "198.51.100.7"),
+            ("[2001:db8::7]:443", "2001:db8::7"),
+            ("2001:db8::8", "2001:db8::8"),
+            ("198.51.100.7:51234, 10.0.0.1:80", "198.51.100.7"),
+        ] {
+            assert_eq!(client(peer, &headers(&[xff]), &trusted), ip(want), "{xff}");
+        }
     }
 }

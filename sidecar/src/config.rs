@@ -20,6 +20,10 @@ pub struct Config {
     /// Secret that client JWTs (apikey and access tokens) are signed with (HS256/384/512).
     #[arg(long, env = "API_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: String,
+    /// Supabase's: when set, `/metrics` wants `Authorization: Bearer <JWT signed with it>`
+    /// and answers 403 otherwise; unset, `/metrics` is open to whoever reaches the port.
+    #[arg(long, env = "METRICS_JWT_SECRET", hide_env_values = true)]
+    pub metrics_jwt_secret: Option<String>,
 
     /// libpq-style connection string; overrides the DB_* settings.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
@@ -348,6 +352,14 @@ impl Config {
                 "API_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes long (it has {})",
                 self.jwt_secret.len()
             )));
+        }
+        if let Some(s) = &self.metrics_jwt_secret {
+            if s.len() < MIN_SECRET_BYTES {
+                return Err(InvalidConfig(format!(
+                    "METRICS_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes long (it has {})",
+                    s.len()
+                )));
+            }
         }
         // A slice, not an array of a fixed length: every new setting changed that length.
         let ranges: &[(&str, u64, u64, u64)] = &[

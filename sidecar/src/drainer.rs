@@ -79,7 +79,6 @@ pub async fn run(
             Ok(()) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "drain connection failed; reconnecting");
-                metrics.set_down_reason(e.to_string());
             }
         }
         if was_up {

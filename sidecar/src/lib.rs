@@ -157,6 +157,7 @@ pub mod interest;
 pub mod join_config;
 pub mod jwt;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod outbound;
 pub mod packed;
 pub mod persist;
@@ -209,6 +210,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         cfg: cfg.clone(),
         hub: hub.clone(),
         verifier: jwt::Verifier::new(&cfg.jwt_secret),
+        metrics_auth: metrics_auth::MetricsAuth::new(cfg.metrics_jwt_secret.as_deref()),
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
         relay: relay_tx,

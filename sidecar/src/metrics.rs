@@ -11,7 +11,7 @@
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Level, Metadata, Recorder, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How often samples of the latency summary are folded in, keeping their memory bounded
@@ -101,8 +101,6 @@ pub struct Metrics {
 
     /// When (unix ms) the last drain call answered; /healthz fails when it is too old.
     drain_answered_ms: AtomicI64,
-    /// Why the drain connection last failed, for /healthz.
-    down_reason: Mutex<String>,
 }
 
 /// A drain call that has not answered for this long means the database is stuck. A drain
@@ -361,7 +359,6 @@ impl Default for Metrics {
                 "time from commit to fan-out",
             ),
             drain_answered_ms: AtomicI64::new(0),
-            down_reason: Mutex::new(String::new()),
         }
     }
 }
@@ -371,18 +368,12 @@ impl Metrics {
         self.drain_answered_ms.store(now_ms, Relaxed);
     }
 
-    pub fn set_down_reason(&self, why: String) {
-        *self.down_reason.lock().unwrap() = why;
-    }
-
     /// Healthy while the drain connection is up and its calls answer; else the reason.
     pub fn health(&self, now_ms: i64) -> Result<(), String> {
+        // The database's own error text (a host, a database or role name, a server's
+        // message) is logged, not answered: /healthz may be reachable by anyone.
         if self.db_up.load(Relaxed) != 1 {
-            let why = self.down_reason.lock().unwrap();
-            return Err(match why.as_str() {
-                "" => "database unavailable".into(),
-                why => format!("database unavailable: {why}"),
-            });
+            return Err("database unavailable".into());
         }
         let silent = now_ms - self.drain_answered_ms.load(Relaxed);
         if silent > DRAIN_STUCK_MS {

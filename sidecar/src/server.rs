@@ -130,11 +130,24 @@ async fn route(
                 ),
             }
         }
-        (&Method::GET, "/metrics") => respond(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            shared.metrics.render(),
-        ),
+        (&Method::GET, "/metrics") => {
+            let authorization = req
+                .headers()
+                .get(hyper::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            if shared.metrics_auth.allows(authorization) {
+                respond(
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4",
+                    shared.metrics.render(),
+                )
+            } else {
+                json_error(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden: /metrics wants a Bearer JWT signed with METRICS_JWT_SECRET",
+                )
+            }
+        }
         (&Method::GET, p) => static_file(&shared, p).await,
         _ => json_error(StatusCode::NOT_FOUND, "Not found"),
     })

@@ -15,6 +15,8 @@ pub struct Shared {
     pub cfg: Arc<Config>,
     pub hub: Arc<Hub>,
     pub verifier: Verifier,
+    /// Who may read `/metrics` (`METRICS_JWT_SECRET`).
+    pub metrics_auth: crate::metrics_auth::MetricsAuth,
     pub metrics: Arc<Metrics>,
     /// Turns true once when the server starts shutting down.
     pub shutdown: watch::Receiver<bool>,
@@ -136,6 +138,7 @@ pub mod testing {
             connections_by_address: crate::tally::InFlight::default(),
             hub: Arc::new(Hub::new(metrics.clone())),
             verifier: Verifier::new(SECRET),
+            metrics_auth: crate::metrics_auth::MetricsAuth::new(None),
             cfg,
             metrics,
             shutdown,

@@ -155,3 +155,80 @@ async fn rights_reaching_extension_code_are_logged_at_start() {
         sidecar.log()
     );
 }
+
+/// Regression (issue 39, L8): /healthz's 503 carried the database's error text (here the
+/// name of a database that does not exist; elsewhere a host, a role, a server's message)
+/// to anyone who could reach the port. It says only that the database is unavailable; the
+/// reason is in the sidecar's log.
+#[tokio::test]
+async fn healthz_answers_without_database_error_text() {
+    let port = free_port();
+    let log = std::env::temp_dir().join("realtime-sidecar-test-t_healthz_text.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_realtime-sidecar"))
+        .env("PORT", port.to_string())
+        .env("API_JWT_SECRET", SECRET)
+        .env(
+            "DATABASE_URL",
+            format!("{} dbname=t_no_such_database_l8", sidecar_dsn()),
+        )
+        .env("CONSUMER_NAME", "t_healthz_text")
+        .env("LOG_LEVEL", "warn")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start realtime-sidecar");
+    // Asked once the drain's connection has failed, with the error in hand.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("t_no_such_database_l8")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no connection failure logged"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let answer = loop {
+        if let Ok(answer) = http(port, "GET", "/healthz", &[], "").await {
+            break answer;
+        }
+        assert!(std::time::Instant::now() < deadline, "no /healthz answer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(answer, (503, "database unavailable\n".to_owned()));
+}
+
+/// `/metrics` behind Supabase's METRICS_JWT_SECRET: without a Bearer JWT signed with it, or
+/// with an expired one or one signed with another key, 403; with one, the metrics.
+#[tokio::test]
+async fn metrics_want_a_jwt_signed_with_metrics_jwt_secret() {
+    const METRICS: &str = "metrics-secret-with-at-least-32-characters";
+    let sidecar = Sidecar::start("t_metrics_jwt", &[("METRICS_JWT_SECRET", METRICS)]).await;
+    let signed = |key: &str, exp: i64| {
+        let t = jsonwebtoken::encode(
+            &jsonwebtoken::Header::default(),
+            &json!({"role": "metrics", "exp": exp}),
+            &jsonwebtoken::EncodingKey::from_secret(key.as_bytes()),
+        )
+        .unwrap();
+        format!("Bearer {t}")
+    };
+    for (auth, want) in [
+        (None, 403),
+        (Some(signed(SECRET, now() + 60)), 403),
+        (Some(signed(METRICS, now() - 120)), 403),
+        (Some(signed(METRICS, now() + 60)), 200),
+    ] {
+        let headers: Vec<(&str, &str)> = auth
+            .as_deref()
+            .map(|a| vec![("Authorization", a)])
+            .unwrap_or_default();
+        let (status, body) = http(sidecar.port, "GET", "/metrics", &headers, "")
+            .await
+            .unwrap();
+        assert_eq!(status, want, "{auth:?}: {body}");
+        assert_eq!(body.contains("realtime_connections "), want == 200);
+    }
+}
