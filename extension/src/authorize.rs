@@ -25,8 +25,8 @@
 
 use crate::errors;
 use crate::identity::{
-    as_role, interrupts_call, prepare_generic, prober, report, role_guard, run, set_identity,
-    set_local, text_datum, without_leftover_subxacts, SubXact,
+    as_role, interrupts_call, item_error, prepare_generic, prober, report, role_guard, run,
+    set_identity, set_local, text_datum, without_leftover_subxacts, SubXact,
 };
 use crate::rerun::Rerun;
 use crate::returned_rows::ReturnedRows;
@@ -256,12 +256,7 @@ unsafe fn read_together(
             rerun.finish();
             Ok(())
         }))
-        .catch_others(|e| {
-            if interrupts_call(report(&e).sql_error_code()) {
-                e.rethrow();
-            }
-            Err(report(&e).message().to_owned())
-        })
+        .catch_others(item_error)
         .execute();
         if together.is_ok() {
             pg_sys::SetUserIdAndSecContext(saved_user, saved_context);

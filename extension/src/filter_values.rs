@@ -13,7 +13,7 @@
 //! column.
 
 use crate::identity::{
-    as_role, interrupts_call, prepare, report, role_guard, without_leftover_subxacts, SubXact,
+    as_role, item_error, prepare, role_guard, without_leftover_subxacts, SubXact,
 };
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -90,13 +90,7 @@ unsafe fn render(
                     }
                 }))
             }))
-            .catch_others(|e| {
-                let r = report(&e);
-                if interrupts_call(r.sql_error_code()) {
-                    e.rethrow();
-                }
-                Err(r.message().to_owned())
-            })
+            .catch_others(item_error)
             .execute();
             // Nothing the type's code did stays; the rendered text is already copied out.
             SubXact { ctx, owner }.rollback();

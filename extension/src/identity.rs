@@ -244,6 +244,16 @@ pub(crate) fn without_leftover_subxacts<R>(f: impl FnOnce() -> R) -> R {
         .execute()
 }
 
+/// A caught error as one item's answer (one identity's, one value's, one role's reads):
+/// its message. A cancel, a statement_timeout or a shutdown is about the whole call, not
+/// the item: it is raised again and ends the call.
+pub(crate) fn item_error<T>(e: pg_sys::panic::CaughtError) -> Result<T, String> {
+    if interrupts_call(report(&e).sql_error_code()) {
+        e.rethrow();
+    }
+    Err(report(&e).message().to_owned())
+}
+
 /// The error report of a caught error, whatever raised it.
 pub(crate) fn report(e: &pg_sys::panic::CaughtError) -> &pg_sys::panic::ErrorReportWithLevel {
     match e {

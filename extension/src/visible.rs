@@ -24,7 +24,7 @@
 
 use crate::errors;
 use crate::identity::{
-    as_role, interrupts_call, prepare, prepare_generic, report, role_guard, set_identity,
+    as_role, item_error, prepare, prepare_generic, role_guard, set_identity,
     without_leftover_subxacts, SubXact,
 };
 use crate::returned_rows::ReturnedRows;
@@ -145,13 +145,7 @@ unsafe fn lookup_as(
                 Asked::Version => lookup_version(role, table, records),
             }))
         }))
-        .catch_others(|e| {
-            let r = report(&e);
-            if interrupts_call(r.sql_error_code()) {
-                e.rethrow();
-            }
-            Err(r.message().to_owned())
-        })
+        .catch_others(item_error)
         .execute();
         if made.is_ok() {
             SubXact { ctx, owner }.release();
@@ -363,13 +357,7 @@ fn evaluate(
                 }
                 Ok(seen)
             }))
-            .catch_others(|e| {
-                let r = report(&e);
-                if interrupts_call(r.sql_error_code()) {
-                    e.rethrow();
-                }
-                Err(r.message().to_owned())
-            })
+            .catch_others(item_error)
             .execute();
             pg_sys::SetUserIdAndSecContext(saved_user, saved_context);
             SubXact { ctx, owner }.rollback();
