@@ -12,7 +12,8 @@
 --   ownership of (membership in the owner of), or TRIGGER on, realtime.messages or any of
 --     its partitions: a trigger that fires on the read probe's rows;
 --   ownership of, or any right to change or put a trigger on, a table of the extension's
---     own (persisted messages, presence) or realtime.replaced_functions (0.3.0's);
+--     own (persisted messages, presence) or realtime.replaced_functions (0.3.0's), but a
+--     sidecar login's own grants there (scripts/sidecar_login.sql);
 --   membership in realtime_prober: the read probe's role itself;
 --   ownership of an object of the extension's.
 -- INSERT, UPDATE and SELECT on realtime.messages are not listed: Supabase's clients need
@@ -67,6 +68,9 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT r.rolname, x.privilege, 'table ' || t.oid::regclass, t.runs_as
     FROM own_tables t, roles r, unnest(ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) x(privilege)
     WHERE has_table_privilege(r.oid, t.oid, x.privilege) AND NOT pg_has_role(r.oid, t.relowner, 'MEMBER')
+      -- A sidecar's login (it may drain, and so read every message) writes these rows itself:
+      -- code it places there runs with its own rights.
+      AND NOT has_function_privilege(r.oid, 'realtime.drain(text, bigint, integer, integer, integer, oid[])', 'EXECUTE')
     UNION ALL
     SELECT r.rolname, 'MEMBER', 'role realtime_prober',
            'realtime_prober (BYPASSRLS, INSERT on realtime.messages)'
