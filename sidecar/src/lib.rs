@@ -132,7 +132,9 @@
 //! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what the
 //! database workers share (a connection kept up with backoff; the batched-worker shape of
 //! the authorizer, the check and the relay) · `db_thread` the thread the round trips joins wait on run on · `reason`
-//! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` · `config` · `state` · `shutdown`.
+//! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` ·
+//! `metrics_auth` who may read `/metrics` · `privileges` the rights that reach the
+//! extension's code, logged at start · `config` · `state` · `shutdown`.
 
 pub mod address;
 pub mod authorizer;
