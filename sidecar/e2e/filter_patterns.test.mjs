@@ -149,3 +149,50 @@ test("a costly pattern withholds only its own channel's changes, and says so", a
     await close(other);
   }
 });
+
+// Issue 39, H1: one client's many costly patterns were asked in one call with everyone
+// else's, under the table's one budget: the call's statement_timeout ended it, and every
+// pattern channel of the table was withheld, the bystander's cheap one too. Now a
+// connection's patterns are asked after those of connections with fewer, in calls no
+// pattern's budget can push past their statement_timeout: the costly client's channels are
+// withheld and told, the bystander's pattern and plain channels get the row.
+test("many costly patterns of one client spent every other subscriber's pattern check", async () => {
+  const costly = await connect();
+  const other = await connect();
+  try {
+    const told = collector();
+    // Two joins of sixteen distinct costly patterns (MAX_PATTERNS_PER_JOIN), each a
+    // budget's worth: 32 × 200 ms, more than the table's CHANGES_CHECK_TIMEOUT_MS (2 s).
+    for (const j of [0, 1]) {
+      const channel = costly.channel(`fp-flood-${j}`);
+      for (let i = 0; i < 16; i++) {
+        const pattern = `${COSTLY.slice(0, -1)}${String.fromCharCode(97 + i)}{0}${j}{0}$`;
+        channel.on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'fp_posts',
+          filter: postgresChangesFilter().match('title', pattern) }, () => {});
+      }
+      channel.on('system', {}, (m) => told.push(m));
+      await subscribed(channel);
+    }
+    const [cheap, plain] = [collector(), collector()];
+    await subscribed(listen(other, 'fp-bystander', postgresChangesFilter().match('title', '^a+b$'), cheap));
+    await subscribed(listen(other, 'fp-plain', undefined, plain));
+    const before = told.got.filter((m) => m.status === 'error').length;
+    await db.query(`INSERT INTO fp_posts VALUES (200, repeat('a', 200) || 'b')`);
+    const [m] = await cheap.until(1, "the bystander's pattern channel's change");
+    assert.equal(m.new.id, 200);
+    const [p] = await plain.until(1, "the bystander's plain channel's change");
+    assert.equal(p.new.id, 200);
+    // Both of the costly client's channels are told.
+    await withTimeout((async () => {
+      while (told.got.filter((x) => x.status === 'error').length < before + 2) {
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    })(), 10000, "the costly client's notices");
+    for (const n of told.got.filter((x) => x.status === 'error')) {
+      assert.match(n.message, /^Changes to public\.fp_posts were not delivered to this channel: its filter could not be evaluated: /);
+    }
+  } finally {
+    await close(costly);
+    await close(other);
+  }
+});

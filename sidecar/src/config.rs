@@ -88,6 +88,25 @@ pub struct Config {
     /// refuses.
     #[arg(long, env = "MAX_BINDINGS_PER_ADDRESS", default_value_t = 10_000)]
     pub max_bindings_per_address: usize,
+    /// Pattern conditions (`like`, `ilike`, `match`, `imatch`) of one join's bindings: each
+    /// is asked about every changed value of its table in the database, so they are counted
+    /// apart from other conditions (issue 39, H1: 16,000 from one socket took a backend to
+    /// gigabytes and every other subscriber's check budget). realtime-js writes one filter
+    /// per `.on()`.
+    #[arg(long, env = "MAX_PATTERNS_PER_JOIN", default_value_t = 16)]
+    pub max_patterns_per_join: usize,
+    /// Pattern conditions of one connection's channels together.
+    #[arg(long, env = "MAX_PATTERNS_PER_CONNECTION", default_value_t = 64)]
+    pub max_patterns_per_connection: usize,
+    /// Pattern conditions of all the connections of one client address together (refused
+    /// as MAX_PATTERNS_PER_CONNECTION refuses).
+    #[arg(long, env = "MAX_PATTERNS_PER_ADDRESS", default_value_t = 256)]
+    pub max_patterns_per_address: usize,
+    /// Distinct patterns one `realtime.match_patterns` call judges: a table's patterns are
+    /// asked in calls of at most this many, each connection's after those of connections
+    /// with fewer, so that the ones with most are the ones a spent budget leaves undecided.
+    #[arg(long, env = "FILTER_PATTERNS_PER_CALL", default_value_t = 64)]
+    pub filter_patterns_per_call: usize,
     /// Conditions of one binding's filter (realtime-js writes one).
     #[arg(long, env = "MAX_FILTER_CONDITIONS_PER_BINDING", default_value_t = 16)]
     pub max_filter_conditions_per_binding: usize,
@@ -430,6 +449,30 @@ impl Config {
                 100_000_000,
             ),
             (
+                "MAX_PATTERNS_PER_JOIN",
+                self.max_patterns_per_join as u64,
+                1,
+                100_000,
+            ),
+            (
+                "MAX_PATTERNS_PER_CONNECTION",
+                self.max_patterns_per_connection as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "MAX_PATTERNS_PER_ADDRESS",
+                self.max_patterns_per_address as u64,
+                1,
+                100_000_000,
+            ),
+            (
+                "FILTER_PATTERNS_PER_CALL",
+                self.filter_patterns_per_call as u64,
+                1,
+                100_000,
+            ),
+            (
                 "MAX_FILTER_CONDITIONS_PER_BINDING",
                 self.max_filter_conditions_per_binding as u64,
                 1,
@@ -628,6 +671,12 @@ mod tests {
             ("--max-outbound-bytes", "1000", "MAX_OUTBOUND_BYTES"),
             ("--max-bindings-per-join", "0", "MAX_BINDINGS_PER_JOIN"),
             ("--max-tables-per-join", "0", "MAX_TABLES_PER_JOIN"),
+            ("--max-patterns-per-join", "0", "MAX_PATTERNS_PER_JOIN"),
+            (
+                "--filter-patterns-per-call",
+                "0",
+                "FILTER_PATTERNS_PER_CALL",
+            ),
             ("--max-presence-key-bytes", "0", "MAX_PRESENCE_KEY_BYTES"),
             ("--db-statement-timeout-ms", "1", "DB_STATEMENT_TIMEOUT_MS"),
             (

@@ -228,6 +228,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         ),
         connections_by_address: tally::InFlight::default(),
         bindings_by_address: tally::Amounts::default(),
+        patterns_by_address: tally::Amounts::default(),
         resumes: history::line::Line::new(
             cfg.max_resumes_per_address,
             cfg.max_resumes_waiting_per_address,

@@ -79,6 +79,12 @@ pub enum Refusal {
         total: usize,
         limit: usize,
     },
+    /// A join whose bindings would bring its client address's connections past
+    /// MAX_PATTERNS_PER_ADDRESS pattern conditions.
+    PatternsPerAddress {
+        total: usize,
+        limit: usize,
+    },
     /// A `replay` or `resume` that cannot be served.
     History(AskError),
     /// A broadcast that asked to be kept and cannot be.
@@ -143,6 +149,10 @@ impl Refusal {
             Refusal::PostgresChanges(why) => why.text(),
             Refusal::BindingsPerAddress { total, limit } => BindingError::OverLimit(format!(
                 "the channels of this client address would have bindings: {total}; the limit is {limit} (MAX_BINDINGS_PER_ADDRESS)"
+            ))
+            .text(),
+            Refusal::PatternsPerAddress { total, limit } => BindingError::OverLimit(format!(
+                "the channels of this client address would have pattern conditions: {total}; the limit is {limit} (MAX_PATTERNS_PER_ADDRESS)"
             ))
             .text(),
             Refusal::History(why) => why.text(),

@@ -43,6 +43,8 @@ pub struct Shared {
     /// Postgres Changes bindings per client address, each connection's share a `Charge`
     /// (MAX_BINDINGS_PER_ADDRESS).
     pub bindings_by_address: crate::tally::Amounts<crate::address::AddressKey>,
+    /// Their pattern conditions per client address (MAX_PATTERNS_PER_ADDRESS).
+    pub patterns_by_address: crate::tally::Amounts<crate::address::AddressKey>,
     /// Histories read or sent per client address, and the lines the others wait in
     /// (MAX_RESUMES_PER_ADDRESS, `history::line`); joins reach `history` through it.
     pub resumes: crate::history::line::Line,
@@ -125,6 +127,7 @@ pub mod testing {
             persist_full: Arc::default(),
             resumes,
             bindings_by_address: crate::tally::Amounts::default(),
+            patterns_by_address: crate::tally::Amounts::default(),
             check,
             history,
             presence,

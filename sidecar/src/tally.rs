@@ -200,6 +200,11 @@ impl<K: Eq + Hash + Clone> Charge<K> {
         Ok(())
     }
 
+    /// This holder's share.
+    pub fn amount(&self) -> usize {
+        self.amount
+    }
+
     /// Makes this holder's share `to`, whatever the total (a share that shrinks, or what was
     /// admitted by `set_within` becoming held).
     pub fn set(&mut self, to: usize) {

@@ -279,6 +279,92 @@ async fn join_never(c: &mut Client, topic: &str, n: usize) -> Value {
         .await
 }
 
+/// Joins `topic` with one binding of `n` `like` conditions on `per_address_notes.body`.
+async fn join_patterns(c: &mut Client, topic: &str, n: usize) -> Value {
+    let filter: Vec<String> = (0..n).map(|i| format!("body=like.p{i}%")).collect();
+    let b = json!({"event": "*", "schema": "public", "table": "per_address_notes", "filter": filter.join(",")});
+    c.join(topic, json!({"postgres_changes": [b]})).await
+}
+
+/// Pattern conditions (`like`, `ilike`, `match`, `imatch`) are each asked, in the database,
+/// about every changed value of their table: 16,000 from one anonymous socket took a
+/// backend to gigabytes and every other subscriber's check (issue 39, H1). They are
+/// bounded per join, per connection and per client address, each with its setting's name;
+/// a refusal by the address's bound leaves its bindings' count as it was, a leave gives
+/// its patterns back, and another address has a budget of its own.
+#[tokio::test]
+async fn patterns_had_no_count_limit_per_join_connection_or_address() {
+    let sidecar = Sidecar::start(
+        "t_patterns_per_address",
+        &[
+            ("MAX_PATTERNS_PER_JOIN", "3"),
+            ("MAX_PATTERNS_PER_CONNECTION", "4"),
+            ("MAX_PATTERNS_PER_ADDRESS", "6"),
+            ("MAX_BINDINGS_PER_ADDRESS", "3"),
+        ],
+    )
+    .await;
+    let db = db().await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS per_address_notes;
+         CREATE TABLE per_address_notes (id int PRIMARY KEY, body text);
+         GRANT SELECT ON per_address_notes TO anon;
+         ALTER PUBLICATION supabase_realtime ADD TABLE per_address_notes;",
+    )
+    .await
+    .unwrap();
+    let p = sidecar.port;
+    let mut a1 = Client::connect_from("127.0.0.4", p, "1.0.0").await.unwrap();
+    let mut a2 = Client::connect_from("127.0.0.4", p, "2.0.0").await.unwrap();
+    assert_eq!(
+        refusal(&join_patterns(&mut a1, "realtime:pp:0", 4).await),
+        "InvalidPostgresChanges: the join's bindings have pattern conditions (like, ilike, match, imatch): 4; the limit is 3 (MAX_PATTERNS_PER_JOIN)"
+    );
+    assert_eq!(
+        join_patterns(&mut a1, "realtime:pp:1", 3).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        refusal(&join_patterns(&mut a1, "realtime:pp:2", 2).await),
+        "InvalidPostgresChanges: the connection's channels would have pattern conditions: 5; the limit is 4 (MAX_PATTERNS_PER_CONNECTION)"
+    );
+    assert_eq!(
+        join_patterns(&mut a2, "realtime:pp:3", 3).await["status"],
+        "ok"
+    );
+    // Within its connection's bound, past its address's: refused, and the binding it
+    // brought is not left counted (the address holds 2 of its 3 bindings, so one more
+    // binding still joins once patterns are given back).
+    assert_eq!(
+        refusal(&join_patterns(&mut a2, "realtime:pp:4", 1).await),
+        "InvalidPostgresChanges: the channels of this client address would have pattern conditions: 7; the limit is 6 (MAX_PATTERNS_PER_ADDRESS)"
+    );
+    // Another address: a budget of its own.
+    let mut other = Client::connect_from("127.0.0.5", p, "1.0.0").await.unwrap();
+    assert_eq!(
+        join_patterns(&mut other, "realtime:pp:o", 3).await["status"],
+        "ok"
+    );
+    // A leave gives its patterns back.
+    let r = a2
+        .push(Some("1"), "realtime:pp:3", "phx_leave", json!({}))
+        .await;
+    assert_eq!(a2.reply(&r).await["status"], "ok");
+    assert_eq!(
+        join_patterns(&mut a2, "realtime:pp:4", 1).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        join_patterns(&mut a2, "realtime:pp:5", 1).await["status"],
+        "ok"
+    );
+    assert!(refusal(&join_patterns(&mut a2, "realtime:pp:6", 1).await)
+        .ends_with("bindings: 4; the limit is 3 (MAX_BINDINGS_PER_ADDRESS)"));
+    db.batch_execute("DROP TABLE per_address_notes")
+        .await
+        .unwrap();
+}
+
 /// MAX_BINDINGS_PER_ADDRESS: the anon key is public, so one address could hold
 /// MAX_CONNECTIONS_PER_ADDRESS sockets of MAX_BINDINGS_PER_CONNECTION bindings each (a
 /// million by default, each run against every drained change). Its connections' bindings

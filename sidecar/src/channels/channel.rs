@@ -30,8 +30,8 @@ pub struct Channel {
     pub presence: ChannelPresence,
     /// The channel has Postgres Changes bindings (registered in `Shared::changes`).
     pub postgres_changes: bool,
-    /// How many (counted against MAX_BINDINGS_PER_CONNECTION).
-    pub(super) bindings: usize,
+    /// What they hold against the connection's and the address's limits.
+    pub(super) bindings: crate::postgres_changes::bounds::Weight,
     /// Its topic and tables, listened to in the database while the channel lives.
     pub(super) _interest: Held,
     /// The gate its live broadcasts wait behind while its history is sent (`history`).

@@ -18,7 +18,7 @@ use crate::interest::{self, Held};
 use crate::join_config::{self, JoinConfig};
 use crate::jwt::{self, Claims, JwtError};
 use crate::postgres_changes::binding::pattern_over;
-use crate::postgres_changes::bounds::Bounds;
+use crate::postgres_changes::bounds::{Bounds, Weight};
 use crate::postgres_changes::check::{self, Checked};
 use crate::postgres_changes::{self, subscribers, Binding, BindingError};
 use crate::presence::channel::{self as presence_channel, ChannelPresence};
@@ -37,9 +37,9 @@ pub(super) struct PendingJoin {
     pub(super) sub_topic: String,
     /// Its topic and tables, listened to in the database before the join is answered.
     pub(super) held: Held,
-    /// Its Postgres Changes bindings (with the check meanwhile), counted against
-    /// MAX_BINDINGS_PER_CONNECTION.
-    pub(super) bindings: usize,
+    /// What its Postgres Changes bindings (with the check meanwhile) hold against the
+    /// connection's and the address's limits.
+    pub(super) bindings: Weight,
 }
 
 impl Channels {
@@ -92,20 +92,39 @@ impl Channels {
             self.join_error(&m, Refusal::PostgresChanges(why));
             return Ok(());
         }
-        // Every binding of a schema-wide channel runs against every drained change: bounded
-        // per connection too, not only per join (a rejoin replaces its channel's).
-        let on_connection: usize = self
+        // Every binding of a schema-wide channel runs against every drained change, and every
+        // pattern condition is asked about every changed value of its table: bounded per
+        // connection too, not only per join (a rejoin replaces its channel's).
+        let weight = Weight::of(&config.postgres_changes);
+        let on_connection: Weight = self
             .channels
             .iter()
             .filter(|(t, _)| **t != m.topic)
             .map(|(_, c)| c.bindings)
             .chain(self.pending_joins.values().map(|j| j.bindings))
             .sum();
-        let limit = self.shared.cfg.max_bindings_per_connection;
-        let total = on_connection + config.postgres_changes.len();
-        if !config.postgres_changes.is_empty() && total > limit {
+        let total = on_connection + weight;
+        let cfg = &self.shared.cfg;
+        let over = if weight.bindings > 0 && total.bindings > cfg.max_bindings_per_connection {
+            Some((
+                "bindings",
+                total.bindings,
+                cfg.max_bindings_per_connection,
+                "MAX_BINDINGS_PER_CONNECTION",
+            ))
+        } else if weight.patterns > 0 && total.patterns > cfg.max_patterns_per_connection {
+            Some((
+                "pattern conditions",
+                total.patterns,
+                cfg.max_patterns_per_connection,
+                "MAX_PATTERNS_PER_CONNECTION",
+            ))
+        } else {
+            None
+        };
+        if let Some((what, total, limit, setting)) = over {
             let why = BindingError::OverLimit(format!(
-                "the connection's channels would have bindings: {total}; the limit is {limit} (MAX_BINDINGS_PER_CONNECTION)"
+                "the connection's channels would have {what}: {total}; the limit is {limit} ({setting})"
             ));
             self.join_error(&m, Refusal::PostgresChanges(why));
             return Ok(());
@@ -137,16 +156,16 @@ impl Channels {
         // the join is answered (`recount_bindings`). The last check: a join with bindings
         // that passes it always waits as a pending join, which holds what this takes.
         // A backend's connection has no share to judge (`Claims::is_backend`).
-        if !config.postgres_changes.is_empty() {
-            let n = config.postgres_changes.len();
+        if weight.bindings > 0 {
             let held = self.bindings_held();
-            let replaced = self.channels.get(&m.topic).map_or(0, |c| c.bindings);
-            let limit = self.shared.cfg.max_bindings_per_address;
-            if let Some(share) = &mut self.address_bindings {
-                if let Err(total) = share.set_within(held + n, held - replaced + n, limit) {
-                    self.join_error(&m, Refusal::BindingsPerAddress { total, limit });
-                    return Ok(());
-                }
+            let replaced = self
+                .channels
+                .get(&m.topic)
+                .map_or(Weight::default(), |c| c.bindings);
+            let counted = held - replaced + weight;
+            if let Err(refusal) = self.charge_address(held + weight, counted) {
+                self.join_error(&m, refusal);
+                return Ok(());
             }
         }
         // The drain returns the topic's messages (and its tables' changes) once they are
@@ -163,7 +182,6 @@ impl Channels {
             let interest = self.shared.interest.clone();
             let deadline = self.shared.cfg.db_call_deadline();
             let bindings = std::mem::take(&mut config.postgres_changes);
-            let count = bindings.len();
             let (private, presence) = (config.private, config.presence);
             let (topic, asked, asking_who) = (m.topic.clone(), sub_topic.clone(), who.clone());
             self.pending_joins.insert(
@@ -175,7 +193,7 @@ impl Channels {
                     who,
                     sub_topic,
                     held,
-                    bindings: count,
+                    bindings: weight,
                 },
             );
             self.ask(async move {
@@ -233,7 +251,7 @@ impl Channels {
             who,
             sub_topic,
             held,
-            bindings: 0,
+            bindings: Weight::default(),
         };
         self.complete_join(join, (true, None), Vec::new());
         Ok(())
@@ -300,7 +318,7 @@ impl Channels {
         self.shared.metrics.joins_total.increment(1);
         let replied = postgres_changes::reply(&bindings);
         let has_changes = !bindings.is_empty();
-        let binding_count = bindings.len();
+        let weight = Weight::of(&bindings);
         // A channel whose position covers its changes resumes them with its broadcasts:
         // its live changes then wait behind the same gate, and the history checks its
         // changes for the identity it joined with (`history::fetch`).
@@ -377,7 +395,7 @@ impl Channels {
             broadcast,
             presence,
             postgres_changes: has_changes,
-            bindings: binding_count,
+            bindings: weight,
             _interest: held,
             history_gate: gate,
             claims,

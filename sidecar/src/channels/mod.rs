@@ -32,6 +32,7 @@ use crate::interest::{Held, NotReady};
 use crate::jwt::{self, Claims};
 use crate::metrics::Metrics;
 use crate::outbound;
+use crate::postgres_changes::bounds::Weight;
 use crate::postgres_changes::check::Checked;
 use crate::rate::Rate;
 use crate::reach::{Link, Reach};
@@ -115,6 +116,8 @@ pub struct Channels {
     /// `recount_bindings` and given back when the connection's channels are dropped. None
     /// for a backend's connection, which no per-address limit counts.
     address_bindings: Option<crate::tally::Charge<AddressKey>>,
+    /// The same for its pattern conditions (MAX_PATTERNS_PER_ADDRESS).
+    address_patterns: Option<crate::tally::Charge<AddressKey>>,
 }
 
 impl Channels {
@@ -130,8 +133,10 @@ impl Channels {
         let id = NEXT_ID.fetch_add(1, Relaxed);
         let link = Link::new(id, vsn, shared.origin(id), tx);
         let address_bindings = address.map(|a| shared.bindings_by_address.charge(a));
+        let address_patterns = address.map(|a| shared.patterns_by_address.charge(a));
         Channels {
             address_bindings,
+            address_patterns,
             link,
             shared,
             socket_claims,
@@ -232,25 +237,54 @@ impl Channels {
         self.recount_bindings();
     }
 
-    /// The bindings of this connection's channels and pending joins (a rejoin's old channel
-    /// and its pending join both count until the join is answered).
-    fn bindings_held(&self) -> usize {
-        let joined: usize = self.channels.values().map(|c| c.bindings).sum();
-        joined
-            + self
-                .pending_joins
-                .values()
-                .map(|j| j.bindings)
-                .sum::<usize>()
+    /// What the bindings of this connection's channels and pending joins hold (a rejoin's
+    /// old channel and its pending join both count until the join is answered).
+    fn bindings_held(&self) -> Weight {
+        let joined: Weight = self.channels.values().map(|c| c.bindings).sum();
+        joined + self.pending_joins.values().map(|j| j.bindings).sum()
     }
 
-    /// Brings the connection's share of its address's bindings to what it holds now, after
-    /// a channel or a pending join came or went (giving back never needs room).
+    /// Brings the connection's shares of its address's bindings and patterns to what it
+    /// holds now, after a channel or a pending join came or went (giving back never needs
+    /// room).
     fn recount_bindings(&mut self) {
         let held = self.bindings_held();
         if let Some(share) = &mut self.address_bindings {
-            share.set(held);
+            share.set(held.bindings);
         }
+        if let Some(share) = &mut self.address_patterns {
+            share.set(held.patterns);
+        }
+    }
+
+    /// Makes the connection's shares of its address's bindings and patterns `to`, unless
+    /// the address's totals with `counted` in place of them would pass
+    /// MAX_BINDINGS_PER_ADDRESS or MAX_PATTERNS_PER_ADDRESS: then neither changes. A
+    /// backend's connection has no shares.
+    fn charge_address(&mut self, to: Weight, counted: Weight) -> Result<(), Refusal> {
+        let cfg = &self.shared.cfg;
+        let (bindings_limit, patterns_limit) =
+            (cfg.max_bindings_per_address, cfg.max_patterns_per_address);
+        let (Some(bindings), Some(patterns)) =
+            (&mut self.address_bindings, &mut self.address_patterns)
+        else {
+            return Ok(());
+        };
+        let before = bindings.amount();
+        if let Err(total) = bindings.set_within(to.bindings, counted.bindings, bindings_limit) {
+            return Err(Refusal::BindingsPerAddress {
+                total,
+                limit: bindings_limit,
+            });
+        }
+        if let Err(total) = patterns.set_within(to.patterns, counted.patterns, patterns_limit) {
+            bindings.set(before);
+            return Err(Refusal::PatternsPerAddress {
+                total,
+                limit: patterns_limit,
+            });
+        }
+        Ok(())
     }
 
     /// Handles one client command. Err ends the connection with that reason.

@@ -24,6 +24,57 @@ pub struct Bounds {
     pub value_bytes: usize,
     /// MAX_TABLES_PER_JOIN: distinct table names, each a key listened to in the database.
     pub tables: usize,
+    /// MAX_PATTERNS_PER_JOIN: pattern conditions (`Weight::patterns`).
+    pub patterns: usize,
+}
+
+/// What a join's bindings hold against its connection's and its address's limits
+/// (MAX_BINDINGS_PER_CONNECTION and _ADDRESS, MAX_PATTERNS_PER_CONNECTION and _ADDRESS).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Weight {
+    pub bindings: usize,
+    /// Conditions with `like`, `ilike`, `match` or `imatch`: each is asked, in the database,
+    /// about every changed value of its column.
+    pub patterns: usize,
+}
+
+impl Weight {
+    pub fn of(bindings: &[Binding]) -> Weight {
+        Weight {
+            bindings: bindings.len(),
+            patterns: bindings
+                .iter()
+                .flat_map(|b| &b.filters)
+                .filter(|f| f.op.is_pattern())
+                .count(),
+        }
+    }
+}
+
+impl std::ops::Add for Weight {
+    type Output = Weight;
+    fn add(self, o: Weight) -> Weight {
+        Weight {
+            bindings: self.bindings + o.bindings,
+            patterns: self.patterns + o.patterns,
+        }
+    }
+}
+
+impl std::ops::Sub for Weight {
+    type Output = Weight;
+    fn sub(self, o: Weight) -> Weight {
+        Weight {
+            bindings: self.bindings - o.bindings,
+            patterns: self.patterns - o.patterns,
+        }
+    }
+}
+
+impl std::iter::Sum for Weight {
+    fn sum<I: Iterator<Item = Weight>>(iter: I) -> Weight {
+        iter.fold(Weight::default(), |a, b| a + b)
+    }
 }
 
 impl Bounds {
@@ -33,6 +84,7 @@ impl Bounds {
             conditions: cfg.max_filter_conditions_per_binding,
             value_bytes: cfg.max_filter_value_bytes,
             tables: cfg.max_tables_per_join,
+            patterns: cfg.max_patterns_per_join,
         }
     }
 
@@ -88,6 +140,15 @@ impl Bounds {
                 }
             }
         }
+        let patterns = Weight::of(bindings).patterns;
+        if patterns > self.patterns {
+            return over(
+                "the join's bindings have pattern conditions (like, ilike, match, imatch):".into(),
+                patterns,
+                self.patterns,
+                "MAX_PATTERNS_PER_JOIN",
+            );
+        }
         let tables: HashSet<&str> = bindings.iter().filter_map(|b| b.table.as_deref()).collect();
         if tables.len() > self.tables {
             return over(
@@ -118,6 +179,7 @@ mod tests {
         conditions: 2,
         value_bytes: 8,
         tables: 2,
+        patterns: 2,
     };
 
     fn refused(list: Value) -> Option<String> {
@@ -146,6 +208,14 @@ mod tests {
         assert_eq!(
             refused(json!([b("a", ""), b("a", "x=in.(1234,56789)")])).unwrap(),
             "InvalidPostgresChanges: binding 2: the value of filter column x in bytes: 9; the limit is 8 (MAX_FILTER_VALUE_BYTES)"
+        );
+        assert_eq!(
+            refused(json!([b("a", "x=like.a%"), b("a", "y=imatch.b")])),
+            None
+        );
+        assert_eq!(
+            refused(json!([b("a", "x=like.a%,z=eq.1"), b("a", "y=ilike.b,w=match.c")])).unwrap(),
+            "InvalidPostgresChanges: the join's bindings have pattern conditions (like, ilike, match, imatch): 3; the limit is 2 (MAX_PATTERNS_PER_JOIN)"
         );
         assert!(refused(json!([b("a", ""), b("b", ""), b("c", "")]))
             .unwrap()

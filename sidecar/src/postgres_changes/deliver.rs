@@ -10,18 +10,21 @@
 //!    through (`asked`), by primary key. Supabase asks one query per subscriber per change.
 //!    DELETEs are not checked, as in Supabase, and with RLS their old_record keeps only the
 //!    primary key.
-//! 3. Before 2, when some binding filters with `like`, `ilike`, `match` or `imatch`, one
-//!    `realtime.match_patterns` call for the table: Postgres's own `LIKE`, `ILIKE`, `~` and
+//! 3. Before 2, when some binding filters with `like`, `ilike`, `match` or `imatch`,
+//!    `realtime.match_patterns` calls for the table: Postgres's own `LIKE`, `ILIKE`, `~` and
 //!    `~*` judge each distinct pattern against the values it is asked about, each pattern
 //!    under a time budget of its own (`FILTER_PATTERN_TIMEOUT_MS`). A pattern that fails
 //!    (over its budget) withholds the change from the channels whose binding holds it, and
-//!    tells them; the other channels and the rest of the batch go on.
+//!    tells them; the other channels and the rest of the batch go on. The patterns are
+//!    asked fewest-per-connection first, in calls no pattern's budget can push past the
+//!    call's statement_timeout (`pattern_calls`), and the RLS check of 2 has a budget of
+//!    its own: one client's patterns never spend another's check.
 //! 4. Each channel gets the change with the columns its role may read (and its `select`),
 //!    once, with the ids of all its bindings that matched. A record over
 //!    MAX_RECORD_BYTES keeps only its small values and carries Supabase's 413.
 //!
-//! Every check of a table runs under that table's budget (`CHANGES_CHECK_TIMEOUT_MS`),
-//! set as the server's statement_timeout of each call, and its work is bounded per call:
+//! Every check of a table runs under that table's budget (`CHANGES_CHECK_TIMEOUT_MS`; the
+//! patterns one, the RLS check another), set as the server's statement_timeout of each call, and its work is bounded per call:
 //! `realtime.visible` asks each identity about at most `POLL_MAX_CHANGES` records and at
 //! most `CHANGES_CHECK_MAX_IDENTITIES` identities at a time (Supabase polls 100 changes at
 //! a time; `chunks_of`). A check that fails, is cancelled by its timeout, or finds the
@@ -36,6 +39,7 @@
 //! `Lookup`.
 
 use super::binding::Change;
+use super::pattern_calls;
 use super::subscribers::{Subscriber, Subscribers};
 use crate::metrics::Metrics;
 use crate::reason::Notice;
@@ -139,6 +143,10 @@ pub struct Limits {
     /// resent), and an UPDATE's old_record keeps only the key (the old version is no
     /// row's any more).
     pub resume: bool,
+    /// One pattern's budget in the database (FILTER_PATTERN_TIMEOUT_MS).
+    pub pattern_timeout: Duration,
+    /// Patterns per `realtime.match_patterns` call (FILTER_PATTERNS_PER_CALL).
+    pub patterns_per_call: usize,
 }
 
 impl Limits {
@@ -149,6 +157,8 @@ impl Limits {
             max_changes: cfg.poll_max_changes as usize,
             max_identities: cfg.changes_check_max_identities as usize,
             resume: false,
+            pattern_timeout: Duration::from_millis(cfg.filter_pattern_timeout_ms),
+            patterns_per_call: cfg.filter_patterns_per_call,
         }
     }
 }
@@ -660,6 +670,11 @@ async fn authorize(
     if checked.is_empty() {
         return kept;
     }
+    // The RLS check has a budget of its own, whatever the patterns spent: a client's
+    // patterns never spend the time that decides the other subscribers' changes (issue 39,
+    // H1). So a table's check takes at most twice CHANGES_CHECK_TIMEOUT_MS.
+    let started = Instant::now();
+    let remaining = || limits.check_timeout.saturating_sub(started.elapsed());
     // Distinct identities, distinct records and distinct pairs, each numbered once (maps,
     // not scans: a batch may hold 10^5 candidates). A subscriber's identity is looked up
     // by its claims once, not once per candidate.
@@ -889,7 +904,8 @@ fn failure(e: DbError, limits: &Limits, lost: &mut Option<String>) -> String {
 }
 
 /// Keeps, of each candidate's bindings, those whose pattern conditions hold,
-/// as the database judges them in one call for the table (`realtime.match_patterns`). A
+/// as the database judges them in calls for the table (`realtime.match_patterns`,
+/// `pattern_calls`). A
 /// binding whose pattern could not be judged (over its time budget, or the call failed) is
 /// dropped and its channel told; a candidate left without bindings is withheld. A lost
 /// connection is noted in `lost` for the caller.
@@ -908,14 +924,24 @@ async fn match_patterns(
         schema,
         name: table,
     } = table;
-    // Distinct patterns, distinct (change, column) values and distinct pairs, numbered once.
+    let started = Instant::now();
+    let left = || budget.saturating_sub(started.elapsed());
+    // Distinct patterns, distinct (change, column) values and distinct pairs, numbered once,
+    // and each connection's patterns (its place in the order they are asked).
     let mut patterns: Vec<(String, &'static str)> = Vec::new();
     let mut pattern_at: HashMap<(String, &'static str), i32> = HashMap::new();
     let mut subjects: Vec<Option<String>> = Vec::new();
     let mut subject_at: HashMap<(usize, String), i32> = HashMap::new();
-    let mut asked: Vec<i32> = Vec::new();
-    let mut asked_pairs = std::collections::HashSet::new();
-    for (cand, _) in &readable {
+    // Per pattern, the subjects it is asked about.
+    let mut asked_of: Vec<Vec<i32>> = Vec::new();
+    let mut asked_pairs = HashSet::new();
+    let mut owners: HashMap<crate::reach::ConnId, Vec<i32>> = HashMap::new();
+    for (n, (cand, _)) in readable.iter().enumerate() {
+        // A batch may hold 10^5 candidates: the runtime thread is handed back now and then
+        // (the drain's other checks and the sockets share it).
+        if n % 1024 == 1023 {
+            tokio::task::yield_now().await;
+        }
         for &b in &cand.bindings {
             for f in &cand.sub.bindings[b].filters {
                 if !f.op.is_pattern() {
@@ -924,6 +950,7 @@ async fn match_patterns(
                 let key = (f.values[0].clone(), f.op.name());
                 let p = *pattern_at.entry(key.clone()).or_insert_with(|| {
                     patterns.push(key);
+                    asked_of.push(Vec::new());
                     patterns.len() as i32
                 });
                 let s = *subject_at
@@ -933,38 +960,88 @@ async fn match_patterns(
                         subjects.len() as i32
                     });
                 if asked_pairs.insert((p, s)) {
-                    asked.extend([p, s]);
+                    asked_of[p as usize - 1].push(s);
                 }
+                owners.entry(cand.sub.reach.conn).or_default().push(p);
             }
         }
     }
     if patterns.is_empty() {
         return readable;
     }
-    let texts: Vec<String> = patterns.iter().map(|(p, _)| p.clone()).collect();
-    let ops: Vec<&'static str> = patterns.iter().map(|(_, op)| *op).collect();
+    drop(asked_pairs);
+    let order = pattern_calls::order(owners.into_iter().collect());
     let mut verdicts: HashMap<(i32, i32), Option<bool>> = HashMap::new();
     let mut failed: HashMap<i32, String> = HashMap::new();
-    match db.patterns(&texts, &ops, &subjects, &asked, budget).await {
-        Ok(rows) => {
-            for (p, s, matched, error) in rows {
-                match (s, error) {
-                    (Some(s), _) => {
-                        verdicts.insert((p, s), matched);
-                    }
-                    (None, Some(why)) => {
-                        failed.insert(p, why);
-                    }
-                    (None, None) => {}
-                }
+    // The patterns in calls that fit what is left of the budget (`pattern_calls`), each
+    // call with its own numbering: patterns and subjects 1-based as the call has them.
+    let mut at = 0;
+    while at < order.len() {
+        let budget = left();
+        let n = pattern_calls::fits(budget, limits.pattern_timeout, limits.patterns_per_call);
+        if n == 0 {
+            let why = timed_out(limits);
+            for &p in &order[at..] {
+                failed.insert(p, why.clone());
+            }
+            break;
+        }
+        let these = &order[at..(at + n).min(order.len())];
+        at += these.len();
+        let mut texts = Vec::with_capacity(these.len());
+        let mut ops = Vec::with_capacity(these.len());
+        let mut local_subjects: Vec<Option<String>> = Vec::new();
+        let mut global_subject: Vec<i32> = Vec::new();
+        let mut local_at: HashMap<i32, i32> = HashMap::new();
+        let mut asked: Vec<i32> = Vec::new();
+        for (i, &p) in these.iter().enumerate() {
+            let (text, op) = &patterns[p as usize - 1];
+            texts.push(text.clone());
+            ops.push(*op);
+            for &s in &asked_of[p as usize - 1] {
+                let local = *local_at.entry(s).or_insert_with(|| {
+                    local_subjects.push(subjects[s as usize - 1].clone());
+                    global_subject.push(s);
+                    local_subjects.len() as i32
+                });
+                asked.extend([i as i32 + 1, local]);
             }
         }
-        // The call itself failed, ran out of the table's budget or lost the connection:
-        // no pattern was judged, and their channels are told so.
-        Err(e) => {
-            let why = failure(e, limits, lost);
-            for p in 1..=patterns.len() as i32 {
-                failed.insert(p, why.clone());
+        match db
+            .patterns(&texts, &ops, &local_subjects, &asked, budget)
+            .await
+        {
+            Ok(rows) => {
+                for (p, s, matched, error) in rows {
+                    let p = these[p as usize - 1];
+                    match (s, error) {
+                        (Some(s), _) => {
+                            verdicts.insert((p, global_subject[s as usize - 1]), matched);
+                        }
+                        (None, Some(why)) => {
+                            failed.insert(p, why);
+                        }
+                        (None, None) => {}
+                    }
+                }
+            }
+            // The call itself failed, ran out of the table's budget or lost the connection:
+            // none of its patterns was judged, and their channels are told so. A lost
+            // connection answers no later call either.
+            Err(e) => {
+                let gone = matches!(e, DbError::Lost(_));
+                let why = failure(e, limits, lost);
+                let rest = if gone {
+                    &order[at - these.len()..]
+                } else {
+                    these
+                };
+                for &p in rest {
+                    failed.insert(p, why.clone());
+                }
+                if gone {
+                    break;
+                }
             }
         }
     }
@@ -1377,6 +1454,9 @@ mod tests {
         fail_visible: bool,
         /// Each visible call takes this long, or is cancelled by its budget.
         visible_takes: Duration,
+        /// Each pattern starting "slow" takes this long before it fails (its own budget);
+        /// a call whose patterns take longer than the call's budget is cancelled.
+        pattern_takes: Duration,
     }
 
     impl Lookup for Fake {
@@ -1467,22 +1547,29 @@ mod tests {
             ops: &[&'static str],
             subjects: &[Option<String>],
             asked: &[i32],
-            _budget: Duration,
+            budget: Duration,
         ) -> Result<Vec<PatternRow>, DbError> {
             self.pattern_calls
                 .lock()
                 .unwrap()
                 .push((patterns.to_vec(), asked.to_vec()));
+            let slow = patterns.iter().filter(|p| p.starts_with("slow")).count() as u32;
+            let takes = self.pattern_takes * slow;
+            if takes > budget {
+                tokio::time::sleep(budget).await;
+                return Err(DbError::TimedOut);
+            }
+            tokio::time::sleep(takes).await;
             let mut rows = Vec::new();
             for (i, p) in patterns.iter().enumerate() {
-                if p == "slow" {
+                if p.starts_with("slow") {
                     rows.push((i as i32 + 1, None, None, Some("too slow".to_owned())));
                 }
             }
             for pair in asked.chunks(2) {
                 let (p, s) = (pair[0], pair[1]);
                 let pattern = &patterns[p as usize - 1];
-                if pattern == "slow" {
+                if pattern.starts_with("slow") {
                     continue;
                 }
                 let prefix = pattern.trim_start_matches('^');
@@ -1509,6 +1596,8 @@ mod tests {
             max_changes: 100,
             max_identities: 100,
             resume: false,
+            pattern_timeout: Duration::from_millis(100),
+            patterns_per_call: 64,
         }
     }
 
@@ -1800,6 +1889,53 @@ mod tests {
             "Changes to public.notes were not delivered to this channel: its filter could not be evaluated: too slow"
         );
         assert_eq!(m.value("realtime_changes_withheld_total"), Some(2.0));
+    }
+
+    /// Issue 39, H1: one connection's slow patterns were asked in one call with everyone's
+    /// under the table's one budget; the call was cancelled, every pattern channel withheld,
+    /// and the RLS check left with nothing of the budget. Now the bystander's pattern is
+    /// asked first and judged, the RLS check has a budget of its own, and only the slow
+    /// client's channel is withheld and told.
+    #[tokio::test]
+    async fn slow_patterns_of_one_connection_spent_everyone_s_check() {
+        let subs = Subscribers::default();
+        let on = |filter: &str| json!([{"event": "*", "schema": "public", "table": "todos", "filter": filter}]);
+        let flood: Vec<String> = (0..20).map(|i| format!("title=match.slow{i}")).collect();
+        let (attacker, _ra) = sub(9, "authenticated", r#"{"sub":"u1"}"#, on(&flood.join(",")));
+        let (patterned, _rp) = sub(1, "authenticated", r#"{"sub":"u1"}"#, on("title=match.^t"));
+        let (plain, _rq) = sub(2, "authenticated", r#"{"sub":"u1"}"#, on("id=eq.1"));
+        for s in [attacker, patterned, plain] {
+            subs.add(s);
+        }
+        let db = Fake {
+            pattern_takes: Duration::from_millis(20),
+            visible_takes: Duration::from_millis(150),
+            ..Fake::default()
+        };
+        // 20 slow patterns of 20 ms: twice the table's 200 ms; the RLS check alone takes
+        // most of it.
+        let limits = Limits {
+            check_timeout: Duration::from_millis(200),
+            pattern_timeout: Duration::from_millis(20),
+            ..limits()
+        };
+        let datas = [change("todos", "INSERT", 1)];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let out = prepare(&db, &subs, &datas, &limits, &Metrics::default()).await;
+        let mut got: Vec<u64> = delivered(&out.frames)[0].iter().map(|d| d.0).collect();
+        got.sort();
+        assert_eq!(got, vec![1, 2]);
+        let told: Vec<u64> = notices(&out.frames).iter().map(|n| n.0).collect();
+        assert_eq!(told, vec![9]);
+        let calls = db.pattern_calls.lock().unwrap();
+        assert_eq!(
+            calls[0].0[0], "^t",
+            "the bystander's pattern is asked first"
+        );
+        assert!(
+            calls.iter().all(|(p, _)| p.len() <= 8),
+            "8 × 20 ms fit 80% of 200 ms"
+        );
     }
 
     /// The `system` notices among the frames, in order: (conn, the notice).

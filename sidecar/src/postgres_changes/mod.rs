@@ -6,7 +6,8 @@
 //! call decodes it into Supabase's `data` (`extension/src/change.rs`). The drainer hands
 //! the batch's changes to `deliver`, which finds the channels whose bindings match
 //! (`subscribers`, `binding`), asks the database in one call per table and batch which
-//! values their pattern filters match (Postgres's LIKE, ILIKE, ~, ~*), which of them may see
+//! values their pattern filters match (Postgres's LIKE, ILIKE, ~, ~*: in calls ordered so that
+//! no client's patterns spend another's, `pattern_calls`), which of them may see
 //! each row (RLS) and which columns their role may read, and queues each
 //! channel its `postgres_changes` event, in queue order with the batch's broadcasts. The
 //! checks run beside the drain (`checks`): only the channels waiting for one wait
@@ -21,7 +22,7 @@
 //! `binding` bindings, filters, matching and the join reply · `bounds` what one join's
 //! bindings may cost · `check` the join-time check ·
 //! `subscribers` who listens to which table · `deliver` the drained batch's stage (matching,
-//! checking, shaping) · `checks` the pool its checks run on, beside the drain ·
+//! checking, shaping) · `pattern_calls` the order and size of its pattern calls · `checks` the pool its checks run on, beside the drain ·
 //! `position` a channel's position after its changes, for those that asked.
 
 pub mod binding;
@@ -29,6 +30,7 @@ pub mod bounds;
 pub mod check;
 pub mod checks;
 pub mod deliver;
+pub mod pattern_calls;
 pub mod position;
 pub mod subscribers;
 

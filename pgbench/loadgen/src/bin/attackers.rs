@@ -1,4 +1,4 @@
-//! Twenty attackers at fixed rates against one sidecar, each from its own loopback address,
+//! Twenty-one attackers at fixed rates against one sidecar, each from its own loopback address,
 //! for the soak of `pgbench/soak.py`: every attack of the hardening issue at once, while the
 //! ordinary subscribers of the other load generators measure what it costs them. The
 //! attackers hold the public anon key, except the bulk writer and the persisting user, who
@@ -718,6 +718,36 @@ async fn main() {
                 })
                 .collect()
         })));
+    }
+    // 21. Many patterns (issue 39, H1) on the ordinary subscribers' table: every second a
+    // socket asks for 1,600 distinct `like` conditions in one join (once taken: 16,000 from
+    // one socket took a backend to gigabytes), then four joins of sixteen (a connection's
+    // MAX_PATTERNS_PER_CONNECTION), held five seconds, so the address holds more than its
+    // MAX_PATTERNS_PER_ADDRESS.
+    {
+        let (cx, t, from) = enlist("many-patterns");
+        tasks.push(tokio::spawn(join_loop(
+            cx,
+            t,
+            from,
+            sec,
+            Duration::from_secs(5),
+            |i| {
+                let like = |j: u64, b: u64, c: u64| format!("body=like.%{i}-{j}-{b}-{c}%");
+                let join = |j: u64, bindings: u64| {
+                    let pc: Vec<Value> = (0..bindings)
+                        .map(|b| {
+                            let f: Vec<String> = (0..16).map(|c| like(j, b, c)).collect();
+                            json!({"event": "*", "schema": "public", "table": "bench_changes", "filter": f.join(",")})
+                        })
+                        .collect();
+                    frame(&format!("realtime:pat-{i}-{j}"), "phx_join", json!({"config": {"postgres_changes": pc}}), j + 1, Some(&(j + 1).to_string()))
+                };
+                let mut frames = vec![join(0, 100)];
+                frames.extend((1..=4).map(|j| join(j, 1)));
+                frames
+            },
+        )));
     }
 
     for task in tasks {
