@@ -353,3 +353,96 @@ test('realtime-js: resent changes count against MAX_RESUME_MESSAGES with the bro
     limited.kill('SIGTERM');
   }
 });
+
+// Issue 39, H2: a resume was bounded by its number of messages only, and a message may be a
+// megabyte. Now by its bytes too: the newest that fit MAX_RESUME_BYTES are sent, changes
+// and broadcasts together in commit order, and the client is told the range that was not.
+test('realtime-js: a resume was bounded in messages, not bytes; beyond MAX_RESUME_BYTES the newest are sent and the range that was not', async () => {
+  const { process: limited, port: limitedPort } = await startSidecar(SECRET, 'postgres_changes_resume_bytes', { MAX_RESUME_BYTES: '20000' });
+  const run = `bytes-${Date.now()}`;
+  const topic = `tasks-${run}`;
+  const c = new RealtimeClient(`ws://127.0.0.1:${limitedPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  try {
+    const stats = async () => (await db.query('SELECT last_seq::int8 AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()')).rows[0];
+    const start = await stats();
+    const at = { epoch: start.epoch, seq: Number(start.seq), changes: true };
+    // Eight changes and eight broadcasts of about 3 KB each, alternating: about 50 KB.
+    const positions = [];
+    for (let i = 1; i <= 8; i++) {
+      await db.query('INSERT INTO pcr_tasks VALUES ($1, $2, $3)', [40_000 + i, run, 'x'.repeat(3000)]);
+      positions.push(['change', i, Number((await stats()).seq)]);
+      await db.query(`SELECT realtime.send(jsonb_build_object('n', $2::int, 'pad', repeat('y', 3000)), 'n', $1, false)`, [topic, i]);
+      positions.push(['broadcast', i, Number((await stats()).seq)]);
+    }
+    await c.setAuth(apikey);
+    const got = [];
+    const systems = [];
+    const channel = c.channel(topic, { config: { broadcast: { resume: at } } });
+    channel.on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pcr_tasks', filter: `run=eq.${run}` }, (p) => got.push(['change', Number(p.new.id) - 40_000]));
+    channel.on('broadcast', { event: 'n' }, (m) => got.push(['broadcast', m.payload.n]));
+    remember(channel, systems);
+    await subscribed(channel);
+    await waitFor(() => systems.some((s) => 'recovered' in s), 10000, 'the resume system message');
+    const resumed = systems.find((s) => 'recovered' in s);
+    // The newest that fit 20,000 bytes (some, not all), in commit order, whichever kind.
+    assert.ok(got.length > 0 && got.length < 16, `sent ${got.length} of 16`);
+    const kept = positions.slice(positions.length - got.length);
+    assert.deepEqual(got, kept.map(([kind, n]) => [kind, n]));
+    assert.equal(resumed.recovered, false, JSON.stringify(resumed));
+    assert.equal(resumed.first_missing, at.seq + 1, JSON.stringify(resumed));
+    assert.equal(resumed.last_missing, kept[0][2] - 1, JSON.stringify(resumed));
+    assert.match(resumed.message, /^The messages after position \d+ take more than MAX_RESUME_BYTES \(20000 bytes\): messages \d+ to \d+ were not sent/);
+    assert.equal(resumed.resent, got.length);
+  } finally {
+    await close(c);
+    limited.kill('SIGTERM');
+  }
+});
+
+// Issue 39, H2: each chunk of POLL_MAX_CHANGES resumed changes was checked under a
+// CHANGES_CHECK_TIMEOUT_MS of its own, so one resume held the single history worker for
+// up to 100 of them. Now all the checks of one resume share RESUME_CHECK_TIMEOUT_MS: what
+// is not checked by then is withheld, in order, and the client is told.
+test('realtime-js: one resume held the history worker for a check budget per chunk; now one budget for all its chunks', async () => {
+  const { process: limited, port: limitedPort } = await startSidecar(SECRET, 'postgres_changes_resume_budget', { RESUME_CHECK_TIMEOUT_MS: '300' });
+  const c = new RealtimeClient(`ws://127.0.0.1:${limitedPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  try {
+    await db.query(`
+      DROP TABLE IF EXISTS pcr_slow CASCADE;
+      CREATE OR REPLACE FUNCTION pcr_slow_ok() RETURNS boolean LANGUAGE sql VOLATILE AS $$ SELECT pg_sleep(0.001) IS NOT NULL $$;
+      CREATE TABLE pcr_slow (id bigint PRIMARY KEY, body text);
+      ALTER TABLE pcr_slow ENABLE ROW LEVEL SECURITY;
+      CREATE POLICY slow ON pcr_slow FOR SELECT TO anon USING (pcr_slow_ok());
+      GRANT SELECT ON pcr_slow TO anon;
+      ALTER PUBLICATION supabase_realtime ADD TABLE pcr_slow;`);
+    const stats = async () => (await db.query('SELECT last_seq::int8 AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()')).rows[0];
+    const start = await stats();
+    const at = { epoch: start.epoch, seq: Number(start.seq), changes: true };
+    // 400 changes: four chunks of 100, each 0.1 to 0.4 s of policy (1 ms a row read: the
+    // lookup reads its 100 rows by key or all 400), well within its own
+    // CHANGES_CHECK_TIMEOUT_MS (2 s), together past 300 ms.
+    await db.query(`INSERT INTO pcr_slow SELECT g, 'b' FROM generate_series(1, 400) g`);
+    await c.setAuth(apikey);
+    const got = [];
+    const systems = [];
+    const channel = c.channel(`slow-${Date.now()}`, { config: { broadcast: { resume: at } } });
+    channel.on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pcr_slow' }, (p) => got.push(Number(p.new.id)));
+    remember(channel, systems);
+    await subscribed(channel);
+    await waitFor(() => systems.some((s) => 'recovered' in s), 20000, 'the resume system message');
+    const resumed = systems.find((s) => 'recovered' in s);
+    // What was checked in time came, in order from the first; the rest was withheld.
+    assert.ok(got.length < 400, `all ${got.length} were checked`);
+    assert.deepEqual(got, Array.from({ length: got.length }, (_, i) => i + 1));
+    assert.equal(resumed.recovered, false, JSON.stringify(resumed));
+    assert.ok(resumed.withheld >= 1, JSON.stringify(resumed));
+    assert.equal(resumed.changes, got.length, JSON.stringify(resumed));
+    assert.match(resumed.message, /could not be checked in time and were withheld/);
+    assert.ok(systems.some((s) => /^Changes to public\.pcr_slow could not be authorized/.test(s.message ?? '')),
+      JSON.stringify(systems.map((s) => s.message)));
+  } finally {
+    await close(c);
+    limited.kill('SIGTERM');
+    await db.query('ALTER PUBLICATION supabase_realtime DROP TABLE pcr_slow').catch(() => {});
+  }
+});

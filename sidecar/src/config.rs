@@ -321,6 +321,30 @@ pub struct Config {
     #[arg(long, env = "MAX_RESUME_MESSAGES", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_resume_messages: u64,
+    /// Bytes of one history's frames (a resume's or a replay's), held while they are sent at
+    /// the client's pace: past it the oldest are not sent (a resume is told `recovered:
+    /// false` with their positions, naming this setting). The newest message is always sent,
+    /// whatever its size. Messages may be a megabyte each: counted in messages only, 100
+    /// slow resumes of one address held about 25 GB (issue 39, H2).
+    #[arg(long, env = "MAX_RESUME_BYTES", default_value_t = 32 << 20,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    pub max_resume_bytes: u64,
+    /// Bytes of the histories of one client address being sent, together (a further
+    /// history is cut to what is left, told so, naming this setting).
+    #[arg(long, env = "MAX_RESUME_BYTES_PER_ADDRESS", default_value_t = 128 << 20,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    pub max_resume_bytes_per_address: u64,
+    /// Bytes of every history being sent, together.
+    #[arg(long, env = "MAX_RESUME_BYTES_IN_FLIGHT", default_value_t = 1 << 30,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    pub max_resume_bytes_in_flight: u64,
+    /// Time the checks of one resume's Postgres Changes may take, all its chunks together:
+    /// the history worker serves one join at a time, and each chunk's own
+    /// CHANGES_CHECK_TIMEOUT_MS let one resume hold it for minutes (issue 39, H2). What is
+    /// not checked by then is withheld, the channel told.
+    #[arg(long, env = "RESUME_CHECK_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub resume_check_timeout_ms: u64,
     /// Joins of one client address (an IPv6 /64) whose history (resume or replay) is being
     /// read or sent at once: each may hold MAX_RESUME_MESSAGES in memory while it is sent. A
     /// further one is answered and waits in its address's line until one of them ends (a

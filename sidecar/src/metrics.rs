@@ -64,6 +64,10 @@ pub struct Metrics {
     pub history_calls_total: Counter,
     pub history_messages_total: Counter,
     pub history_unrecovered_total: Counter,
+    /// Histories cut short by their bytes (MAX_RESUME_BYTES and friends, `history::budget`).
+    pub history_cut_by_bytes_total: Counter,
+    /// Bytes of history frames made and not yet queued to their sockets (`history::budget`).
+    pub history_bytes_held: Gauge,
     /// Joins whose history is being read or sent, and those waiting in their address's
     /// line (MAX_RESUMES_PER_ADDRESS, `history::line`), and those the full line turned away.
     pub resumes_running: Gauge,
@@ -268,6 +272,14 @@ impl Default for Metrics {
             history_unrecovered_total: r.counter(
                 "realtime_history_unrecovered_total",
                 "resumes answered recovered: false (evicted, another epoch, a position ahead, or the database unreadable)",
+            ),
+            history_cut_by_bytes_total: r.counter(
+                "realtime_history_cut_by_bytes_total",
+                "histories sent without their oldest messages: over MAX_RESUME_BYTES, their address's MAX_RESUME_BYTES_PER_ADDRESS or MAX_RESUME_BYTES_IN_FLIGHT",
+            ),
+            history_bytes_held: r.gauge(
+                "realtime_history_bytes_held",
+                "bytes of history frames made and not yet queued to their sockets (at most MAX_RESUME_BYTES_IN_FLIGHT)",
             ),
             resumes_running: r.gauge(
                 "realtime_resumes_running",

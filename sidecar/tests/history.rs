@@ -785,6 +785,108 @@ async fn a_resume_further_behind_than_max_resume_messages_gets_the_newest_and_th
     assert_eq!(ns(&live), vec![81]);
 }
 
+/// Issue 39, H2: a resume was bounded by its number of messages only, and messages may be a
+/// megabyte each, so slow readers made the sidecar hold gigabytes of frames. Now a resume
+/// is bounded in bytes (MAX_RESUME_BYTES), the histories of one address being sent together
+/// (MAX_RESUME_BYTES_PER_ADDRESS) and all of them (MAX_RESUME_BYTES_IN_FLIGHT); the newest
+/// that fit are sent and the client is told, `recovered: false`, which positions were not
+/// and which bound cut them. A reader that stops reading holds its own address's share,
+/// never another address's.
+#[tokio::test]
+async fn a_resume_was_bounded_in_messages_not_bytes() {
+    let _serial = SERIAL.lock().await;
+    let sidecar = Sidecar::start(
+        "t_history_bytes",
+        &[
+            ("MAX_RESUME_BYTES", "12000000"),
+            ("MAX_RESUME_BYTES_PER_ADDRESS", "14000000"),
+            ("MAX_OUTBOUND_BYTES", "2097152"),
+        ],
+    )
+    .await;
+    let db = db().await;
+    let topic = topic("resume:bytes");
+    let mut a = Client::connect(sidecar.port, "1.0.0").await;
+    a.join_public(&format!("realtime:{topic}")).await;
+    send(&db, &topic, 0, 1, false).await;
+    let (epoch, seq) = last_position(&read_until(&mut a, 10, has_n(0)).await);
+    drop(a);
+    // 80 messages of about 250 KB (20 MB).
+    send_large(&db, &topic, 1).await;
+    // One that stops reading, from 127.0.0.6: its history is cut to what fits 12 MB, and
+    // what its socket does not take stays with its sending (its queue takes 1 MiB).
+    let mut slow = Client::connect_from_small_buffer("127.0.0.6", sidecar.port, "1.0.0").await;
+    assert_eq!(resume(&mut slow, &topic, &epoch, seq).await["status"], "ok");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sidecar.metric("realtime_history_bytes_held").await < 4_000_000.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow reader's history was never held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Another connection of the same address gets what is left of the address's share.
+    let mut same = Client::connect_from("127.0.0.6", sidecar.port, "1.0.0")
+        .await
+        .unwrap();
+    assert_eq!(resume(&mut same, &topic, &epoch, seq).await["status"], "ok");
+    let got = read_until(&mut same, 60, |g| !system(g).is_empty()).await;
+    let sys = &system(&got)[0];
+    let sent = ns(&got);
+    assert!(
+        sent.len() < 47,
+        "the address's share was not spent: {sent:?}"
+    );
+    assert_eq!(sys["recovered"], false, "{sys}");
+    assert_eq!(sys["resent"], sent.len(), "{sys}");
+    let prefix = format!(
+        "This client address's histories being sent would hold more than MAX_RESUME_BYTES_PER_ADDRESS (14000000 bytes) with the messages after position {seq}: messages {} to ",
+        seq + 1
+    );
+    assert!(
+        sys["message"].as_str().unwrap().starts_with(&prefix),
+        "{sys}"
+    );
+    if let Some(first) = sent.first() {
+        assert_eq!(sent, (*first..81).collect::<Vec<_>>(), "the newest");
+    }
+    // Another address: a share of its own, cut by the resume's own bound only. 47 messages
+    // of a little over 250,000 bytes fit 12,000,000; 48 do not.
+    let mut other = Client::connect_from("127.0.0.7", sidecar.port, "1.0.0")
+        .await
+        .unwrap();
+    assert_eq!(
+        resume(&mut other, &topic, &epoch, seq).await["status"],
+        "ok"
+    );
+    let got = read_until(&mut other, 60, |g| !system(g).is_empty()).await;
+    assert_eq!(ns(&got), (34..81).collect::<Vec<_>>(), "the newest 47");
+    let first_sent = match &got[0] {
+        Got::Broadcast { seq, .. } => *seq,
+        other => panic!("{other:?}"),
+    };
+    let sys = &system(&got)[0];
+    assert_eq!(
+        (
+            &sys["recovered"],
+            &sys["first_missing"],
+            &sys["last_missing"]
+        ),
+        (&json!(false), &json!(seq + 1), &json!(first_sent - 1)),
+        "{sys}"
+    );
+    assert_eq!(
+        sys["message"],
+        format!(
+            "The messages after position {seq} take more than MAX_RESUME_BYTES (12000000 bytes): messages {} to {} were not sent; the 47 newest were",
+            seq + 1,
+            first_sent - 1
+        )
+    );
+    assert!(sidecar.metric("realtime_history_cut_by_bytes_total").await >= 3.0);
+    drop(slow);
+}
+
 /// A user allowed to write one room could fill `realtime.persisted_messages` at the
 /// database's write rate for 72 hours. A topic now keeps at most
 /// MAX_PERSISTED_MESSAGES_PER_TOPIC messages and MAX_PERSISTED_BYTES_PER_TOPIC bytes: a

@@ -11,13 +11,17 @@
 //! the changes of its bindings' tables after its position, read in the same walk (decoded
 //! by the extension as the drain decodes them) and checked as live changes are, by
 //! `postgres_changes::deliver::prepare` for a set holding only the rejoining channel, on
-//! this connection, in chunks of POLL_MAX_CHANGES under CHANGES_CHECK_TIMEOUT_MS each: so
+//! this connection, in chunks of POLL_MAX_CHANGES under CHANGES_CHECK_TIMEOUT_MS each and
+//! RESUME_CHECK_TIMEOUT_MS for all of them: so
 //! by RLS and column privileges as they stand at the rejoin. `realtime.visible` judges a
 //! row as it is now: the INSERT or UPDATE of a row deleted (or hidden) since is not resent;
 //! a DELETE is (as live, DELETEs are not checked by row). They count against
-//! MAX_RESUME_MESSAGES with the topic's broadcasts.
+//! MAX_RESUME_MESSAGES with the topic's broadcasts, and their frames count against the
+//! history's bytes (`budget`: MAX_RESUME_BYTES, per address, in flight) with them. Within a
+//! batch, client addresses take turns (`fair`).
 
 use super::ask::Ask;
+use super::budget::{self, Budget, Held};
 use crate::config::Config;
 use crate::db_worker;
 use crate::frame::{self, Vsn};
@@ -117,8 +121,11 @@ pub struct Carry {
     pub missing: Option<(i64, i64)>,
     pub passes: u32,
     /// The span of positions a resume did not send because its topic held more than
-    /// MAX_RESUME_MESSAGES after the position (the newest were sent).
+    /// MAX_RESUME_MESSAGES after the position, or more bytes than its `budget` allowed
+    /// (the newest were sent).
     pub over_limit: Option<(i64, i64)>,
+    /// What cut it there (the first pass's).
+    pub cut_by: Option<CutBy>,
     /// What a replay sent (it filters the topic's messages, so a later pass must not send
     /// these again, and must send the others).
     pub skip: Vec<i64>,
@@ -126,6 +133,15 @@ pub struct Carry {
     /// many could not be checked (withheld, the channel told why).
     pub changes: Option<usize>,
     pub withheld: usize,
+}
+
+/// The bound that cut a resume short of its position.
+#[derive(Clone, Copy, Debug)]
+pub enum CutBy {
+    /// MAX_RESUME_MESSAGES
+    Messages(usize),
+    /// Its bytes (`budget`).
+    Bytes(budget::Bound),
 }
 
 /// Passes at most before a client that cannot catch up is cut off as too slow.
@@ -182,6 +198,8 @@ pub async fn run(
 ) {
     let fail_metrics = metrics.clone();
     let fail = move |r: Request| unavailable(r, &fail_metrics);
+    // The bytes of the histories being sent (MAX_RESUME_BYTES and friends).
+    let budget = Budget::of(&cfg, Some(metrics.history_bytes_held.clone()));
     // Joins whose read found the connection gone (Postgres restarted, say): served once more
     // on the next connection rather than told the database could not be read.
     let mut retry: Vec<Request> = Vec::new();
@@ -200,6 +218,7 @@ pub async fn run(
         };
         // The checks of resumed changes prepare their statements once per connection.
         let statements = deliver::Statements::default();
+        let budget = &budget;
         let mut expire = tokio::time::interval(EXPIRE_EVERY);
         let mut retried = std::mem::take(&mut retry);
         loop {
@@ -234,9 +253,11 @@ pub async fn run(
                     continue;
                 }
                 let served = if resume {
-                    serve_resumes(&client, &cfg, epoch, group, &again, &metrics, &statements).await
+                    let group = fair(group);
+                    let with = (&again, &*metrics, &statements, budget);
+                    serve_resumes(&client, &cfg, epoch, group, with).await
                 } else {
-                    serve_replays(&client, &cfg, epoch, group, &again, &metrics).await
+                    serve_replays(&client, &cfg, epoch, group, &again, &metrics, budget).await
                 };
                 if let Err((e, group)) = served {
                     tracing::warn!(error = %e, "realtime.history failed");
@@ -474,14 +495,47 @@ fn of_topic<'a>(
         .map(|&i| &read.found[i])
 }
 
+/// The requests of a batch, their addresses taken in turn (each address's in join order): the
+/// worker serves one request at a time, and an address that asked for many histories at
+/// once does not make the others' wait behind all of its own.
+fn fair(requests: Vec<Request>) -> Vec<Request> {
+    in_turn(requests, |r| r.permit.as_ref().and_then(|p| p.address()))
+}
+
+/// `items` with their keys taken in turn, in order of first appearance, each key's items in
+/// their order.
+fn in_turn<T, K: PartialEq>(items: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
+    let mut lines: Vec<(K, std::collections::VecDeque<T>)> = Vec::new();
+    for item in items {
+        let k = key(&item);
+        match lines.iter_mut().find(|(l, _)| *l == k) {
+            Some((_, q)) => q.push_back(item),
+            None => lines.push((k, std::collections::VecDeque::from([item]))),
+        }
+    }
+    let mut out = Vec::new();
+    while !lines.is_empty() {
+        for (_, q) in &mut lines {
+            out.extend(q.pop_front());
+        }
+        lines.retain(|(_, q)| !q.is_empty());
+    }
+    out
+}
+
+type With<'a> = (
+    &'a mpsc::Sender<Request>,
+    &'a Metrics,
+    &'a deliver::Statements,
+    &'a Budget,
+);
+
 async fn serve_resumes(
     client: &Client,
     cfg: &Config,
     epoch: i64,
     requests: Vec<Request>,
-    again: &mpsc::Sender<Request>,
-    metrics: &Metrics,
-    statements: &deliver::Statements,
+    (again, metrics, statements, budget): With<'_>,
 ) -> Served {
     // A position of another epoch (the database restarted since): everything this epoch
     // still holds is sent, after a word that what came before is lost.
@@ -584,6 +638,31 @@ async fn serve_resumes(
         if seqs.len() > limit {
             cut = seqs[seqs.len() - limit];
         }
+        let mut cut_by = (cut > after + 1).then_some(CutBy::Messages(limit));
+        // And in bytes (`budget`): the newest that fit what this history may hold. A
+        // change's size is its data's until it is checked.
+        let address = r.permit.as_ref().and_then(|p| p.address());
+        let mut sized: Vec<(i64, usize)> = topic
+            .iter()
+            .filter(|f| f.message.seq >= cut)
+            .map(|f| (f.message.seq, f.frame(r.reach.vsn).map_or(0, |m| m.len())))
+            .chain(
+                changes
+                    .iter()
+                    .filter(|c| c.seq >= cut)
+                    .map(|c| (c.seq, c.data.len())),
+            )
+            .collect();
+        sized.sort_unstable();
+        let sizes: Vec<usize> = sized.iter().map(|s| s.1).collect();
+        if let (first, Some(bound)) = budget::keep_newest(&sizes, &budget.room(address)) {
+            cut = match sized.get(first) {
+                Some(&(seq, _)) => seq,
+                None => sized.last().map_or(cut, |&(seq, _)| seq + 1),
+            };
+            cut_by = Some(CutBy::Bytes(bound));
+            metrics.history_cut_by_bytes_total.increment(1);
+        }
         let over_limit = (cut > after + 1).then(|| (after + 1, cut - 1));
         let mut frames: Vec<(i64, Message)> = topic
             .iter()
@@ -595,7 +674,8 @@ async fn serve_resumes(
         let mut resent_changes = None;
         let mut withheld = 0;
         if let Some(c) = &r.changes {
-            match check_changes(&db, &r, c, &changes, &limits, metrics).await {
+            let budgets = (&limits, Duration::from_millis(cfg.resume_check_timeout_ms));
+            match check_changes(&db, &r, c, &changes, budgets, metrics).await {
                 Checked::Lost(e) => {
                     // The connection is gone: this request and the rest are served again on
                     // the next one.
@@ -639,6 +719,7 @@ async fn serve_resumes(
             carry.missing = Some(carry.missing.map_or((f, l), |(a, b)| (a.min(f), b.max(l))));
         }
         if let Some((f, l)) = over_limit {
+            carry.cut_by = carry.cut_by.or(cut_by);
             carry.over_limit = Some(
                 carry
                     .over_limit
@@ -663,7 +744,16 @@ async fn serve_resumes(
         // Everything of the channel up to the read's end was sent (now or by an earlier
         // pass).
         let dedupe = (read.through, Vec::new());
-        tokio::spawn(send(r, epoch, frames, system, dedupe, carry, again.clone()));
+        let held = budget.take(address, frames.iter().map(|f| f.1.len()).sum());
+        tokio::spawn(send(
+            r,
+            epoch,
+            (frames, Some(held)),
+            system,
+            dedupe,
+            carry,
+            again.clone(),
+        ));
     }
     if asked {
         // The checks set their statement_timeout; this connection's other calls are bounded
@@ -748,13 +838,15 @@ enum Checked {
 
 /// Matches and checks one resuming channel's changes as the drain's stage checks live ones
 /// (`deliver::prepare`, for a set holding only this channel, with its identity at the
-/// rejoin), in chunks of POLL_MAX_CHANGES, each under its own CHANGES_CHECK_TIMEOUT_MS.
+/// rejoin), in chunks of POLL_MAX_CHANGES, each under its own CHANGES_CHECK_TIMEOUT_MS and
+/// all together under RESUME_CHECK_TIMEOUT_MS: what is left unchecked then is withheld, the
+/// channel told, and the worker goes on to the next join.
 async fn check_changes(
     db: &deliver::Db<'_>,
     r: &Request,
     c: &Changes,
     changes: &[&FoundChange],
-    limits: &deliver::Limits,
+    (limits, resume_check_timeout): (&deliver::Limits, Duration),
     metrics: &Metrics,
 ) -> Checked {
     // The channel as the stage sees it, reached through a queue of its own: what the stage
@@ -777,6 +869,7 @@ async fn check_changes(
     // it (`deliver::Limits::resume`).
     let limits = &deliver::Limits {
         resume: true,
+        until: Some(Instant::now() + resume_check_timeout),
         ..*limits
     };
     for chunk in changes.chunks(limits.max_changes.max(1)) {
@@ -832,8 +925,12 @@ fn resume_system(
         let (first, last) = carry.missing.map_or((cut_first, cut_last), |(f, l)| {
             (f.min(cut_first), l.max(cut_last))
         });
+        let why = match carry.cut_by {
+            Some(CutBy::Bytes(bound)) => bound.why(seq),
+            _ => format!("More than MAX_RESUME_MESSAGES ({limit}) messages follow position {seq}"),
+        };
         json!({"recovered": false, "first_missing": first, "last_missing": last,
-               "message": format!("More than MAX_RESUME_MESSAGES ({limit}) messages follow position {seq}: messages {first} to {last} were not sent; the {resent} newest were")})
+               "message": format!("{why}: messages {first} to {last} were not sent; the {resent} newest were")})
     } else if let Some((first, last)) = carry.missing {
         json!({"recovered": false, "first_missing": first, "last_missing": last,
                "message": format!("Messages {first} to {last} are no longer retained; the {resent} {messages} after them were sent")})
@@ -887,6 +984,7 @@ async fn serve_replays(
     requests: Vec<Request>,
     again: &mpsc::Sender<Request>,
     metrics: &Metrics,
+    budget: &Budget,
 ) -> Served {
     let since = |r: &Request| match r.ask {
         Ask::Replay { since_ms, .. } => since_ms,
@@ -924,10 +1022,19 @@ async fn serve_replays(
             .filter(|f| f.committed_us >= since_ms.saturating_mul(1000))
             .collect();
         let skip = mine.len().saturating_sub(limit as usize);
-        let frames: Vec<(i64, Message)> = mine[skip..]
+        let mut frames: Vec<(i64, Message)> = mine[skip..]
             .iter()
             .filter_map(|f| Some((f.message.seq, f.frame(r.reach.vsn)?)))
             .collect();
+        // Its bytes too (`budget`): Supabase's replay ends without a word, so the oldest
+        // that do not fit are left out silently, as those beyond `limit` are.
+        let address = r.permit.as_ref().and_then(|p| p.address());
+        let sizes: Vec<usize> = frames.iter().map(|f| f.1.len()).collect();
+        if let (first, Some(_)) = budget::keep_newest(&sizes, &budget.room(address)) {
+            frames.drain(..first);
+            metrics.history_cut_by_bytes_total.increment(1);
+        }
+        let held = budget.take(address, frames.iter().map(|f| f.1.len()).sum());
         metrics
             .history_messages_total
             .increment(frames.len() as u64);
@@ -943,7 +1050,7 @@ async fn serve_replays(
         tokio::spawn(send(
             r,
             epoch,
-            frames,
+            (frames, Some(held)),
             None,
             (0, skip),
             carry,
@@ -980,7 +1087,7 @@ pub fn unavailable_because(r: Request, message: &str, metrics: &Metrics) {
     tokio::spawn(send(
         r,
         0,
-        Vec::new(),
+        (Vec::new(), None),
         system,
         (0, Vec::new()),
         Carry::default(),
@@ -995,7 +1102,7 @@ pub fn unavailable_because(r: Request, message: &str, metrics: &Metrics) {
 async fn send(
     r: Request,
     epoch: i64,
-    frames: Vec<(i64, Message)>,
+    (frames, mut held): (Vec<(i64, Message)>, Option<Held>),
     system: Option<Message>,
     dedupe: (i64, Vec<i64>),
     carry: Carry,
@@ -1018,10 +1125,15 @@ async fn send(
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+        let bytes = f.len();
         if r.reach.send(f) != Sent::Queued {
             // A full queue closes the connection as too slow (`outbound`).
             r.gate.close();
             return;
+        }
+        // Queued to the socket: the outbound queue's bound (MAX_OUTBOUND_BYTES) holds it now.
+        if let Some(h) = &mut held {
+            h.give_back(bytes);
         }
         // A persisted message the ring no longer holds has no position (sequence 0).
         if seq > 0 {
@@ -1057,5 +1169,22 @@ async fn send(
         };
         r.gate.close();
         r.reach.cut_off();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_turn;
+
+    /// Issue 39, H2: one address's hundred resumes were served before the next address's
+    /// one. Addresses now take turns within a batch.
+    #[test]
+    fn one_address_s_resumes_came_before_every_other_address_s() {
+        let batch = vec![("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1), ("b", 2)];
+        let served: Vec<(&str, i32)> = in_turn(batch, |r| r.0);
+        assert_eq!(
+            served,
+            vec![("a", 1), ("b", 1), ("c", 1), ("a", 2), ("b", 2), ("a", 3)]
+        );
     }
 }

@@ -71,6 +71,13 @@ pub struct Permit {
     address: Option<AddressKey>,
 }
 
+impl Permit {
+    /// The client address whose share this is (None: a backend's connection).
+    pub fn address(&self) -> Option<AddressKey> {
+        self.address
+    }
+}
+
 impl Line {
     pub fn new(
         running: u64,

@@ -16,8 +16,10 @@
 //! (`crate::gate`) that holds its live frames; `fetch` reads the history of every waiting
 //! join in one `realtime.history` call, sends each its share, paced, and opens its gate at
 //! the sequence the history went through. `ask` reads what the join asked for; `line` bounds
-//! the histories of one client address read or sent at once (MAX_RESUMES_PER_ADDRESS).
+//! the histories of one client address read or sent at once (MAX_RESUMES_PER_ADDRESS);
+//! `budget` the bytes histories hold while they are sent (MAX_RESUME_BYTES and friends).
 
 pub mod ask;
+pub mod budget;
 pub mod fetch;
 pub mod line;

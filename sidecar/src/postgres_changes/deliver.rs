@@ -147,9 +147,21 @@ pub struct Limits {
     pub pattern_timeout: Duration,
     /// Patterns per `realtime.match_patterns` call (FILTER_PATTERNS_PER_CALL).
     pub patterns_per_call: usize,
+    /// Every check ends by then, whatever is left of its table's budget: a resume's one
+    /// budget for all its chunks (RESUME_CHECK_TIMEOUT_MS).
+    pub until: Option<Instant>,
 }
 
 impl Limits {
+    /// What is left of a check's budget that started at `started`.
+    fn left(&self, started: Instant) -> Duration {
+        let own = self.check_timeout.saturating_sub(started.elapsed());
+        match self.until {
+            Some(until) => own.min(until.saturating_duration_since(Instant::now())),
+            None => own,
+        }
+    }
+
     pub fn of(cfg: &crate::config::Config) -> Limits {
         Limits {
             max_record_bytes: cfg.max_record_bytes,
@@ -159,6 +171,7 @@ impl Limits {
             resume: false,
             pattern_timeout: Duration::from_millis(cfg.filter_pattern_timeout_ms),
             patterns_per_call: cfg.filter_patterns_per_call,
+            until: None,
         }
     }
 }
@@ -578,7 +591,7 @@ async fn authorize(
     frames: &mut [Vec<Outgoing>],
 ) -> Vec<Kept> {
     let started = Instant::now();
-    let remaining = || limits.check_timeout.saturating_sub(started.elapsed());
+    let remaining = || limits.left(started);
     let mut roles: Vec<String> = candidates
         .iter()
         .map(|c| c.sub.role.as_str())
@@ -674,7 +687,7 @@ async fn authorize(
     // patterns never spend the time that decides the other subscribers' changes (issue 39,
     // H1). So a table's check takes at most twice CHANGES_CHECK_TIMEOUT_MS.
     let started = Instant::now();
-    let remaining = || limits.check_timeout.saturating_sub(started.elapsed());
+    let remaining = || limits.left(started);
     // Distinct identities, distinct records and distinct pairs, each numbered once (maps,
     // not scans: a batch may hold 10^5 candidates). A subscriber's identity is looked up
     // by its claims once, not once per candidate.
@@ -1598,6 +1611,7 @@ mod tests {
             resume: false,
             pattern_timeout: Duration::from_millis(100),
             patterns_per_call: 64,
+            until: None,
         }
     }
 
