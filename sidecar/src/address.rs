@@ -109,6 +109,49 @@ impl std::fmt::Display for AddressKey {
     }
 }
 
+/// A wider block a client's address belongs to, counted with a limit of its own: one client
+/// often holds more than one /64 (a residential line gets a /56, a cloud tenant a /48: 256
+/// or 65,536 /64s), and more than one IPv4 address of a /24. `AddressKey` alone let about 17
+/// /64s of one /56 take every connection of the sidecar (issue 39, M2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Block {
+    base: IpAddr,
+    /// The prefix length: 56 or 48 for IPv6, 24 for IPv4.
+    pub prefix: u8,
+}
+
+impl Block {
+    /// The blocks `ip` is counted in besides its `AddressKey`: an IPv6 address's /56 and
+    /// /48, an IPv4 address's /24.
+    pub fn of(ip: IpAddr) -> Vec<Block> {
+        match unmapped(ip) {
+            IpAddr::V6(v6) => [56u8, 48]
+                .into_iter()
+                .map(|prefix| {
+                    let bits = u128::from(v6) & (!0u128 << (128 - u32::from(prefix)));
+                    Block {
+                        base: IpAddr::V6(Ipv6Addr::from(bits)),
+                        prefix,
+                    }
+                })
+                .collect(),
+            IpAddr::V4(v4) => {
+                let bits = u32::from(v4) & (!0u32 << 8);
+                vec![Block {
+                    base: IpAddr::V4(std::net::Ipv4Addr::from(bits)),
+                    prefix: 24,
+                }]
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.base, self.prefix)
+    }
+}
+
 /// An IPv4 client seen through an IPv6 socket (`::ffff:a.b.c.d`) is the IPv4 client.
 fn unmapped(ip: IpAddr) -> IpAddr {
     match ip {
@@ -179,6 +222,26 @@ mod tests {
             "2001:db8:1:2::/64"
         );
         assert_eq!(AddressKey::of(ip("192.0.2.1")).to_string(), "192.0.2.1");
+    }
+
+    #[test]
+    fn an_address_is_counted_in_its_56_and_48_or_its_24() {
+        let of =
+            |s: &str| -> Vec<String> { Block::of(ip(s)).iter().map(ToString::to_string).collect() };
+        assert_eq!(
+            of("2001:db8:1:2ff:aaaa::1"),
+            vec!["2001:db8:1:200::/56", "2001:db8:1::/48"]
+        );
+        assert_eq!(
+            Block::of(ip("2001:db8:1:201::1"))[0],
+            Block::of(ip("2001:db8:1:2ff::1"))[0]
+        );
+        assert_ne!(
+            Block::of(ip("2001:db8:1:301::1"))[0],
+            Block::of(ip("2001:db8:1:2ff::1"))[0]
+        );
+        assert_eq!(of("192.0.2.77"), vec!["192.0.2.0/24"]);
+        assert_eq!(of("::ffff:192.0.2.77"), vec!["192.0.2.0/24"]);
     }
 
     #[test]

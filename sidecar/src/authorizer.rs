@@ -12,7 +12,10 @@ use crate::config::Config;
 use crate::db_worker::DbFailure;
 use crate::db_worker::{self, Batched, CallError, Db};
 use crate::metrics::Metrics;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 
 const SQL: &str =
@@ -180,12 +183,81 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) {
-    db_worker::serve(&cfg, Authorizer { metrics }, rx, shutdown).await
+    let ttl = Duration::from_millis(cfg.authorization_denial_cache_ms);
+    let denials = Denials::new(ttl);
+    db_worker::serve(&cfg, Authorizer { metrics, denials }, rx, shutdown).await
+}
+
+/// Denied verdicts remembered per (identity, topic, extension, action) for at most
+/// AUTHORIZATION_DENIAL_CACHE_MS (issue 39, M1): a flood of private joins on topics its
+/// identity may not read is answered here, without a database call or a probe row. Only a
+/// verdict the database gave is remembered, from the moment it gave it (an answer from here
+/// never renews it), so whatever a policy or grant changes counts within the TTL. Keyed by
+/// a hash with this process's random key: a client cannot aim collisions, and a collision
+/// could only deny. Allowed verdicts are never remembered here (a channel's own re-checks
+/// have AUTHORIZATION_TTL_SECS).
+struct Denials {
+    ttl: Duration,
+    hasher: std::collections::hash_map::RandomState,
+    /// Lock rule: held only to read or change the map, never across an await.
+    at: Mutex<HashMap<u64, Instant>>,
+}
+
+/// Entries the map holds at most; past it the expired go, and if that is not enough, all
+/// (forgetting a denial only costs a database call).
+const MAX_DENIALS: usize = 100_000;
+
+impl Denials {
+    fn new(ttl: Duration) -> Denials {
+        Denials {
+            ttl,
+            hasher: Default::default(),
+            at: Mutex::default(),
+        }
+    }
+
+    fn key(&self, r: &AuthRequest) -> u64 {
+        let w = &r.who;
+        self.hasher.hash_one((
+            &w.role,
+            &w.claims,
+            &w.headers,
+            &r.topic,
+            r.extension,
+            r.write,
+        ))
+    }
+
+    fn denied(&self, r: &AuthRequest) -> bool {
+        if self.ttl.is_zero() {
+            return false;
+        }
+        let key = self.key(r);
+        let at = self.at.lock().unwrap();
+        at.get(&key).is_some_and(|t| t.elapsed() < self.ttl)
+    }
+
+    fn remember(&self, r: &AuthRequest) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let key = self.key(r);
+        let mut at = self.at.lock().unwrap();
+        if at.len() >= MAX_DENIALS {
+            let ttl = self.ttl;
+            at.retain(|_, t| t.elapsed() < ttl);
+            if at.len() >= MAX_DENIALS {
+                at.clear();
+            }
+        }
+        at.insert(key, Instant::now());
+    }
 }
 
 /// `realtime.authorize` over a batch: a verdict per request.
 struct Authorizer {
     metrics: Arc<Metrics>,
+    denials: Denials,
 }
 
 impl Batched for Authorizer {
@@ -194,8 +266,23 @@ impl Batched for Authorizer {
     const WHAT: &'static str = "authorization";
     const MAX: usize = 10_000;
 
-    async fn call(&self, db: &Db, batch: &[AuthRequest]) -> Result<Vec<Verdict>, CallError> {
-        let col = |f: fn(&AuthRequest) -> &str| batch.iter().map(f).collect::<Vec<&str>>();
+    async fn call(&self, db: &Db, all: &[AuthRequest]) -> Result<Vec<Verdict>, CallError> {
+        // Denials remembered are answered here; the rest are asked.
+        let mut verdicts = vec![Verdict::Denied(None); all.len()];
+        let asked: Vec<usize> = (0..all.len())
+            .filter(|&i| !self.denials.denied(&all[i]))
+            .collect();
+        let cached = all.len() - asked.len();
+        if cached > 0 {
+            self.metrics
+                .auth_denials_cached_total
+                .increment(cached as u64);
+        }
+        if asked.is_empty() {
+            return Ok(verdicts);
+        }
+        let batch: Vec<&AuthRequest> = asked.iter().map(|&i| &all[i]).collect();
+        let col = |f: fn(&AuthRequest) -> &str| batch.iter().map(|r| f(r)).collect::<Vec<&str>>();
         let (roles, claims, headers, topics) = (
             col(|r| &r.who.role),
             col(|r| &r.who.claims),
@@ -210,13 +297,16 @@ impl Batched for Authorizer {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
             [&roles, &claims, &headers, &topics, &extensions, &actions];
         let rows = db.query(SQL, &params).await?;
-        let mut verdicts = vec![Verdict::Denied(Some("no verdict".into())); batch.len()];
+        for &i in &asked {
+            verdicts[i] = Verdict::Denied(Some("no verdict".into()));
+        }
         for row in rows {
-            let i = row.get::<_, i32>("ordinality") as usize - 1;
+            let i = asked[row.get::<_, i32>("ordinality") as usize - 1];
             let (allowed, error): (bool, Option<String>) = (row.get("allowed"), row.get("error"));
             verdicts[i] = if allowed {
                 Verdict::Allowed
             } else {
+                self.denials.remember(&all[i]);
                 Verdict::Denied(error)
             };
         }
@@ -332,6 +422,7 @@ mod tests {
     async fn answer(db: &Fake, batch: Vec<AuthRequest>, metrics: &Arc<Metrics>) -> bool {
         let worker = Authorizer {
             metrics: metrics.clone(),
+            denials: Denials::new(Duration::ZERO),
         };
         db_worker::settle(&worker, db, batch).await
     }

@@ -107,6 +107,13 @@ pub struct Config {
     /// with fewer, so that the ones with most are the ones a spent budget leaves undecided.
     #[arg(long, env = "FILTER_PATTERNS_PER_CALL", default_value_t = 64)]
     pub filter_patterns_per_call: usize,
+    /// Bindings without a table (`{schema: 'public'}` or `{schema: '*'}`) of every channel of
+    /// this sidecar together: each is matched against every drained change of its schemas on
+    /// the drain's own loop, so past some thousands they slow every delivery of the sidecar
+    /// (issue 39, M3). A join past it is refused; backends may use the whole,
+    /// other clients leave BACKEND_RESERVE_PERCENT of it.
+    #[arg(long, env = "MAX_SCHEMA_WIDE_BINDINGS", default_value_t = 50_000)]
+    pub max_schema_wide_bindings: usize,
     /// Conditions of one binding's filter (realtime-js writes one).
     #[arg(long, env = "MAX_FILTER_CONDITIONS_PER_BINDING", default_value_t = 16)]
     pub max_filter_conditions_per_binding: usize,
@@ -131,6 +138,20 @@ pub struct Config {
     /// checked again (so revoking access takes effect without a new token).
     #[arg(long, env = "AUTHORIZATION_TTL_SECS", default_value_t = 60)]
     pub authorization_ttl_secs: u64,
+    /// How long a private channel's denied verdict is remembered for the same identity (role,
+    /// claims, headers), topic and action, at most 5 s (0: never): joins flooding topics their
+    /// identity may not read are answered without asking the database again (issue 39, M1).
+    /// A new token is a new identity, so a grant takes effect with the token that carries it.
+    #[arg(long, env = "AUTHORIZATION_DENIAL_CACHE_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(0..=5000))]
+    pub authorization_denial_cache_ms: u64,
+    /// Joins per second of all the connections of one client address (each connection has
+    /// its own MAX_JOINS_PER_SECOND too): past it a join is refused, the socket kept. A
+    /// private join costs a verdict of the one authorizer, shared by every client (issue 39,
+    /// M1: 1,000 sockets of one address at 100 joins a second each).
+    #[arg(long, env = "MAX_JOINS_PER_SECOND_PER_ADDRESS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_joins_per_second_per_address: u32,
     /// Directory of static files served at `/` (the demo page); nothing is served without it.
     #[arg(long, env = "WEB_ROOT")]
     pub web_root: Option<std::path::PathBuf>,
@@ -164,6 +185,23 @@ pub struct Config {
     /// `service_role` token (a backend's) counts in none of the per-address limits.
     #[arg(long, env = "MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 1000)]
     pub max_connections_per_address: usize,
+    /// WebSocket connections of one IPv6 /56 (a residential line's block), all its /64s
+    /// together; more are refused at upgrade with "ConnectionRateLimitReached: Too many
+    /// connections from this network (N/56)". Backends are not counted.
+    #[arg(long, env = "MAX_CONNECTIONS_PER_IPV6_56", default_value_t = 2000)]
+    pub max_connections_per_ipv6_56: usize,
+    /// The same for an IPv6 /48 (a cloud tenant's block).
+    #[arg(long, env = "MAX_CONNECTIONS_PER_IPV6_48", default_value_t = 4000)]
+    pub max_connections_per_ipv6_48: usize,
+    /// The same for an IPv4 /24.
+    #[arg(long, env = "MAX_CONNECTIONS_PER_IPV4_24", default_value_t = 4000)]
+    pub max_connections_per_ipv4_24: usize,
+    /// The part, in percent, of the process's totals (MAX_CONNECTIONS,
+    /// MAX_REST_EVENTS_PER_SECOND) that only backends (`service_role`) may use: clients that
+    /// fill the rest never lock the app's own server out (issue 39, M2).
+    #[arg(long, env = "BACKEND_RESERVE_PERCENT", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=90))]
+    pub backend_reserve_percent: u64,
     /// REST broadcast requests being served at once; more are answered 429 "Too many
     /// requests" before their body is read.
     #[arg(long, env = "MAX_REST_REQUESTS_IN_FLIGHT", default_value_t = 256)]
@@ -387,6 +425,21 @@ impl std::error::Error for InvalidConfig {}
 pub const MIN_SECRET_BYTES: usize = 32;
 
 impl Config {
+    /// The limit of connections of `block` (MAX_CONNECTIONS_PER_IPV6_56 and friends).
+    pub fn max_connections_per_block(&self, block: &crate::address::Block) -> usize {
+        match block.prefix {
+            56 => self.max_connections_per_ipv6_56,
+            48 => self.max_connections_per_ipv6_48,
+            _ => self.max_connections_per_ipv4_24,
+        }
+    }
+
+    /// Of a process-wide total, the part clients other than backends may use
+    /// (BACKEND_RESERVE_PERCENT is kept for backends; at least one is always left).
+    pub fn clients_share(&self, total: u64) -> u64 {
+        (total - total * self.backend_reserve_percent / 100).max(1)
+    }
+
     /// Refuses settings that would fail later (or never make sense), with a message naming
     /// the setting.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
@@ -406,6 +459,24 @@ impl Config {
         }
         // A slice, not an array of a fixed length: every new setting changed that length.
         let ranges: &[(&str, u64, u64, u64)] = &[
+            (
+                "MAX_CONNECTIONS_PER_IPV6_56",
+                self.max_connections_per_ipv6_56 as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "MAX_CONNECTIONS_PER_IPV6_48",
+                self.max_connections_per_ipv6_48 as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "MAX_CONNECTIONS_PER_IPV4_24",
+                self.max_connections_per_ipv4_24 as u64,
+                1,
+                10_000_000,
+            ),
             (
                 "MAX_CONNECTIONS_PER_ADDRESS",
                 self.max_connections_per_address as u64,
@@ -495,6 +566,12 @@ impl Config {
                 self.filter_patterns_per_call as u64,
                 1,
                 100_000,
+            ),
+            (
+                "MAX_SCHEMA_WIDE_BINDINGS",
+                self.max_schema_wide_bindings as u64,
+                1,
+                100_000_000,
             ),
             (
                 "MAX_FILTER_CONDITIONS_PER_BINDING",

@@ -227,8 +227,11 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
             metrics.rest_requests_in_flight.clone(),
         ),
         connections_by_address: tally::InFlight::default(),
+        connections_by_block: tally::InFlight::default(),
+        joins_by_address: tally::RateTally::new(cfg.max_connections),
         bindings_by_address: tally::Amounts::default(),
         patterns_by_address: tally::Amounts::default(),
+        schema_wide_bindings: tally::Amounts::default(),
         resumes: history::line::Line::new(
             cfg.max_resumes_per_address,
             cfg.max_resumes_waiting_per_address,

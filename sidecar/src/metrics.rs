@@ -64,6 +64,8 @@ pub struct Metrics {
     pub history_calls_total: Counter,
     pub history_messages_total: Counter,
     pub history_unrecovered_total: Counter,
+    /// Private-channel verdicts answered by a remembered denial (AUTHORIZATION_DENIAL_CACHE_MS).
+    pub auth_denials_cached_total: Counter,
     /// Histories cut short by their bytes (MAX_RESUME_BYTES and friends, `history::budget`).
     pub history_cut_by_bytes_total: Counter,
     /// Bytes of history frames made and not yet queued to their sockets (`history::budget`).
@@ -272,6 +274,10 @@ impl Default for Metrics {
             history_unrecovered_total: r.counter(
                 "realtime_history_unrecovered_total",
                 "resumes answered recovered: false (evicted, another epoch, a position ahead, or the database unreadable)",
+            ),
+            auth_denials_cached_total: r.counter(
+                "realtime_auth_denials_cached_total",
+                "private-channel verdicts answered by a denial the database gave in the last AUTHORIZATION_DENIAL_CACHE_MS, without asking it again",
             ),
             history_cut_by_bytes_total: r.counter(
                 "realtime_history_cut_by_bytes_total",

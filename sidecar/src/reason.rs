@@ -60,6 +60,9 @@ pub enum Refusal {
     ConnectionRateLimitReached,
     /// At upgrade, past MAX_CONNECTIONS_PER_ADDRESS (HTTP 429).
     TooManyConnectionsFromAddress,
+    /// At upgrade, past the limit of one of the address's wider blocks (the block, as
+    /// `a::/56`; HTTP 429).
+    TooManyConnectionsFromBlock(String),
     TopicNameRequired,
     /// The topic breaks `realtime.send`'s rules.
     InvalidTopic(InvalidTopic),
@@ -70,6 +73,8 @@ pub enum Refusal {
     },
     ChannelRateLimitReached,
     ClientJoinRateLimitReached,
+    /// A join past MAX_JOINS_PER_SECOND_PER_ADDRESS (the socket is kept).
+    AddressJoinRateLimitReached,
     JoinInProgress,
     /// A `postgres_changes` binding this server cannot serve (an unsupported filter, say).
     PostgresChanges(BindingError),
@@ -82,6 +87,11 @@ pub enum Refusal {
     /// A join whose bindings would bring its client address's connections past
     /// MAX_PATTERNS_PER_ADDRESS pattern conditions.
     PatternsPerAddress {
+        total: usize,
+        limit: usize,
+    },
+    /// A join whose bindings would bring the sidecar past MAX_SCHEMA_WIDE_BINDINGS.
+    SchemaWideBindings {
         total: usize,
         limit: usize,
     },
@@ -136,6 +146,9 @@ impl Refusal {
             Refusal::TooManyConnectionsFromAddress => {
                 "ConnectionRateLimitReached: Too many connections from this address".into()
             }
+            Refusal::TooManyConnectionsFromBlock(block) => format!(
+                "ConnectionRateLimitReached: Too many connections from this network ({block})"
+            ),
             Refusal::TopicNameRequired => "TopicNameRequired: You must provide a topic name".into(),
             Refusal::InvalidTopic(why) => why.text(),
             Refusal::RequestHeadersTooLarge { bytes, limit } => format!(
@@ -143,6 +156,9 @@ impl Refusal {
             ),
             Refusal::ChannelRateLimitReached => "ChannelRateLimitReached: Too many channels".into(),
             Refusal::ClientJoinRateLimitReached => Disconnect::JoinRateLimit.text().into(),
+            Refusal::AddressJoinRateLimitReached => {
+                "ClientJoinRateLimitReached: Too many joins per second from this address".into()
+            }
             Refusal::JoinInProgress => {
                 "JoinInProgress: a join of this topic is still waiting for its authorization".into()
             }
@@ -153,6 +169,10 @@ impl Refusal {
             .text(),
             Refusal::PatternsPerAddress { total, limit } => BindingError::OverLimit(format!(
                 "the channels of this client address would have pattern conditions: {total}; the limit is {limit} (MAX_PATTERNS_PER_ADDRESS)"
+            ))
+            .text(),
+            Refusal::SchemaWideBindings { total, limit } => BindingError::OverLimit(format!(
+                "the channels of this server would have bindings without a table: {total}; the limit is {limit} (MAX_SCHEMA_WIDE_BINDINGS)"
             ))
             .text(),
             Refusal::History(why) => why.text(),

@@ -64,6 +64,8 @@ pub struct RestLimits {
     max_in_flight_per_address: usize,
     max_messages: usize,
     max_total: u32,
+    /// Of `max_total`, what clients other than backends may use (BACKEND_RESERVE_PERCENT).
+    clients_total: u32,
     max_per_address: u32,
     max_per_user: u32,
 }
@@ -96,6 +98,7 @@ impl RestLimits {
             max_in_flight_per_address: cfg.max_rest_requests_in_flight_per_address,
             max_messages: cfg.max_rest_messages_per_request,
             max_total: cfg.max_rest_events_per_second,
+            clients_total: cfg.clients_share(cfg.max_rest_events_per_second as u64) as u32,
             max_per_address: cfg.max_rest_events_per_second_per_address,
             max_per_user: cfg.max_rest_events_per_second_per_user,
         }
@@ -172,9 +175,14 @@ impl RestLimits {
                     .map_err(answer)?;
             }
         }
-        self.total_rate
-            .check(&(), n, self.max_total)
-            .map_err(answer)?;
+        // A backend may use the whole total; clients leave its reserve to backends, so
+        // clients that fill their part never lock the app's server out (issue 39, M2).
+        let total = if who.backend {
+            self.max_total
+        } else {
+            self.clients_total
+        };
+        self.total_rate.check(&(), n, total).map_err(answer)?;
         self.total_rate.charge(&(), n);
         if !who.backend {
             self.address_rate.charge(&who.address, n);

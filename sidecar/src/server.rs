@@ -105,17 +105,14 @@ async fn route(
 ) -> Result<Resp, std::convert::Infallible> {
     let path = req.uri().path().to_owned();
     // Who the per-address limits count this request against.
-    let client = AddressKey::of(address::client(
-        peer,
-        req.headers(),
-        &shared.cfg.trusted_proxies,
-    ));
+    let client_ip = address::client(peer, req.headers(), &shared.cfg.trusted_proxies);
+    let client = AddressKey::of(client_ip);
     if is_rest_route(api_path(&path)) {
         return Ok(rest_route(req, &shared, &path, client).await);
     }
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/socket/websocket" | "/realtime/v1/websocket") => {
-            upgrade(req, shared, client)
+            upgrade(req, shared, (client, client_ip))
         }
         (&Method::GET, "/healthz") => {
             let now_ms = std::time::SystemTime::now()
@@ -236,7 +233,11 @@ async fn static_file(shared: &Shared, path: &str) -> Resp {
     }
 }
 
-fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>, client: AddressKey) -> Resp {
+fn upgrade(
+    mut req: Request<Incoming>,
+    shared: Arc<Shared>,
+    (client, client_ip): (AddressKey, IpAddr),
+) -> Resp {
     let refuse = |status, message: &str| {
         shared.metrics.connections_refused.increment(1);
         json_error(status, message)
@@ -309,6 +310,25 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>, client: AddressKey) 
     // many, and its per-address limits count none of its connection's bindings, resumes or
     // tracks (`counted: None`).
     let counted = (!claims.is_backend()).then_some(client);
+    // And its wider blocks (an IPv6 /56 and /48, an IPv4 /24), each with a limit of its own.
+    let mut in_blocks = Vec::new();
+    if !claims.is_backend() {
+        for block in crate::address::Block::of(client_ip) {
+            match shared
+                .connections_by_block
+                .enter(block, cfg.max_connections_per_block(&block))
+            {
+                Some(entered) => in_blocks.push(entered),
+                None => {
+                    m.connections_over_limit_total.increment(1);
+                    return refuse(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        &Refusal::TooManyConnectionsFromBlock(block.to_string()).text(),
+                    );
+                }
+            }
+        }
+    }
     let from_address = match counted {
         Some(address) => match shared
             .connections_by_address
@@ -325,7 +345,15 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>, client: AddressKey) 
         },
         None => None,
     };
-    if m.connections.fetch_add(1, Relaxed) >= shared.cfg.max_connections as i64 {
+    // Backends may use the whole of MAX_CONNECTIONS; other clients leave
+    // BACKEND_RESERVE_PERCENT of it to them.
+    let total = shared.cfg.max_connections as u64;
+    let room = if claims.is_backend() {
+        total
+    } else {
+        shared.cfg.clients_share(total)
+    };
+    if m.connections.fetch_add(1, Relaxed) >= room as i64 {
         m.connections.fetch_sub(1, Relaxed);
         m.connections_over_limit_total.increment(1);
         return refuse(
@@ -337,6 +365,7 @@ fn upgrade(mut req: Request<Incoming>, shared: Arc<Shared>, client: AddressKey) 
     let shared2 = shared.clone();
     tokio::spawn(async move {
         let _from_address = from_address;
+        let _in_blocks = in_blocks;
         match on_upgrade.await {
             // The sidecar writes the socket itself (`wire`): the upgraded connection is the
             // TcpStream it accepted, with what the HTTP server read past the request.

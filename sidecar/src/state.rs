@@ -40,11 +40,17 @@ pub struct Shared {
     pub rest_limits: crate::rest_limits::RestLimits,
     /// WebSocket connections per client address (MAX_CONNECTIONS_PER_ADDRESS).
     pub connections_by_address: crate::tally::InFlight<crate::address::AddressKey>,
+    /// Joins per second per client address (MAX_JOINS_PER_SECOND_PER_ADDRESS).
+    pub joins_by_address: crate::tally::RateTally<crate::address::AddressKey>,
+    /// And per wider block (MAX_CONNECTIONS_PER_IPV6_56, _48, MAX_CONNECTIONS_PER_IPV4_24).
+    pub connections_by_block: crate::tally::InFlight<crate::address::Block>,
     /// Postgres Changes bindings per client address, each connection's share a `Charge`
     /// (MAX_BINDINGS_PER_ADDRESS).
     pub bindings_by_address: crate::tally::Amounts<crate::address::AddressKey>,
     /// Their pattern conditions per client address (MAX_PATTERNS_PER_ADDRESS).
     pub patterns_by_address: crate::tally::Amounts<crate::address::AddressKey>,
+    /// The schema-wide bindings of every channel (MAX_SCHEMA_WIDE_BINDINGS), one key.
+    pub schema_wide_bindings: crate::tally::Amounts<()>,
     /// Histories read or sent per client address, and the lines the others wait in
     /// (MAX_RESUMES_PER_ADDRESS, `history::line`); joins reach `history` through it.
     pub resumes: crate::history::line::Line,
@@ -128,6 +134,7 @@ pub mod testing {
             resumes,
             bindings_by_address: crate::tally::Amounts::default(),
             patterns_by_address: crate::tally::Amounts::default(),
+            schema_wide_bindings: crate::tally::Amounts::default(),
             check,
             history,
             presence,
@@ -139,6 +146,8 @@ pub mod testing {
                 metrics.rest_requests_in_flight.clone(),
             ),
             connections_by_address: crate::tally::InFlight::default(),
+            connections_by_block: crate::tally::InFlight::default(),
+            joins_by_address: crate::tally::RateTally::new(1024),
             hub: Arc::new(Hub::new(metrics.clone())),
             verifier: Verifier::new(SECRET),
             metrics_auth: crate::metrics_auth::MetricsAuth::new(None),

@@ -692,3 +692,145 @@ async fn a_service_role_connection_is_bound_per_connection_not_per_address() {
         assert_eq!(r["status"], "ok", "the backend's track {i}: {r}");
     }
 }
+
+/// Issue 39, M2: connections were counted by IPv6 /64 only, so about 17 /64s of one /56 (a
+/// residential line's block) took every connection of the sidecar, and the process's
+/// total counted backends too, so the app's own `service_role` server was refused with
+/// everyone. Now an address's /56 and /48 (an IPv4 address's /24) each have a limit of
+/// their own, and BACKEND_RESERVE_PERCENT of MAX_CONNECTIONS is left to backends.
+#[tokio::test]
+async fn seventeen_64s_of_one_56_took_every_connection_and_locked_the_backend_out() {
+    let sidecar = Sidecar::start(
+        "t_blocks",
+        &[
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("MAX_CONNECTIONS_PER_ADDRESS", "2"),
+            ("MAX_CONNECTIONS_PER_IPV6_56", "3"),
+            ("MAX_CONNECTIONS_PER_IPV6_48", "4"),
+            ("MAX_CONNECTIONS_PER_IPV4_24", "3"),
+            ("MAX_CONNECTIONS", "10"),
+            ("BACKEND_RESERVE_PERCENT", "30"),
+        ],
+    )
+    .await;
+    let p = sidecar.port;
+    let anon = anon_key();
+    let via = |ip: &'static str| {
+        let anon = anon.clone();
+        async move { Client::connect_forwarded("127.0.0.1", ip, p, "1.0.0", &anon).await }
+    };
+    let refused = |r: Result<Client, (u16, String)>| match r {
+        Ok(_) => panic!("admitted"),
+        Err((status, body)) => {
+            assert_eq!(status, 429, "{body}");
+            body
+        }
+    };
+    let mut held = Vec::new();
+    // Two /64s of one /56: three connections, then the /56's bound.
+    held.push(via("2001:db8:0:100::1").await.unwrap());
+    held.push(via("2001:db8:0:100::2").await.unwrap());
+    assert!(
+        refused(via("2001:db8:0:100::3").await).contains("Too many connections from this address")
+    );
+    held.push(via("2001:db8:0:1ff::1").await.unwrap());
+    assert!(refused(via("2001:db8:0:1fe::1").await).contains(
+        "ConnectionRateLimitReached: Too many connections from this network (2001:db8:0:100::/56)"
+    ),);
+    // Another /56 of the same /48: one more, then the /48's bound.
+    held.push(via("2001:db8:0:200::1").await.unwrap());
+    assert!(refused(via("2001:db8:0:300::1").await)
+        .contains("Too many connections from this network (2001:db8::/48)"));
+    // IPv4: a /24's addresses together.
+    held.push(via("198.51.100.1").await.unwrap());
+    held.push(via("198.51.100.2").await.unwrap());
+    held.push(via("198.51.100.3").await.unwrap());
+    assert!(refused(via("198.51.100.4").await)
+        .contains("Too many connections from this network (198.51.100.0/24)"));
+    // Seven clients hold 70% of MAX_CONNECTIONS (10 less 30%): an eighth, from a fresh
+    // network, is refused as Supabase refuses; backends still connect, up to the total.
+    assert_eq!(held.len(), 7);
+    assert!(refused(via("203.0.113.1").await)
+        .contains("ConnectionRateLimitReached: Too many connected users"));
+    let service = token(json!({"role": "service_role", "exp": now() + 3600}));
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(
+            Client::connect_from_with("127.0.0.9", p, "1.0.0", &service)
+                .await
+                .expect("a backend within its reserve"),
+        );
+    }
+    assert!(
+        refused(Client::connect_from_with("127.0.0.9", p, "1.0.0", &service).await)
+            .contains("ConnectionRateLimitReached: Too many connected users")
+    );
+}
+
+/// Issue 39, M3: schema-wide bindings (no table) are matched against every drained change
+/// on the drain's loop, and were bounded per address only, so a few addresses could slow
+/// every delivery of the sidecar. The sidecar's channels together hold at most
+/// MAX_SCHEMA_WIDE_BINDINGS, clients leaving BACKEND_RESERVE_PERCENT of it to backends; a
+/// leave gives them back; bindings on a table are not counted.
+#[tokio::test]
+async fn schema_wide_bindings_had_no_bound_per_sidecar() {
+    let sidecar = Sidecar::start(
+        "t_schema_wide",
+        &[
+            ("MAX_SCHEMA_WIDE_BINDINGS", "10"),
+            ("BACKEND_RESERVE_PERCENT", "20"),
+        ],
+    )
+    .await;
+    let db = db().await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS per_address_wide;
+         CREATE TABLE per_address_wide (id int PRIMARY KEY);
+         GRANT SELECT ON per_address_wide TO anon;
+         ALTER PUBLICATION supabase_realtime ADD TABLE per_address_wide;",
+    )
+    .await
+    .unwrap();
+    let p = sidecar.port;
+    let mut a = Client::connect_from("127.0.0.11", p, "1.0.0")
+        .await
+        .unwrap();
+    let mut b = Client::connect_from("127.0.0.12", p, "1.0.0")
+        .await
+        .unwrap();
+    // Clients may hold 8 of the 10, from any addresses.
+    assert_eq!(join_never(&mut a, "realtime:sw:1", 5).await["status"], "ok");
+    assert_eq!(join_never(&mut b, "realtime:sw:2", 3).await["status"], "ok");
+    assert_eq!(
+        refusal(&join_never(&mut b, "realtime:sw:3", 1).await),
+        "InvalidPostgresChanges: the channels of this server would have bindings without a table: 9; the limit is 8 (MAX_SCHEMA_WIDE_BINDINGS)"
+    );
+    // A binding on a table is not schema-wide.
+    let table = json!({"event": "*", "schema": "public", "table": "per_address_wide"});
+    let reply = b
+        .join("realtime:sw:table", json!({"postgres_changes": [table]}))
+        .await;
+    assert_eq!(reply["status"], "ok", "{reply}");
+    // A backend may use the reserve.
+    let service = token(json!({"role": "service_role", "exp": now() + 3600}));
+    let mut backend = Client::connect_from_with("127.0.0.13", p, "1.0.0", &service)
+        .await
+        .unwrap();
+    assert_eq!(
+        join_never(&mut backend, "realtime:sw:b", 2).await["status"],
+        "ok"
+    );
+    assert!(
+        refusal(&join_never(&mut backend, "realtime:sw:b2", 1).await)
+            .ends_with("without a table: 11; the limit is 10 (MAX_SCHEMA_WIDE_BINDINGS)")
+    );
+    // A leave gives them back.
+    let r = a
+        .push(Some("1"), "realtime:sw:1", "phx_leave", json!({}))
+        .await;
+    assert_eq!(a.reply(&r).await["status"], "ok");
+    assert_eq!(join_never(&mut b, "realtime:sw:3", 1).await["status"], "ok");
+    db.batch_execute("DROP TABLE per_address_wide")
+        .await
+        .unwrap();
+}

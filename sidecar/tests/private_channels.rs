@@ -574,3 +574,85 @@ async fn a_role_without_usage_on_realtime_is_named_in_a_warning() {
     }
     assert!(sidecar.log().contains("WARN"));
 }
+
+/// Issue 39, M1: every private join asked the one authorizer, whatever it had answered
+/// the same identity about the same topic a moment before, so one address's flood of joins
+/// on topics it may not read (1,000 sockets at 100 joins a second) held everyone's verdicts
+/// behind it. A denial the database gave is now remembered for
+/// AUTHORIZATION_DENIAL_CACHE_MS, for that identity only: the same token's next join is
+/// denied without a database call, another token's (a member's) is asked and allowed. And
+/// one address's connections together join at most MAX_JOINS_PER_SECOND_PER_ADDRESS a second, the
+/// sockets kept; another address joins meanwhile.
+#[tokio::test]
+async fn a_private_join_flood_asked_the_authorizer_every_time() {
+    let db = setup().await;
+    let sidecar = Sidecar::start(
+        "t_denial_cache",
+        &[("MAX_JOINS_PER_SECOND_PER_ADDRESS", "3")],
+    )
+    .await;
+    db.batch_execute("DELETE FROM private_members WHERE room = 'room:cache'")
+        .await
+        .unwrap();
+    let stranger = user_token(STRANGER);
+    let mut a = Client::connect_from("127.0.0.21", sidecar.port, "1.0.0")
+        .await
+        .unwrap();
+    let reason = |r: &Value| {
+        r["response"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let first = join_private(&mut a, "realtime:room:cache", &stranger, false).await;
+    assert_eq!(first["status"], "error", "{first}");
+    assert_eq!(
+        sidecar.metric("realtime_auth_denials_cached_total").await,
+        0.0
+    );
+    let second = join_private(&mut a, "realtime:room:cache", &stranger, false).await;
+    assert_eq!(reason(&second), reason(&first));
+    assert_eq!(
+        sidecar.metric("realtime_auth_denials_cached_total").await,
+        1.0
+    );
+    // Another identity is asked: a member of the room is allowed.
+    db.batch_execute(&format!(
+        "INSERT INTO private_members VALUES ('{MEMBER}', 'room:cache', false)"
+    ))
+    .await
+    .unwrap();
+    let mut m = Client::connect_from("127.0.0.22", sidecar.port, "1.0.0")
+        .await
+        .unwrap();
+    let member = join_private(&mut m, "realtime:room:cache", &user_token(MEMBER), false).await;
+    assert_eq!(member["status"], "ok", "{member}");
+    assert_eq!(
+        sidecar.metric("realtime_auth_denials_cached_total").await,
+        1.0
+    );
+    // One address's joins per second, over its connections: of ten at once at most three a
+    // second pass (these ten take far less than the three seconds it would take to pass
+    // four more), the others are refused with the reason and the socket kept.
+    let mut b = Client::connect_from("127.0.0.21", sidecar.port, "1.0.0")
+        .await
+        .unwrap();
+    let mut refused = 0;
+    for i in 0..10 {
+        let c = if i % 2 == 0 { &mut a } else { &mut b };
+        let r = c.join(&format!("realtime:rate-{i}"), json!({})).await;
+        if r["status"] == "error" {
+            assert_eq!(
+                reason(&r),
+                "ClientJoinRateLimitReached: Too many joins per second from this address"
+            );
+            refused += 1;
+        }
+    }
+    assert!(refused >= 4, "{refused} of 10 refused");
+    let r = m.join("realtime:rate-other", json!({})).await;
+    assert_eq!(r["status"], "ok", "another address: {r}");
+    db.batch_execute("DELETE FROM private_members WHERE room = 'room:cache'")
+        .await
+        .unwrap();
+}

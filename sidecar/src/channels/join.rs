@@ -48,6 +48,18 @@ impl Channels {
             self.join_error(&m, Refusal::ClientJoinRateLimitReached);
             return Err(Disconnect::JoinRateLimit);
         }
+        // And per client address, over all its connections (a backend's are not counted).
+        if let Some(address) = self.presence_source.address {
+            let (rates, limit) = (
+                &self.shared.joins_by_address,
+                self.shared.cfg.max_joins_per_second_per_address,
+            );
+            if rates.check(&address, 1, limit).is_err() {
+                self.join_error(&m, Refusal::AddressJoinRateLimitReached);
+                return Ok(());
+            }
+            rates.charge(&address, 1);
+        }
         let Some(sub_topic) = m.topic.strip_prefix("realtime:").filter(|s| !s.is_empty()) else {
             self.join_error(&m, Refusal::TopicNameRequired);
             return Ok(());
@@ -155,7 +167,8 @@ impl Channels {
         // connection holds meanwhile is everything, its old channel's bindings too, until
         // the join is answered (`recount_bindings`). The last check: a join with bindings
         // that passes it always waits as a pending join, which holds what this takes.
-        // A backend's connection has no share to judge (`Claims::is_backend`).
+        // A backend's connection has no address share to judge (`Claims::is_backend`). And
+        // per sidecar, its schema-wide bindings (MAX_SCHEMA_WIDE_BINDINGS), a backend's too.
         if weight.bindings > 0 {
             let held = self.bindings_held();
             let replaced = self

@@ -118,6 +118,9 @@ pub struct Channels {
     address_bindings: Option<crate::tally::Charge<AddressKey>>,
     /// The same for its pattern conditions (MAX_PATTERNS_PER_ADDRESS).
     address_patterns: Option<crate::tally::Charge<AddressKey>>,
+    /// Its share of the sidecar's schema-wide bindings (MAX_SCHEMA_WIDE_BINDINGS), a
+    /// backend's too.
+    schema_wide: crate::tally::Charge<()>,
 }
 
 impl Channels {
@@ -134,9 +137,11 @@ impl Channels {
         let link = Link::new(id, vsn, shared.origin(id), tx);
         let address_bindings = address.map(|a| shared.bindings_by_address.charge(a));
         let address_patterns = address.map(|a| shared.patterns_by_address.charge(a));
+        let schema_wide = shared.schema_wide_bindings.charge(());
         Channels {
             address_bindings,
             address_patterns,
+            schema_wide,
             link,
             shared,
             socket_claims,
@@ -255,16 +260,35 @@ impl Channels {
         if let Some(share) = &mut self.address_patterns {
             share.set(held.patterns);
         }
+        self.schema_wide.set(held.schema_wide);
     }
 
-    /// Makes the connection's shares of its address's bindings and patterns `to`, unless
-    /// the address's totals with `counted` in place of them would pass
-    /// MAX_BINDINGS_PER_ADDRESS or MAX_PATTERNS_PER_ADDRESS: then neither changes. A
-    /// backend's connection has no shares.
+    /// Makes the connection's shares of its address's bindings and patterns, and of the
+    /// sidecar's schema-wide bindings, `to`, unless a total with `counted` in place of its
+    /// share would pass MAX_BINDINGS_PER_ADDRESS, MAX_PATTERNS_PER_ADDRESS or
+    /// MAX_SCHEMA_WIDE_BINDINGS: then none changes. A backend's connection has no address
+    /// shares, and may use the whole of MAX_SCHEMA_WIDE_BINDINGS.
     fn charge_address(&mut self, to: Weight, counted: Weight) -> Result<(), Refusal> {
         let cfg = &self.shared.cfg;
         let (bindings_limit, patterns_limit) =
             (cfg.max_bindings_per_address, cfg.max_patterns_per_address);
+        let backend = self.address_bindings.is_none();
+        let total = cfg.max_schema_wide_bindings as u64;
+        let wide_limit = if backend {
+            total
+        } else {
+            cfg.clients_share(total)
+        } as usize;
+        let wide_before = self.schema_wide.amount();
+        if let Err(total) =
+            self.schema_wide
+                .set_within(to.schema_wide, counted.schema_wide, wide_limit)
+        {
+            return Err(Refusal::SchemaWideBindings {
+                total,
+                limit: wide_limit,
+            });
+        }
         let (Some(bindings), Some(patterns)) =
             (&mut self.address_bindings, &mut self.address_patterns)
         else {
@@ -272,6 +296,7 @@ impl Channels {
         };
         let before = bindings.amount();
         if let Err(total) = bindings.set_within(to.bindings, counted.bindings, bindings_limit) {
+            self.schema_wide.set(wide_before);
             return Err(Refusal::BindingsPerAddress {
                 total,
                 limit: bindings_limit,
@@ -279,6 +304,7 @@ impl Channels {
         }
         if let Err(total) = patterns.set_within(to.patterns, counted.patterns, patterns_limit) {
             bindings.set(before);
+            self.schema_wide.set(wide_before);
             return Err(Refusal::PatternsPerAddress {
                 total,
                 limit: patterns_limit,

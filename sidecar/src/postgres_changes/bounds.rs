@@ -36,6 +36,9 @@ pub struct Weight {
     /// Conditions with `like`, `ilike`, `match` or `imatch`: each is asked, in the database,
     /// about every changed value of its column.
     pub patterns: usize,
+    /// Bindings without a table (a schema's or every schema's changes): every change of
+    /// their schemas is matched against them on the drain's loop (MAX_SCHEMA_WIDE_BINDINGS).
+    pub schema_wide: usize,
 }
 
 impl Weight {
@@ -47,6 +50,7 @@ impl Weight {
                 .flat_map(|b| &b.filters)
                 .filter(|f| f.op.is_pattern())
                 .count(),
+            schema_wide: bindings.iter().filter(|b| b.table.is_none()).count(),
         }
     }
 }
@@ -57,6 +61,7 @@ impl std::ops::Add for Weight {
         Weight {
             bindings: self.bindings + o.bindings,
             patterns: self.patterns + o.patterns,
+            schema_wide: self.schema_wide + o.schema_wide,
         }
     }
 }
@@ -67,6 +72,7 @@ impl std::ops::Sub for Weight {
         Weight {
             bindings: self.bindings - o.bindings,
             patterns: self.patterns - o.patterns,
+            schema_wide: self.schema_wide - o.schema_wide,
         }
     }
 }

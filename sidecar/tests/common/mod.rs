@@ -301,6 +301,32 @@ impl Client {
         }
     }
 
+    /// A client from the loopback address `from` whose request says, in `X-Forwarded-For`,
+    /// that it comes from `forwarded` (believed when `from` is a trusted proxy), with
+    /// `apikey` as the socket's key.
+    pub async fn connect_forwarded(
+        from: &str,
+        forwarded: &str,
+        port: u16,
+        vsn: &str,
+        apikey: &str,
+    ) -> Result<Client, (u16, String)> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let stream = tcp_from(from, port).await.expect("tcp connect");
+        let mut request = url(port, vsn, apikey).into_client_request().unwrap();
+        request
+            .headers_mut()
+            .insert("x-forwarded-for", forwarded.parse().unwrap());
+        match tokio_tungstenite::client_async(request, MaybeTlsStream::Plain(stream)).await {
+            Ok((ws, _)) => Ok(Self::over(ws, vsn)),
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err((
+                r.status().as_u16(),
+                String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).into_owned(),
+            )),
+            Err(e) => panic!("websocket connect: {e}"),
+        }
+    }
+
     /// A client whose kernel receive buffer is small and fixed (no autotuning), so that not
     /// reading backs up into the server quickly.
     pub async fn connect_small_buffer(port: u16, vsn: &str) -> Client {
