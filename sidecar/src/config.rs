@@ -152,6 +152,13 @@ pub struct Config {
     #[arg(long, env = "MAX_JOINS_PER_SECOND_PER_ADDRESS", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_joins_per_second_per_address: u32,
+    /// Presence metas one topic holds before a channel's first track into it is refused
+    /// ("Too many presence members in this topic: ..."): every joiner is sent the whole
+    /// state and every watching sidecar keeps it; one address held 1,000 members of up to
+    /// 16 KiB each (issue 39, L4).
+    #[arg(long, env = "MAX_PRESENCE_MEMBERS_PER_TOPIC", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub max_presence_members_per_topic: u64,
     /// Directory of static files served at `/` (the demo page); nothing is served without it.
     #[arg(long, env = "WEB_ROOT")]
     pub web_root: Option<std::path::PathBuf>,

@@ -124,6 +124,10 @@ pub enum Refusal {
     PresenceAddressBudget,
     /// A track of one of the heaviest addresses once MAX_PRESENCE_EVENTS_PER_SECOND is spent.
     PresenceSidecarBudget,
+    /// A first track into a topic with MAX_PRESENCE_MEMBERS_PER_TOPIC members.
+    PresenceTopicFull {
+        limit: usize,
+    },
     /// A `track` or `untrack` the database refused (its reason).
     UnableToTrackPresence(String),
     UnknownEvent(String),
@@ -220,6 +224,9 @@ impl Refusal {
             // Supabase's text (PresenceRateLimitReached); here the push is refused, and the
             // channel kept, since a bystander may be the one who tracks when it is spent.
             Refusal::PresenceSidecarBudget => "Too many presence messages per second".into(),
+            Refusal::PresenceTopicFull { limit } => format!(
+                "Too many presence members in this topic: the limit is {limit} (MAX_PRESENCE_MEMBERS_PER_TOPIC)"
+            ),
             Refusal::UnknownEvent(event) => {
                 format!("UnknownEvent: this server does not handle event \"{event}\"")
             }

@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 /// The next frames up to and including the first of `event` (text frames, in order).
 async fn until(c: &mut Client, event: &str) -> Vec<Value> {
@@ -368,4 +369,75 @@ async fn a_presence_flood_from_one_address_is_refused_and_a_bystander_still_trac
     let reply = frames.iter().find(|f| f["ref"] == json!(r)).unwrap();
     assert_eq!(reply["payload"]["status"], "ok", "{reply}");
     assert!(frames.iter().all(|f| f["event"] != "phx_close"));
+}
+
+/// Issue 39, L4: a topic's presence was bounded only by connections: one address held a
+/// thousand members of up to 16 KiB each, sent to every joiner and kept by every watching
+/// sidecar. A channel's first track into a topic whose view holds
+/// MAX_PRESENCE_MEMBERS_PER_TOPIC members is refused with the reason (its channel kept); a
+/// member re-tracking is not refused; once one leaves, another gets in.
+#[tokio::test]
+async fn a_topic_s_presence_had_no_member_bound() {
+    let sidecar = Sidecar::start(
+        "t_presence_members",
+        &[("MAX_PRESENCE_MEMBERS_PER_TOPIC", "2")],
+    )
+    .await;
+    let topic = format!("realtime:crowd-{}", now());
+    let config = json!({"presence": {"key": "", "enabled": true}});
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let mut c = Client::connect(sidecar.port, "1.0.0").await;
+        assert_eq!(c.join(&topic, config.clone()).await["status"], "ok");
+        clients.push(c);
+    }
+    // Tracks a meta; the reply's payload.
+    async fn track_on(c: &mut Client, topic: &str, meta: Value) -> Value {
+        let r = c.push(Some("1"), topic, "presence", track(meta)).await;
+        c.reply(&r).await
+    }
+    for (i, c) in clients.iter_mut().take(2).enumerate() {
+        assert_eq!(track_on(c, &topic, json!({"i": i})).await["status"], "ok");
+    }
+    // Once the third's view shows both (its state, then diffs), its track is refused.
+    let mut keys = std::collections::HashSet::new();
+    while keys.len() < 2 {
+        let m = clients[2].next_json(10).await.expect("the others' joins");
+        let joined = match m["event"].as_str() {
+            Some("presence_state") => m["payload"].clone(),
+            Some("presence_diff") => m["payload"]["joins"].clone(),
+            _ => continue,
+        };
+        keys.extend(
+            joined
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k.clone()),
+        );
+    }
+    let refused = track_on(&mut clients[2], &topic, json!({"i": 2})).await;
+    assert_eq!(
+        refused["response"]["reason"],
+        "Too many presence members in this topic: the limit is 2 (MAX_PRESENCE_MEMBERS_PER_TOPIC)"
+    );
+    // A member re-tracking is not a new member.
+    assert_eq!(
+        track_on(&mut clients[0], &topic, json!({"i": 10})).await["status"],
+        "ok"
+    );
+    // One leaves (its socket closes): the third gets in.
+    drop(clients.remove(0));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = track_on(&mut clients[1], &topic, json!({"i": 2})).await;
+        if reply["status"] == "ok" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never admitted: {reply}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -183,7 +183,9 @@ impl ChannelPresence {
         match push {
             PresencePush::Unknown(event) => Outcome::Refused(Refusal::UnknownPresenceEvent(event)),
             PresencePush::Untrack => {
-                // Always allowed, as in Supabase: it only ever removes.
+                // Always allowed, as in Supabase: it only ever removes. A later track is a
+                // new member again (MAX_PRESENCE_MEMBERS_PER_TOPIC).
+                self.tracked = false;
                 p.members.set(id, Desired::Untracked, Some(reply()));
                 Outcome::Handed
             }
@@ -209,6 +211,12 @@ impl ChannelPresence {
                 // long key (up to MAX_PRESENCE_KEY_BYTES) counts against the size too.
                 if meta.len() + self.key.len() > p.max_meta_bytes {
                     return Outcome::Close(ChannelClosed::TrackTooLarge);
+                }
+                // A new member, into a topic already full (a re-track replaces this channel's
+                // own meta, so it is never refused here).
+                let limit = p.max_members_per_topic;
+                if !self.tracked && p.views.count(key).is_some_and(|n| n >= limit) {
+                    return Outcome::Refused(Refusal::PresenceTopicFull { limit });
                 }
                 if let Err(why) = p.budgets.admit(source) {
                     return Outcome::Refused(why);

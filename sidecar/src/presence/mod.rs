@@ -42,6 +42,10 @@
 //!   and MAX_PRESENCE_EVENTS_PER_SECOND (the sidecar's): budgets that refuse the heaviest
 //!   sources' tracks with a reason and close nobody's channel (`budget`).
 //! - MAX_PRESENCE_META_BYTES per meta: "Track message size exceeded".
+//! - MAX_PRESENCE_MEMBERS_PER_TOPIC: a channel's first track into a topic whose view holds
+//!   that many metas is refused (issue 39, L4: every joiner is sent the whole state, and
+//!   every sidecar watching keeps it). Counted in this sidecar's view, so sidecars whose
+//!   tracks race each other can pass it by what they admit before each sees the others'.
 //!
 //! # Files
 //!
@@ -66,6 +70,8 @@ pub struct Presence {
     pub members: Arc<members::Members>,
     pub metrics: Arc<Metrics>,
     pub max_meta_bytes: usize,
+    /// MAX_PRESENCE_MEMBERS_PER_TOPIC
+    pub max_members_per_topic: usize,
     /// Tracks per second per connection, per address and in total.
     pub budgets: budget::Budgets,
 }
@@ -77,6 +83,7 @@ impl Presence {
             members: Arc::default(),
             metrics,
             max_meta_bytes: cfg.max_presence_meta_bytes,
+            max_members_per_topic: cfg.max_presence_members_per_topic as usize,
             budgets: budget::Budgets::new(
                 cfg.max_connection_presence_events_per_second,
                 cfg.max_presence_events_per_second_per_address,

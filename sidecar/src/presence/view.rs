@@ -461,6 +461,13 @@ impl Views {
         });
     }
 
+    /// How many metas a topic's view holds now, once it is loaded.
+    pub fn count(&self, key: &TopicKey) -> Option<usize> {
+        let topics = self.topics.lock().unwrap();
+        let view = topics.views.get(key)?;
+        matches!(view.phase, Phase::Ready).then(|| view.members.len())
+    }
+
     /// The members a topic's view holds now, by ref.
     #[cfg(test)]
     pub fn members(&self, key: &TopicKey) -> Option<BTreeMap<String, Member>> {
