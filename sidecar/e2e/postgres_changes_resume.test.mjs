@@ -446,3 +446,41 @@ test('realtime-js: one resume held the history worker for a check budget per chu
     await db.query('ALTER PUBLICATION supabase_realtime DROP TABLE pcr_slow').catch(() => {});
   }
 });
+
+// Issue 39, L2: a resume counted the changes its bindings matched before they were checked,
+// so changes the subscriber may not see counted against MAX_RESUME_MESSAGES, and the range
+// a cut resume reported told their positions. Now only what it may see is counted.
+test('realtime-js: changes hidden from the subscriber counted against MAX_RESUME_MESSAGES and told their positions', async () => {
+  const { process: limited, port: limitedPort } = await startSidecar(SECRET, 'postgres_changes_resume_counted', { MAX_RESUME_MESSAGES: '3' });
+  const OTHER = '44444444-aaaa-4aaa-8aaa-444444444444';
+  const base = 60_000 + (Date.now() % 100_000) * 10;
+  const topic = `notes-counted-${base}`;
+  const c = new RealtimeClient(`ws://127.0.0.1:${limitedPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  try {
+    const stats = async () => (await db.query('SELECT last_seq::int8 AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()')).rows[0];
+    const start = await stats();
+    const at = { epoch: start.epoch, seq: Number(start.seq), changes: true };
+    // Two rows of another user (hidden from U1 by the policy), two broadcasts on the
+    // channel's topic, one row of U1's own: five after the position, three it may see.
+    await db.query('INSERT INTO pcr_notes VALUES ($1, $2, $3), ($4, $2, $3)', [base + 1, OTHER, 'hidden', base + 2]);
+    await db.query(`SELECT realtime.send(jsonb_build_object('n', g), 'n', $1, false) FROM generate_series(1, 2) g`, [topic]);
+    await db.query('INSERT INTO pcr_notes VALUES ($1, $2, $3)', [base + 3, U1, 'mine']);
+    await c.setAuth(userToken(U1));
+    const got = [];
+    const systems = [];
+    const channel = c.channel(topic, { config: { broadcast: { resume: at } } });
+    channel.on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pcr_notes' }, (p) => got.push(['change', Number(p.new.id) - base]));
+    channel.on('broadcast', { event: 'n' }, (m) => got.push(['broadcast', m.payload.n]));
+    remember(channel, systems);
+    await subscribed(channel);
+    await waitFor(() => systems.some((s) => 'recovered' in s), 10000, 'the resume system message');
+    const resumed = systems.find((s) => 'recovered' in s);
+    assert.deepEqual(got, [['broadcast', 1], ['broadcast', 2], ['change', 3]]);
+    assert.equal(resumed.recovered, true, JSON.stringify(resumed));
+    assert.equal(resumed.resent, 3, JSON.stringify(resumed));
+    assert.equal(resumed.changes, 1, JSON.stringify(resumed));
+  } finally {
+    await close(c);
+    limited.kill('SIGTERM');
+  }
+});

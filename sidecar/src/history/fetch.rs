@@ -12,13 +12,13 @@
 //! by the extension as the drain decodes them) and checked as live changes are, by
 //! `postgres_changes::deliver::prepare` for a set holding only the rejoining channel, on
 //! this connection, in chunks of POLL_MAX_CHANGES under CHANGES_CHECK_TIMEOUT_MS each and
-//! RESUME_CHECK_TIMEOUT_MS for all of them: so
-//! by RLS and column privileges as they stand at the rejoin. `realtime.visible` judges a
-//! row as it is now: the INSERT or UPDATE of a row deleted (or hidden) since is not resent;
-//! a DELETE is (as live, DELETEs are not checked by row). They count against
-//! MAX_RESUME_MESSAGES with the topic's broadcasts, and their frames count against the
-//! history's bytes (`budget`: MAX_RESUME_BYTES, per address, in flight) with them. Within a
-//! batch, client addresses take turns (`fair`).
+//! RESUME_CHECK_TIMEOUT_MS for all of them: so by RLS and column privileges as they stand
+//! at the rejoin. `realtime.visible_current` judges a row as it is now: the INSERT or
+//! UPDATE of a row deleted, hidden or changed since is not resent; a DELETE is (as live,
+//! DELETEs are not checked by row). Checked before they are counted, the changes the
+//! channel may see count against MAX_RESUME_MESSAGES with the topic's broadcasts, and their
+//! frames against the history's bytes (`budget`: MAX_RESUME_BYTES, per address, in flight).
+//! Within a batch, client addresses take turns (`fair`).
 
 use super::ask::Ask;
 use super::budget::{self, Budget, Held};
@@ -627,11 +627,40 @@ async fn serve_resumes(
                 }
             }
         }
+        // The changes are checked before anything is counted: what counts against
+        // MAX_RESUME_MESSAGES and the bytes is what the channel may see (issue 39, L2:
+        // counted before the check, the range a cut resume reported told positions of
+        // changes it may not see). Their check is bounded by RESUME_CHECK_TIMEOUT_MS.
+        let changes: Vec<&FoundChange> = changes.into_iter().filter(|c| c.seq >= cut).collect();
+        // (position, frame, a change rather than a notice)
+        let mut checked: Vec<(i64, Message, bool)> = Vec::new();
+        let mut withheld = 0;
+        if let Some(c) = &r.changes {
+            let budgets = (&limits, Duration::from_millis(cfg.resume_check_timeout_ms));
+            match check_changes(&db, &r, c, &changes, budgets, metrics).await {
+                Checked::Lost(e) => {
+                    // The connection is gone: this request and the rest are served again on
+                    // the next one.
+                    let mut rest = vec![r];
+                    rest.extend(pending);
+                    return Err((e, rest));
+                }
+                Checked::Done {
+                    frames,
+                    withheld: w,
+                    asked: a,
+                } => {
+                    asked |= a;
+                    checked = frames;
+                    withheld = w;
+                }
+            }
+        }
         // Together, in queue order, at most `limit`: the newest are kept.
         let mut seqs: Vec<i64> = topic
             .iter()
             .map(|f| f.message.seq)
-            .chain(changes.iter().map(|c| c.seq))
+            .chain(checked.iter().filter(|c| c.2).map(|c| c.0))
             .filter(|&q| q >= cut)
             .collect();
         seqs.sort_unstable();
@@ -639,18 +668,17 @@ async fn serve_resumes(
             cut = seqs[seqs.len() - limit];
         }
         let mut cut_by = (cut > after + 1).then_some(CutBy::Messages(limit));
-        // And in bytes (`budget`): the newest that fit what this history may hold. A
-        // change's size is its data's until it is checked.
+        // And in bytes (`budget`): the newest that fit what this history may hold.
         let address = r.permit.as_ref().and_then(|p| p.address());
         let mut sized: Vec<(i64, usize)> = topic
             .iter()
             .filter(|f| f.message.seq >= cut)
             .map(|f| (f.message.seq, f.frame(r.reach.vsn).map_or(0, |m| m.len())))
             .chain(
-                changes
+                checked
                     .iter()
-                    .filter(|c| c.seq >= cut)
-                    .map(|c| (c.seq, c.data.len())),
+                    .filter(|c| c.0 >= cut)
+                    .map(|c| (c.0, c.1.len())),
             )
             .collect();
         sized.sort_unstable();
@@ -670,33 +698,17 @@ async fn serve_resumes(
             .filter_map(|f| Some((f.message.seq, f.frame(r.reach.vsn)?)))
             .collect();
         let resent_broadcasts = frames.len();
-        let changes: Vec<&FoundChange> = changes.into_iter().filter(|c| c.seq >= cut).collect();
-        let mut resent_changes = None;
-        let mut withheld = 0;
-        if let Some(c) = &r.changes {
-            let budgets = (&limits, Duration::from_millis(cfg.resume_check_timeout_ms));
-            match check_changes(&db, &r, c, &changes, budgets, metrics).await {
-                Checked::Lost(e) => {
-                    // The connection is gone: this request and the rest are served again on
-                    // the next one.
-                    let mut rest = vec![r];
-                    rest.extend(pending);
-                    return Err((e, rest));
-                }
-                Checked::Done {
-                    frames: checked,
-                    sent,
-                    withheld: w,
-                    asked: a,
-                } => {
-                    asked |= a;
-                    frames.extend(checked);
-                    frames.sort_by_key(|f| f.0);
-                    resent_changes = Some(sent);
-                    withheld = w;
-                }
-            }
-        }
+        let resent_changes = r
+            .changes
+            .as_ref()
+            .map(|_| checked.iter().filter(|c| c.2 && c.0 >= cut).count());
+        frames.extend(
+            checked
+                .into_iter()
+                .filter(|c| c.0 >= cut)
+                .map(|(seq, frame, _)| (seq, frame)),
+        );
+        frames.sort_by_key(|f| f.0);
         let missing = read.gaps.iter().filter(|&&(_, last)| last > after).fold(
             None,
             |span: Option<(i64, i64)>, &(first, last)| {
@@ -825,10 +837,9 @@ async fn change_tables(
 /// What checking one channel's resent changes came to.
 enum Checked {
     Done {
-        /// (position, frame) in queue order: the changes it may read, and the `system`
-        /// notices of those that could not be checked.
-        frames: Vec<(i64, Message)>,
-        sent: usize,
+        /// (position, frame, whether it is a change) in queue order: the changes it may
+        /// read, and the `system` notices of those that could not be checked.
+        frames: Vec<(i64, Message, bool)>,
         withheld: usize,
         /// Some check ran (the connection's statement_timeout is set).
         asked: bool,
@@ -864,7 +875,7 @@ async fn check_changes(
         positions: false,
     });
     let mut out = Vec::new();
-    let (mut sent, mut withheld, mut asked) = (0, 0, false);
+    let (mut withheld, mut asked) = (0, false);
     // Checked long after their commit: a version is resent only while its row still holds
     // it (`deliver::Limits::resume`).
     let limits = &deliver::Limits {
@@ -879,7 +890,7 @@ async fn check_changes(
         let first = chunk.first().map_or(0, |c| c.seq);
         while let Ok(notice) = notices.try_recv() {
             withheld += 1;
-            out.push((first, notice));
+            out.push((first, notice, false));
         }
         if let Some(why) = p.lost {
             return Checked::Lost(why);
@@ -888,15 +899,13 @@ async fn check_changes(
             for f in frames {
                 // A notice that the table's changes were withheld comes among the frames,
                 // at the first change withheld (`deliver`).
-                sent += usize::from(f.change);
                 withheld += usize::from(!f.change);
-                out.push((change.seq, f.frame));
+                out.push((change.seq, f.frame, f.change));
             }
         }
     }
     Checked::Done {
         frames: out,
-        sent,
         withheld,
         asked,
     }
