@@ -342,12 +342,10 @@ pub fn drain_into(
             &mut lingered,
             &mut buf,
         );
-        let read_through = batch.last_seq.unwrap_or(match gap {
+        let batch_through = batch.last_seq.unwrap_or(match gap {
             Some((_, last)) => last,
             None => after,
         });
-        slot.hint_seq.store(read_through, Relaxed);
-        slot.hint_off.store(batch.next_off, Relaxed);
         if let Some((first, last)) = gap {
             let counted = slot.lost_through.fetch_max(last, Relaxed);
             if counted < last {
@@ -356,6 +354,13 @@ pub fn drain_into(
             }
             sink.gap(first, last);
         }
+        // The changes' decoded data, bounded (realtime.drain_max_decoded_size): a batch is
+        // read by the queue's bytes, and a change can decode to a hundred times its own
+        // (issue 39, H4: 16 MB of cheap UPDATEs to a well-compressed column decoded past
+        // what one call can return, every call, and the drain never moved). Past it the call
+        // ends after the change that passed it; the next call reads on from there.
+        let mut decoded = 0usize;
+        let mut cut_at: Option<u64> = None;
         let mut at = 0;
         for _ in 0..batch.count {
             let m = MessageView::parse(&buf[at..]);
@@ -378,7 +383,12 @@ pub fn drain_into(
                     };
                 let data = wanted
                     .then(|| changes.decode(m.payload, m.topic, m.event, m.header.committed_at));
+                decoded += data.as_ref().map_or(0, String::len);
                 sink.change(&m, data);
+                if decoded >= crate::gucs::drain_max_decoded_bytes() {
+                    cut_at = Some(m.header.seq);
+                    break;
+                }
                 continue;
             }
             sink.message(
@@ -389,6 +399,13 @@ pub fn drain_into(
                     "message"
                 },
             );
+        }
+        // A batch read whole moves the hint to its end; one cut short leaves it where it
+        // was (an earlier place is a good hint too).
+        let read_through = cut_at.unwrap_or(batch_through);
+        if cut_at.is_none() {
+            slot.hint_seq.store(read_through, Relaxed);
+            slot.hint_off.store(batch.next_off, Relaxed);
         }
         slot.last_read.store(read_through, Relaxed);
         let advanced = read_through > after;

@@ -10,6 +10,8 @@ static MAX_CONSUMERS: GucSetting<i32> = GucSetting::<i32>::new(8);
 /// Topics and tables one consumer may listen to (`interest.rs`); each costs 32 bytes of
 /// shared memory per consumer slot, whether used or not.
 static MAX_TOPICS_PER_CONSUMER: GucSetting<i32> = GucSetting::<i32>::new(16384);
+/// Decoded change data one drain call returns at most, in kB (and one change more).
+static DRAIN_MAX_DECODED_KB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
 
 pub fn init() {
     GucRegistry::define_int_guc(
@@ -33,6 +35,16 @@ pub fn init() {
         GucFlags::UNIT_KB,
     );
     GucRegistry::define_int_guc(
+        c"realtime.drain_max_decoded_size",
+        c"Decoded change data one drain call returns at most (and one change more).",
+        c"A drain reads a batch by the queue's bytes, and a change's row can decode to far more than it takes there (a value that compresses well, re-captured by every UPDATE): past this the call stops after the change that passed it, and the next call goes on from there.",
+        &DRAIN_MAX_DECODED_KB,
+        64,
+        1024 * 1024,
+        GucContext::Suset,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
         c"realtime.max_consumers",
         c"Number of named consumer slots (one per sidecar).",
         c"",
@@ -52,6 +64,10 @@ pub fn init() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
+}
+
+pub fn drain_max_decoded_bytes() -> usize {
+    DRAIN_MAX_DECODED_KB.get() as usize * 1024
 }
 
 pub fn queue_size_bytes() -> u64 {
