@@ -209,6 +209,17 @@ pub struct Config {
     #[arg(long, env = "BACKEND_RESERVE_PERCENT", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(0..=90))]
     pub backend_reserve_percent: u64,
+    /// TCP connections being served as HTTP (a request, a keep-alive, an upgrade not yet
+    /// done) at once; a connection past it is closed as it is accepted. An upgraded
+    /// WebSocket counts against MAX_CONNECTIONS instead. Without it, keep-alive connections
+    /// sending a request every few seconds could take every file the process may open
+    /// (issue 39, L10).
+    #[arg(long, env = "MAX_HTTP_CONNECTIONS", default_value_t = 8192)]
+    pub max_http_connections: usize,
+    /// The same per peer address (the TCP peer: a trusted proxy, which carries many
+    /// clients, is bounded by MAX_HTTP_CONNECTIONS only).
+    #[arg(long, env = "MAX_HTTP_CONNECTIONS_PER_PEER", default_value_t = 2048)]
+    pub max_http_connections_per_peer: usize,
     /// REST broadcast requests being served at once; more are answered 429 "Too many
     /// requests" before their body is read.
     #[arg(long, env = "MAX_REST_REQUESTS_IN_FLIGHT", default_value_t = 256)]
@@ -466,6 +477,18 @@ impl Config {
         }
         // A slice, not an array of a fixed length: every new setting changed that length.
         let ranges: &[(&str, u64, u64, u64)] = &[
+            (
+                "MAX_HTTP_CONNECTIONS",
+                self.max_http_connections as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "MAX_HTTP_CONNECTIONS_PER_PEER",
+                self.max_http_connections_per_peer as u64,
+                1,
+                10_000_000,
+            ),
             (
                 "MAX_CONNECTIONS_PER_IPV6_56",
                 self.max_connections_per_ipv6_56 as u64,

@@ -228,6 +228,8 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         ),
         connections_by_address: tally::InFlight::default(),
         connections_by_block: tally::InFlight::default(),
+        http_connections: tally::InFlight::default(),
+        http_connections_by_peer: tally::InFlight::default(),
         joins_by_address: tally::RateTally::new(cfg.max_connections),
         bindings_by_address: tally::Amounts::default(),
         patterns_by_address: tally::Amounts::default(),

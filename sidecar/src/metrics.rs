@@ -34,6 +34,8 @@ pub struct Metrics {
     pub connections_refused: Counter,
     pub connections_over_limit_total: Counter,
     pub slow_requests_closed_total: Counter,
+    /// TCP connections closed as accepted: past MAX_HTTP_CONNECTIONS or _PER_PEER.
+    pub http_connections_refused_total: Counter,
     pub channels: Gauge,
     pub joins_total: Counter,
     pub join_errors_total: Counter,
@@ -176,6 +178,10 @@ impl Default for Metrics {
             connections_over_limit_total: r.counter(
                 "realtime_connections_over_limit_total",
                 "upgrades refused because MAX_CONNECTIONS were open",
+            ),
+            http_connections_refused_total: r.counter(
+                "realtime_http_connections_refused_total",
+                "TCP connections closed as they were accepted: past MAX_HTTP_CONNECTIONS or MAX_HTTP_CONNECTIONS_PER_PEER",
             ),
             slow_requests_closed_total: r.counter(
                 "realtime_slow_requests_closed_total",

@@ -57,9 +57,31 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
             },
             _ = shutdown.changed() => return,
         };
+        // Its place among the connections served as HTTP, held until it is closed or handed
+        // to its WebSocket (issue 39, L10); past either bound it is closed at once.
+        let cfg = &shared.cfg;
+        let Some(in_all) = shared.http_connections.enter((), cfg.max_http_connections) else {
+            shared.metrics.http_connections_refused_total.increment(1);
+            continue;
+        };
+        let of_peer = if cfg.trusted_proxies.contains(peer) {
+            None
+        } else {
+            match shared
+                .http_connections_by_peer
+                .enter(peer, cfg.max_http_connections_per_peer)
+            {
+                Some(entered) => Some(entered),
+                None => {
+                    shared.metrics.http_connections_refused_total.increment(1);
+                    continue;
+                }
+            }
+        };
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         tokio::spawn(async move {
+            let _places = (in_all, of_peer);
             let metrics = shared.metrics.clone();
             let header_timeout = shared.cfg.http_header_timeout();
             let svc = service_fn(move |req| route(req, shared.clone(), peer));

@@ -42,6 +42,10 @@ pub struct Shared {
     pub connections_by_address: crate::tally::InFlight<crate::address::AddressKey>,
     /// Joins per second per client address (MAX_JOINS_PER_SECOND_PER_ADDRESS).
     pub joins_by_address: crate::tally::RateTally<crate::address::AddressKey>,
+    /// TCP connections being served as HTTP, in all and per untrusted peer
+    /// (MAX_HTTP_CONNECTIONS, MAX_HTTP_CONNECTIONS_PER_PEER).
+    pub http_connections: crate::tally::InFlight<()>,
+    pub http_connections_by_peer: crate::tally::InFlight<std::net::IpAddr>,
     /// And per wider block (MAX_CONNECTIONS_PER_IPV6_56, _48, MAX_CONNECTIONS_PER_IPV4_24).
     pub connections_by_block: crate::tally::InFlight<crate::address::Block>,
     /// Postgres Changes bindings per client address, each connection's share a `Charge`
@@ -147,6 +151,8 @@ pub mod testing {
             ),
             connections_by_address: crate::tally::InFlight::default(),
             connections_by_block: crate::tally::InFlight::default(),
+            http_connections: crate::tally::InFlight::default(),
+            http_connections_by_peer: crate::tally::InFlight::default(),
             joins_by_address: crate::tally::RateTally::new(1024),
             hub: Arc::new(Hub::new(metrics.clone())),
             verifier: Verifier::new(SECRET),

@@ -302,3 +302,91 @@ async fn connections_over_max_connections_are_refused() {
         1.0
     );
 }
+
+/// Issue 39, L10: plain HTTP connections were bounded only by the header timeout, so
+/// keep-alive connections sending a request every few seconds could take every file the
+/// process may open. Connections being served as HTTP are now bounded per peer and in
+/// all, each past its bound closed as it is accepted; an upgraded WebSocket counts against
+/// MAX_CONNECTIONS instead, and a trusted proxy only against the total.
+#[tokio::test]
+async fn plain_http_connections_had_no_bound() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sidecar = Sidecar::start(
+        "t_http_connections",
+        &[
+            ("MAX_HTTP_CONNECTIONS_PER_PEER", "3"),
+            ("MAX_HTTP_CONNECTIONS", "6"),
+            ("HTTP_HEADER_TIMEOUT_SECS", "60"),
+            ("TRUSTED_PROXIES", "127.0.0.45"),
+        ],
+    )
+    .await;
+    let p = sidecar.port;
+    // A connection that has sent half a request and waits.
+    let half = |from: &'static str| async move {
+        let mut s = tcp_from(from, p).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        s
+    };
+    // Whether the server closes `s` within a second (EOF or a reset, with no answer).
+    let closed = |mut s: tokio::net::TcpStream| async move {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    };
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(half("127.0.0.41").await);
+    }
+    assert!(
+        closed(half("127.0.0.41").await).await,
+        "a fourth from one peer"
+    );
+    // A trusted proxy is bounded by the total only.
+    for _ in 0..3 {
+        held.push(half("127.0.0.45").await);
+    }
+    assert_eq!(held.len(), 6);
+    assert!(closed(half("127.0.0.42").await).await, "a seventh in all");
+    // One closes: another peer is served, and an upgraded WebSocket gives its place back
+    // (with it held, a half request still gets the sixth place).
+    drop(held.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let _ws = loop {
+        // The server learns of the close when it reads: asked again until it has.
+        let stream = tcp_from("127.0.0.42", p).await.unwrap();
+        let upgrade = tokio_tungstenite::client_async(
+            url(p, "1.0.0", &anon_key()),
+            tokio_tungstenite::MaybeTlsStream::Plain(stream),
+        );
+        if let Ok(Ok((ws, _))) = tokio::time::timeout(Duration::from_secs(2), upgrade).await {
+            break ws;
+        }
+        assert!(std::time::Instant::now() < deadline, "never admitted");
+    };
+    let s = half("127.0.0.42").await;
+    assert!(!closed(s).await, "the upgraded socket still held a place");
+    // Both refusals counted (asked once the half requests are gone and /metrics, plain
+    // HTTP too, has a place again).
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok((200, body)) = http(p, "GET", "/metrics", &[], "").await {
+            let refused = body
+                .lines()
+                .find_map(|l| l.strip_prefix("realtime_http_connections_refused_total "))
+                .map(|v| v.parse::<f64>().unwrap());
+            // Two, and any upgrade attempt above that came before the place was free.
+            assert!(refused.is_some_and(|n| n >= 2.0), "{body}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/metrics never served"
+        );
+    }
+}
