@@ -10,15 +10,16 @@
 //!    through (`asked`), by primary key. Supabase asks one query per subscriber per change.
 //!    DELETEs are not checked, as in Supabase, and with RLS their old_record keeps only the
 //!    primary key.
-//! 3. Before 2, when some binding filters with `like`, `ilike`, `match` or `imatch`,
+//! 3. When some binding filters with `like`, `ilike`, `match` or `imatch` (on a table with
+//!    RLS after 2, over the rows each channel may see only; before it otherwise),
 //!    `realtime.match_patterns` calls for the table: Postgres's own `LIKE`, `ILIKE`, `~` and
 //!    `~*` judge each distinct pattern against the values it is asked about, each pattern
 //!    under a time budget of its own (`FILTER_PATTERN_TIMEOUT_MS`). A pattern that fails
 //!    (over its budget) withholds the change from the channels whose binding holds it, and
 //!    tells them; the other channels and the rest of the batch go on. The patterns are
 //!    asked fewest-per-connection first, in calls no pattern's budget can push past the
-//!    call's statement_timeout (`pattern_calls`), and the RLS check of 2 has a budget of
-//!    its own: one client's patterns never spend another's check.
+//!    call's statement_timeout (`pattern_calls`), under a budget apart from the RLS check
+//!    of 2: one client's patterns never spend another's check.
 //! 4. Each channel gets the change with the columns its role may read (and its `select`),
 //!    once, with the ids of all its bindings that matched. A record over
 //!    MAX_RECORD_BYTES keeps only its small values and carries Supabase's 413.
@@ -654,24 +655,24 @@ async fn authorize(
         }
         readable.push((cand, cols.clone()));
     }
-    // Pattern filters (like, ilike, match, imatch), judged by the database in one call for
-    // the table, under what is left of its budget.
-    let readable = match_patterns(
-        db,
-        table,
-        parsed,
-        readable,
-        remaining(),
-        limits,
-        metrics,
-        (lost, frames),
-    )
-    .await;
     if !info.rls {
-        return readable
+        // Pattern filters (like, ilike, match, imatch), judged by the database in calls for
+        // the table, under what is left of its budget.
+        let readable = readable
             .into_iter()
             .map(|(c, cols)| (c, cols, None))
             .collect();
+        return match_patterns(
+            db,
+            table,
+            parsed,
+            readable,
+            remaining(),
+            limits,
+            metrics,
+            (lost, frames),
+        )
+        .await;
     }
     // RLS: INSERTs and UPDATEs are checked; DELETEs pass with the key alone.
     let (deletes, checked): (Vec<_>, Vec<_>) =
@@ -680,153 +681,166 @@ async fn authorize(
         .into_iter()
         .map(|(c, cols)| (c, cols, Some(info.primary_key.clone())))
         .collect();
-    if checked.is_empty() {
-        return kept;
-    }
-    // The RLS check has a budget of its own, whatever the patterns spent: a client's
-    // patterns never spend the time that decides the other subscribers' changes (issue 39,
-    // H1). So a table's check takes at most twice CHANGES_CHECK_TIMEOUT_MS.
-    let started = Instant::now();
-    let remaining = || limits.left(started);
-    // Distinct identities, distinct records and distinct pairs, each numbered once (maps,
-    // not scans: a batch may hold 10^5 candidates). A subscriber's identity is looked up
-    // by its claims once, not once per candidate.
-    let mut identities: Vec<(&str, &str)> = Vec::new();
-    let mut identity_at: HashMap<(&str, &str), i32> = HashMap::new();
-    let mut identity_of: HashMap<usize, i32> = HashMap::new();
-    let mut records: Vec<usize> = Vec::new();
-    let mut record_at: Vec<i32> = vec![0; parsed.len()];
-    let mut pair_of: Vec<(i32, i32)> = Vec::with_capacity(checked.len());
-    for (cand, _) in &checked {
-        let i = *identity_of
-            .entry(Arc::as_ptr(&cand.sub) as usize)
-            .or_insert_with(|| {
-                let who = (cand.sub.role.as_str(), cand.sub.claims.as_str());
-                *identity_at.entry(who).or_insert_with(|| {
-                    identities.push(who);
-                    identities.len() as i32
-                })
-            });
-        let r = &mut record_at[cand.change];
-        if *r == 0 {
-            records.push(cand.change);
-            *r = records.len() as i32;
-        }
-        pair_of.push((i, *r));
-    }
-    // Each distinct pair, as (record, identity) in queue order, and the call that asks it;
-    // vectors indexed by pair, not maps: at 10^5 pairs a check's hash lookups were a third
-    // of its own CPU.
-    let (distinct, call_of) = chunks_of(&pair_of, limits);
-    let mut calls: Vec<Vec<usize>> = Vec::new();
-    for (p, &c) in call_of.iter().enumerate() {
-        if calls.len() <= c {
-            calls.resize_with(c + 1, Vec::new);
-        }
-        calls[c].push(p);
-    }
-    // Each record's key (a resume's: the whole record), made once however many calls ask
-    // about it, and only when a call does (a bulk write's records past the budget are never
-    // asked about).
-    let mut keys: Vec<Option<String>> = vec![None; records.len()];
-    let mut seen = vec![false; distinct.len()];
-    let mut decided = vec![false; calls.len()];
-    let mut failed: Option<String> = None;
-    // Each identity's and record's number within the call being built (0: not in it).
-    let mut local_identity = vec![0i32; identities.len() + 1];
-    let mut local_record = vec![0i32; records.len() + 1];
-    let mut build = |c: usize| {
-        let mut built = Built::default();
-        built.call.current = limits.resume;
-        for &p in calls.get(c).map(Vec::as_slice).unwrap_or_default() {
-            let (r, i) = distinct[p];
-            if local_identity[i as usize] == 0 {
-                let (role, claims) = identities[i as usize - 1];
-                built.call.roles.push(role.to_owned());
-                built.call.claims.push(claims.to_owned());
-                built.identities.push(i);
-                local_identity[i as usize] = built.identities.len() as i32;
-            }
-            if local_record[r as usize] == 0 {
-                let key = keys[r as usize - 1].get_or_insert_with(|| {
-                    let data = parsed[records[r as usize - 1]].as_ref().expect("parsed");
-                    if limits.resume {
-                        data.get("record").map(Value::to_string).unwrap_or_default()
-                    } else {
-                        key_only(data, &info.primary_key)
-                    }
+    if !checked.is_empty() {
+        let started = Instant::now();
+        let remaining = || limits.left(started);
+        // Distinct identities, distinct records and distinct pairs, each numbered once (maps,
+        // not scans: a batch may hold 10^5 candidates). A subscriber's identity is looked up
+        // by its claims once, not once per candidate.
+        let mut identities: Vec<(&str, &str)> = Vec::new();
+        let mut identity_at: HashMap<(&str, &str), i32> = HashMap::new();
+        let mut identity_of: HashMap<usize, i32> = HashMap::new();
+        let mut records: Vec<usize> = Vec::new();
+        let mut record_at: Vec<i32> = vec![0; parsed.len()];
+        let mut pair_of: Vec<(i32, i32)> = Vec::with_capacity(checked.len());
+        for (cand, _) in &checked {
+            let i = *identity_of
+                .entry(Arc::as_ptr(&cand.sub) as usize)
+                .or_insert_with(|| {
+                    let who = (cand.sub.role.as_str(), cand.sub.claims.as_str());
+                    *identity_at.entry(who).or_insert_with(|| {
+                        identities.push(who);
+                        identities.len() as i32
+                    })
                 });
-                built.call.records.push(key.clone());
-                built.records.push(r);
-                local_record[r as usize] = built.records.len() as i32;
+            let r = &mut record_at[cand.change];
+            if *r == 0 {
+                records.push(cand.change);
+                *r = records.len() as i32;
+            }
+            pair_of.push((i, *r));
+        }
+        // Each distinct pair, as (record, identity) in queue order, and the call that asks it;
+        // vectors indexed by pair, not maps: at 10^5 pairs a check's hash lookups were a third
+        // of its own CPU.
+        let (distinct, call_of) = chunks_of(&pair_of, limits);
+        let mut calls: Vec<Vec<usize>> = Vec::new();
+        for (p, &c) in call_of.iter().enumerate() {
+            if calls.len() <= c {
+                calls.resize_with(c + 1, Vec::new);
+            }
+            calls[c].push(p);
+        }
+        // Each record's key (a resume's: the whole record), made once however many calls ask
+        // about it, and only when a call does (a bulk write's records past the budget are never
+        // asked about).
+        let mut keys: Vec<Option<String>> = vec![None; records.len()];
+        let mut seen = vec![false; distinct.len()];
+        let mut decided = vec![false; calls.len()];
+        let mut failed: Option<String> = None;
+        // Each identity's and record's number within the call being built (0: not in it).
+        let mut local_identity = vec![0i32; identities.len() + 1];
+        let mut local_record = vec![0i32; records.len() + 1];
+        let mut build = |c: usize| {
+            let mut built = Built::default();
+            built.call.current = limits.resume;
+            for &p in calls.get(c).map(Vec::as_slice).unwrap_or_default() {
+                let (r, i) = distinct[p];
+                if local_identity[i as usize] == 0 {
+                    let (role, claims) = identities[i as usize - 1];
+                    built.call.roles.push(role.to_owned());
+                    built.call.claims.push(claims.to_owned());
+                    built.identities.push(i);
+                    local_identity[i as usize] = built.identities.len() as i32;
+                }
+                if local_record[r as usize] == 0 {
+                    let key = keys[r as usize - 1].get_or_insert_with(|| {
+                        let data = parsed[records[r as usize - 1]].as_ref().expect("parsed");
+                        if limits.resume {
+                            data.get("record").map(Value::to_string).unwrap_or_default()
+                        } else {
+                            key_only(data, &info.primary_key)
+                        }
+                    });
+                    built.call.records.push(key.clone());
+                    built.records.push(r);
+                    local_record[r as usize] = built.records.len() as i32;
+                }
+                built
+                    .call
+                    .asked
+                    .extend([local_identity[i as usize], local_record[r as usize]]);
+            }
+            for &i in &built.identities {
+                local_identity[i as usize] = 0;
+            }
+            for &r in &built.records {
+                local_record[r as usize] = 0;
             }
             built
-                .call
-                .asked
-                .extend([local_identity[i as usize], local_record[r as usize]]);
-        }
-        for &i in &built.identities {
-            local_identity[i as usize] = 0;
-        }
-        for &r in &built.records {
-            local_record[r as usize] = 0;
-        }
-        built
-    };
-    // Call c's answer is read, and call c + 2 built, while call c + 1 runs: the server does
-    // not wait for this side between calls. Each call is sent when the one before has
-    // answered, so its statement_timeout is what is left of the budget as it starts.
-    let mut answered: Option<(usize, Built, Vec<VisibleRow>)> = None;
-    let mut next = build(0);
-    for c in 0..calls.len() {
-        let budget = remaining();
-        if budget.is_zero() {
-            failed = Some(timed_out(limits));
-            break;
-        }
-        let this = std::mem::take(&mut next);
-        let meanwhile = async {
-            if let Some((c, built, rows)) = answered.take() {
-                read_visible(&built, rows, &distinct, &mut seen, metrics);
-                decided[c] = true;
-            }
-            next = build(c + 1);
         };
-        let (result, ()) =
-            futures_util::future::join(db.visible(info.oid, &this.call, budget), meanwhile).await;
-        match result {
-            Ok(rows) => answered = Some((c, this, rows)),
-            Err(e) => {
-                failed = Some(failure(e, limits, lost));
+        // Call c's answer is read, and call c + 2 built, while call c + 1 runs: the server does
+        // not wait for this side between calls. Each call is sent when the one before has
+        // answered, so its statement_timeout is what is left of the budget as it starts.
+        let mut answered: Option<(usize, Built, Vec<VisibleRow>)> = None;
+        let mut next = build(0);
+        for c in 0..calls.len() {
+            let budget = remaining();
+            if budget.is_zero() {
+                failed = Some(timed_out(limits));
                 break;
             }
+            let this = std::mem::take(&mut next);
+            let meanwhile = async {
+                if let Some((c, built, rows)) = answered.take() {
+                    read_visible(&built, rows, &distinct, &mut seen, metrics);
+                    decided[c] = true;
+                }
+                next = build(c + 1);
+            };
+            let (result, ()) =
+                futures_util::future::join(db.visible(info.oid, &this.call, budget), meanwhile)
+                    .await;
+            match result {
+                Ok(rows) => answered = Some((c, this, rows)),
+                Err(e) => {
+                    failed = Some(failure(e, limits, lost));
+                    break;
+                }
+            }
+        }
+        if let Some((c, built, rows)) = answered.take() {
+            read_visible(&built, rows, &distinct, &mut seen, metrics);
+            decided[c] = true;
+        }
+        let index_of = |(i, r): (i32, i32)| {
+            distinct
+                .binary_search(&(r, i))
+                .expect("every pair was numbered")
+        };
+        let mut undecided: Vec<Candidate> = Vec::new();
+        for ((cand, cols), pair) in checked.into_iter().zip(pair_of) {
+            let p = index_of(pair);
+            if !decided[call_of[p]] {
+                undecided.push(cand);
+            } else if seen[p] {
+                let trim = limits.resume.then(|| info.primary_key.clone());
+                kept.push((cand, cols, trim));
+            } else {
+                metrics.changes_withheld_total.increment(1);
+            }
+        }
+        if let Some(why) = failed {
+            withhold_failed(&undecided, table, &why, metrics, frames);
         }
     }
-    if let Some((c, built, rows)) = answered.take() {
-        read_visible(&built, rows, &distinct, &mut seen, metrics);
-        decided[c] = true;
-    }
-    let index_of = |(i, r): (i32, i32)| {
-        distinct
-            .binary_search(&(r, i))
-            .expect("every pair was numbered")
-    };
-    let mut undecided: Vec<Candidate> = Vec::new();
-    for ((cand, cols), pair) in checked.into_iter().zip(pair_of) {
-        let p = index_of(pair);
-        if !decided[call_of[p]] {
-            undecided.push(cand);
-        } else if seen[p] {
-            let trim = limits.resume.then(|| info.primary_key.clone());
-            kept.push((cand, cols, trim));
-        } else {
-            metrics.changes_withheld_total.increment(1);
-        }
-    }
-    if let Some(why) = failed {
-        withhold_failed(&undecided, table, &why, metrics, frames);
-    }
-    kept
+    // On a table with RLS, pattern filters are judged after the check, over the rows each
+    // channel may see only (issue 39, L3: judged before it, whether a pattern ran out of its
+    // time over a batch's values, rows hidden from its subscriber among them, could tell
+    // about those values). They have a CHANGES_CHECK_TIMEOUT_MS of their own: a client's
+    // patterns never spend the time that decides the other subscribers' changes (issue 39,
+    // H1), so a table's check takes at most twice it.
+    match_patterns(
+        db,
+        table,
+        parsed,
+        kept,
+        limits.left(Instant::now()),
+        limits,
+        metrics,
+        (lost, frames),
+    )
+    .await
 }
 
 /// One `realtime.visible` call and the global numbers of its identities and records.
@@ -923,16 +937,16 @@ fn failure(e: DbError, limits: &Limits, lost: &mut Option<String>) -> String {
 /// dropped and its channel told; a candidate left without bindings is withheld. A lost
 /// connection is noted in `lost` for the caller.
 #[allow(clippy::too_many_arguments)]
-async fn match_patterns(
+async fn match_patterns<T>(
     db: &impl Lookup,
     table: Table<'_>,
     parsed: &[Option<Value>],
-    readable: Vec<(Candidate, Columns)>,
+    readable: Vec<(Candidate, Columns, T)>,
     budget: Duration,
     limits: &Limits,
     metrics: &Metrics,
     (lost, frames): (&mut Option<String>, &mut [Vec<Outgoing>]),
-) -> Vec<(Candidate, Columns)> {
+) -> Vec<(Candidate, Columns, T)> {
     let Table {
         schema,
         name: table,
@@ -949,7 +963,7 @@ async fn match_patterns(
     let mut asked_of: Vec<Vec<i32>> = Vec::new();
     let mut asked_pairs = HashSet::new();
     let mut owners: HashMap<crate::reach::ConnId, Vec<i32>> = HashMap::new();
-    for (n, (cand, _)) in readable.iter().enumerate() {
+    for (n, (cand, _, _)) in readable.iter().enumerate() {
         // A batch may hold 10^5 candidates: the runtime thread is handed back now and then
         // (the drain's other checks and the sockets share it).
         if n % 1024 == 1023 {
@@ -1060,7 +1074,7 @@ async fn match_patterns(
     }
     let mut kept = Vec::with_capacity(readable.len());
     let mut told = std::collections::HashSet::new();
-    for (mut cand, cols) in readable {
+    for (mut cand, cols, extra) in readable {
         let sub = cand.sub.clone();
         let mut failure: Option<&str> = None;
         cand.bindings.retain(|&b| {
@@ -1103,7 +1117,7 @@ async fn match_patterns(
             metrics.changes_withheld_total.increment(1);
             continue;
         }
-        kept.push((cand, cols));
+        kept.push((cand, cols, extra));
     }
     kept
 }
@@ -1950,6 +1964,28 @@ mod tests {
             calls.iter().all(|(p, _)| p.len() <= 8),
             "8 × 20 ms fit 80% of 200 ms"
         );
+    }
+
+    /// Issue 39, L3: on a table with RLS, pattern filters were judged before the check, over
+    /// every changed row's value, those hidden from the pattern's subscriber too, so whether
+    /// a pattern ran out of its time could tell about them. They are judged after it, over
+    /// the rows the channel may see only.
+    #[tokio::test]
+    async fn patterns_were_asked_about_rows_their_subscriber_may_not_see() {
+        let subs = Subscribers::default();
+        let on = json!([{"event": "*", "schema": "public", "table": "todos", "filter": "title=match.^t"}]);
+        let (s, _rx) = sub(1, "authenticated", r#"{"sub":"u1"}"#, on);
+        subs.add(s);
+        let db = Fake::default();
+        // Row 1 is visible to u1, row 2 is not (the fake's policy: odd ids).
+        let datas = [change("todos", "INSERT", 1), change("todos", "INSERT", 2)];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let out = prepare(&db, &subs, &datas, &limits(), &Metrics::default()).await;
+        let got = delivered(&out.frames);
+        assert_eq!((got[0].len(), got[1].len()), (1, 0));
+        let calls = db.pattern_calls.lock().unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].1, vec![1, 1], "asked about row 1's value only");
     }
 
     /// The `system` notices among the frames, in order: (conn, the notice).
