@@ -26,3 +26,12 @@ CREATE POLICY soak_persist_write ON realtime.messages FOR INSERT TO authenticate
 -- A long retained history for the resumes from seq 0: 20,000 messages of about 1 KB.
 SELECT realtime.send(jsonb_build_object('i', g, 'pad', repeat('h', 1000)), 'h', 'soak-history', false)
 FROM generate_series(1, 20000) g;
+-- The slow resumer of large messages (issue 39, H2): 200 retained messages of about 100 KB.
+SELECT realtime.send(jsonb_build_object('i', g, 'pad', repeat('L', 100000)), 'h', 'soak-history-large', false)
+FROM generate_series(1, 200) g;
+-- The decode flood (issue 39, H4): one row whose 100 KB value compresses to a fraction of
+-- that and is captured whole by every UPDATE, published, readable by anon.
+CREATE TABLE soak_wide (id int PRIMARY KEY, n int NOT NULL, body text);
+GRANT SELECT ON soak_wide TO anon;
+ALTER PUBLICATION supabase_realtime ADD TABLE soak_wide;
+INSERT INTO soak_wide VALUES (1, 0, repeat('w', 100000));

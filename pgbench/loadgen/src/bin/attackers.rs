@@ -1,4 +1,4 @@
-//! Twenty-one attackers at fixed rates against one sidecar, each from its own loopback address,
+//! Twenty-three attackers at fixed rates against one sidecar, each from its own loopback address,
 //! for the soak of `pgbench/soak.py`: every attack of the hardening issue at once, while the
 //! ordinary subscribers of the other load generators measure what it costs them. The
 //! attackers hold the public anon key, except the bulk writer and the persisting user, who
@@ -748,6 +748,88 @@ async fn main() {
                 frames
             },
         )));
+    }
+    // 22. A slow resumer of large messages (issue 39, H2): every two seconds a socket
+    // resumes from seq 0 a topic of 200 retained messages of 100 KB and reads nothing for
+    // ten seconds, so its history stays with the sidecar.
+    {
+        let (cx, t, from) = enlist("slow-large-resumer");
+        let epoch = a.epoch;
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(2));
+            while cx.live() {
+                tick.tick().await;
+                let (cx, t) = (cx.clone(), t.clone());
+                tokio::spawn(async move {
+                    let Some(mut ws) = cx.ws(from, "1.0.0", "anon", &t).await else {
+                        return;
+                    };
+                    t.sent.fetch_add(1, Relaxed);
+                    let join =
+                        json!({"config": {"broadcast": {"resume": {"epoch": epoch, "seq": 0}}}});
+                    let _ = ws
+                        .send(frame(
+                            "realtime:soak-history-large",
+                            "phx_join",
+                            join,
+                            1,
+                            Some("1"),
+                        ))
+                        .await;
+                    let left = cx.deadline.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(Duration::from_secs(10).min(left)).await;
+                    drop(ws);
+                });
+            }
+        }));
+    }
+    // 23. A decode flood (issue 39, H4): 20 UPDATEs a second of a cheap column of a row
+    // whose 100 KB value compresses well (each decodes to the whole row), watched by an
+    // anonymous channel so that the sidecar decodes them.
+    {
+        let (cx, t, from) = enlist("decode-flood");
+        tasks.push(tokio::spawn(async move {
+            if !cx.live() {
+                return;
+            }
+            let Some(ws) = cx.ws(from, "1.0.0", "anon", &t).await else {
+                return;
+            };
+            let (mut write, read) = ws.split();
+            count_answers(read, t.clone());
+            let pc = json!([{"event": "UPDATE", "schema": "public", "table": "soak_wide"}]);
+            let _ = write
+                .send(frame(
+                    "realtime:wide",
+                    "phx_join",
+                    json!({"config": {"postgres_changes": pc}}),
+                    1,
+                    Some("1"),
+                ))
+                .await;
+            let Ok((db, conn)) = tokio_postgres::connect(&cx.a.dsn, tokio_postgres::NoTls).await
+            else {
+                t.connect_failures.fetch_add(1, Relaxed);
+                return;
+            };
+            tokio::spawn(conn);
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            while cx.live() {
+                tick.tick().await;
+                t.sent.fetch_add(1, Relaxed);
+                match db
+                    .execute("UPDATE soak_wide SET n = n + 1 WHERE id = 1", &[])
+                    .await
+                {
+                    Ok(_) => t.accepted.fetch_add(1, Relaxed),
+                    Err(e) => {
+                        t.refuse(&format!("update: {e}"));
+                        0
+                    }
+                };
+            }
+            let _ = write.close().await;
+        }));
     }
 
     for task in tasks {
