@@ -123,8 +123,9 @@
 //! format of both serializers · `channels/` the channel lifecycle (the registry, a join's
 //! checks and admission, one channel, its pushes) · `held` pushes held behind a verdict · `join_config` what a
 //! join asks for · `broadcast` the broadcast extension · `postgres_changes/` the Postgres
-//! Changes extension (bindings, the join-time check, who listens, delivery) · `history/`
-//! replay and resume (what a join asks, the batched read, the per-address line) · `presence/` presence (a
+//! Changes extension (bindings, their bounds, the join-time check, who listens, delivery and
+//! the order of its pattern calls) · `history/` replay and resume (what a join asks, the
+//! batched read, the per-address line, the bytes histories hold) · `presence/` presence (a
 //! channel's pushes, wishes, the worker, the views) · `gate` a rejoining channel's
 //! live frames held until its history is sent · `hub` topics and fan-out · `reach` the one way to a
 //! joined channel's socket, held by every registry · `outbound` a connection's outbound queue ·
