@@ -439,6 +439,10 @@ impl std::fmt::Display for InvalidConfig {
 
 impl std::error::Error for InvalidConfig {}
 
+/// Broadcasts waiting for the relay at most (`relay`); WebSocket pushes beyond it are
+/// refused, REST requests may hold half of it (`rest_limits`, MAX_REST_MESSAGES_PER_REQUEST).
+pub const RELAY_QUEUE: usize = 10_000;
+
 /// The shortest `API_JWT_SECRET` accepted: HS256 wants a key of at least 256 bits.
 pub const MIN_SECRET_BYTES: usize = 32;
 
@@ -529,7 +533,7 @@ impl Config {
                 "MAX_REST_MESSAGES_PER_REQUEST",
                 self.max_rest_messages_per_request as u64,
                 1,
-                (crate::relay::QUEUE / 2) as u64,
+                (RELAY_QUEUE / 2) as u64,
             ),
             (
                 "MAX_REST_EVENTS_PER_SECOND",

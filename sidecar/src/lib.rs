@@ -149,6 +149,7 @@ pub mod cors;
 pub mod db_thread;
 pub mod db_worker;
 pub mod drainer;
+pub mod duplex;
 pub mod frame;
 #[cfg(test)]
 mod fuzz;

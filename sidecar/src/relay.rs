@@ -17,9 +17,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// their topic's quota (`sql/persisted.sql`).
 const RELAY_SQL: &str = "SELECT realtime.relay_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
-/// Broadcasts waiting for the relay at most; WebSocket pushes beyond it are refused, REST
-/// requests may hold half of it (`rest_limits`).
-pub const QUEUE: usize = 10_000;
+/// Broadcasts waiting for the relay at most (`config::RELAY_QUEUE`).
+pub use crate::config::RELAY_QUEUE as QUEUE;
 
 /// Why a broadcast was not relayed.
 #[derive(Clone, Debug, PartialEq)]

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 /// The outcome: a status and a JSON body (empty for 202).
-pub type Outcome = (StatusCode, Option<Value>);
+use crate::rest_limits::Outcome;
 
 fn unauthorized() -> Outcome {
     (

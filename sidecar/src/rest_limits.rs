@@ -33,6 +33,9 @@ pub struct Sender<'a> {
     pub backend: bool,
 }
 
+/// What a REST route answers: its status and JSON body.
+pub type Outcome = (StatusCode, Option<serde_json::Value>);
+
 /// Why a request was refused: the status and `{"message": ...}` body it is answered with.
 #[derive(Debug, PartialEq)]
 pub struct Refused {
@@ -48,7 +51,7 @@ impl Refused {
         }
     }
 
-    pub fn outcome(&self) -> crate::rest::Outcome {
+    pub fn outcome(&self) -> Outcome {
         (self.status, Some(json!({ "message": self.message })))
     }
 }

@@ -219,7 +219,7 @@ fn api_path(path: &str) -> &str {
     path.strip_prefix("/realtime/v1").unwrap_or(path)
 }
 
-fn outcome(o: rest::Outcome) -> Resp {
+fn outcome(o: crate::rest_limits::Outcome) -> Resp {
     match o {
         (status, Some(body)) => respond(status, "application/json", body.to_string()),
         (status, None) => respond(status, "application/json", ""),

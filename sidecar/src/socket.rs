@@ -14,13 +14,14 @@
 use crate::address::AddressKey;
 use crate::channels::Channels;
 use crate::command::{self, Frame};
+use crate::duplex::Duplex;
 use crate::frame::{self, Vsn};
 use crate::jwt::{self, Claims};
 use crate::outbound::{self, Written};
 use crate::postgres_changes::bounds::Bounds;
 use crate::reason::Disconnect;
 use crate::state::Shared;
-use crate::wire::{self, Duplex};
+use crate::wire;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::sync::atomic::Ordering::Relaxed;
