@@ -18,13 +18,13 @@
 //! Frames shared by several histories of one read are counted by each: the bound is on what
 //! could be held, not on what is.
 //!
-//! Lock rule: one mutex over the totals, held only to read or move them, never across an
-//! await.
+//! The totals are `tally::Amounts` (per address, and one for the sidecar), each history's
+//! share a `Charge` of each.
 
 use crate::address::AddressKey;
 use crate::config::Config;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use crate::tally::{Amounts, Charge};
+use std::sync::Arc;
 
 /// The sidecar's history bytes.
 #[derive(Clone)]
@@ -33,19 +33,13 @@ pub struct Budget {
 }
 
 struct Inner {
-    totals: Mutex<Totals>,
+    by_address: Amounts<AddressKey>,
+    sidecar: Amounts<()>,
     /// realtime_history_bytes_held
     gauge: Option<metrics::Gauge>,
     request: usize,
     address: usize,
-    sidecar: usize,
-}
-
-#[derive(Default)]
-struct Totals {
-    sidecar: usize,
-    /// Only addresses holding something.
-    by_address: HashMap<AddressKey, usize>,
+    sidecar_limit: usize,
 }
 
 /// The bound that cut a history.
@@ -90,19 +84,20 @@ pub struct Room {
 /// Bytes a history holds; given back as it is sent, the rest when dropped.
 pub struct Held {
     inner: Arc<Inner>,
-    address: Option<AddressKey>,
-    bytes: usize,
+    address: Option<Charge<AddressKey>>,
+    sidecar: Charge<()>,
 }
 
 impl Budget {
     pub fn of(cfg: &Config, gauge: Option<metrics::Gauge>) -> Budget {
         Budget {
             inner: Arc::new(Inner {
-                totals: Mutex::default(),
+                by_address: Amounts::default(),
+                sidecar: Amounts::default(),
                 gauge,
                 request: cfg.max_resume_bytes as usize,
                 address: cfg.max_resume_bytes_per_address as usize,
-                sidecar: cfg.max_resume_bytes_in_flight as usize,
+                sidecar_limit: cfg.max_resume_bytes_in_flight as usize,
             }),
         }
     }
@@ -110,19 +105,11 @@ impl Budget {
     /// The room of a history of `address` (None: a backend's, bound by the sidecar's only).
     pub fn room(&self, address: Option<AddressKey>) -> Room {
         let i = &self.inner;
-        let t = i.totals.lock().unwrap();
-        let sidecar = i.sidecar.saturating_sub(t.sidecar);
-        let (shared, shared_bound) = match address {
-            Some(a) => {
-                let held = t.by_address.get(&a).copied().unwrap_or(0);
-                let own = i.address.saturating_sub(held);
-                if own <= sidecar {
-                    (own, Bound::Address(i.address))
-                } else {
-                    (sidecar, Bound::Sidecar(i.sidecar))
-                }
-            }
-            None => (sidecar, Bound::Sidecar(i.sidecar)),
+        let sidecar = i.sidecar_limit.saturating_sub(i.sidecar.total(&()));
+        let own = address.map(|a| i.address.saturating_sub(i.by_address.total(&a)));
+        let (shared, shared_bound) = match own {
+            Some(own) if own <= sidecar => (own, Bound::Address(i.address)),
+            _ => (sidecar, Bound::Sidecar(i.sidecar_limit)),
         };
         Room {
             request: i.request,
@@ -135,54 +122,43 @@ impl Budget {
     /// Holds `bytes` for a history of `address` (measured against `room` just before: the
     /// history worker is the only taker, so the room can only have grown meanwhile).
     pub fn take(&self, address: Option<AddressKey>, bytes: usize) -> Held {
-        let mut t = self.inner.totals.lock().unwrap();
-        t.sidecar += bytes;
-        if let Some(g) = &self.inner.gauge {
-            g.set(t.sidecar as f64);
-        }
-        if let (Some(a), true) = (address, bytes > 0) {
-            *t.by_address.entry(a).or_default() += bytes;
-        }
-        Held {
-            inner: self.inner.clone(),
-            address,
-            bytes,
-        }
+        let i = &self.inner;
+        let mut held = Held {
+            inner: i.clone(),
+            address: address.map(|a| i.by_address.charge(a)),
+            sidecar: i.sidecar.charge(()),
+        };
+        held.set(bytes);
+        held
     }
 
     /// Bytes held by every history (for tests and metrics).
     pub fn held(&self) -> usize {
-        self.inner.totals.lock().unwrap().sidecar
+        self.inner.sidecar.total(&())
     }
 }
 
 impl Held {
     /// Gives `bytes` back (a frame was queued to the socket).
     pub fn give_back(&mut self, bytes: usize) {
-        let bytes = bytes.min(self.bytes);
-        if bytes == 0 {
-            return;
+        let left = self.sidecar.amount().saturating_sub(bytes);
+        self.set(left);
+    }
+
+    fn set(&mut self, bytes: usize) {
+        if let Some(a) = &mut self.address {
+            a.set(bytes);
         }
-        self.bytes -= bytes;
-        let mut t = self.inner.totals.lock().unwrap();
-        t.sidecar -= bytes;
+        self.sidecar.set(bytes);
         if let Some(g) = &self.inner.gauge {
-            g.set(t.sidecar as f64);
-        }
-        if let Some(a) = &self.address {
-            if let Some(n) = t.by_address.get_mut(a) {
-                *n -= bytes;
-                if *n == 0 {
-                    t.by_address.remove(a);
-                }
-            }
+            g.set(self.inner.sidecar.total(&()) as f64);
         }
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.give_back(self.bytes);
+        self.set(0);
     }
 }
 
