@@ -71,6 +71,9 @@ function remember(channel, systems) {
 
 const position = (channel) => channel.joinPush.payload().config.broadcast.resume;
 
+/// The queue's last position now, as a resume names it.
+const stats = async () => (await db.query('SELECT last_seq::int8 AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()')).rows[0];
+
 for (const vsn of ['1.0.0', '2.0.0']) {
   test(`realtime-js (${vsn}): a socket dropped under 500 changes/s loses no change and gets none twice`, async () => {
     const run = `drop-${vsn}-${Date.now()}`;
@@ -318,7 +321,6 @@ test('realtime-js: resent changes count against MAX_RESUME_MESSAGES with the bro
   const topic = `tasks-${run}`;
   const c = new RealtimeClient(`ws://127.0.0.1:${limitedPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
   try {
-    const stats = async () => (await db.query('SELECT last_seq::int8 AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()')).rows[0];
     const start = await stats();
     const at = { epoch: start.epoch, seq: Number(start.seq), changes: true };
     // Four changes and four broadcasts on the channel's topic, alternating, each at a
@@ -363,7 +365,6 @@ test('realtime-js: a resume was bounded in messages, not bytes; beyond MAX_RESUM
   const topic = `tasks-${run}`;
   const c = new RealtimeClient(`ws://127.0.0.1:${limitedPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
   try {
-    const stats = async () => (await db.query('SELECT last_seq::int8 AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()')).rows[0];
     const start = await stats();
     const at = { epoch: start.epoch, seq: Number(start.seq), changes: true };
     // Eight changes and eight broadcasts of about 3 KB each, alternating: about 50 KB.
@@ -415,7 +416,6 @@ test('realtime-js: one resume held the history worker for a check budget per chu
       CREATE POLICY slow ON pcr_slow FOR SELECT TO anon USING (pcr_slow_ok());
       GRANT SELECT ON pcr_slow TO anon;
       ALTER PUBLICATION supabase_realtime ADD TABLE pcr_slow;`);
-    const stats = async () => (await db.query('SELECT last_seq::int8 AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()')).rows[0];
     const start = await stats();
     const at = { epoch: start.epoch, seq: Number(start.seq), changes: true };
     // 400 changes: four chunks of 100, each 0.1 to 0.4 s of policy (1 ms a row read: the
@@ -457,7 +457,6 @@ test('realtime-js: changes hidden from the subscriber counted against MAX_RESUME
   const topic = `notes-counted-${base}`;
   const c = new RealtimeClient(`ws://127.0.0.1:${limitedPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
   try {
-    const stats = async () => (await db.query('SELECT last_seq::int8 AS seq, (extract(epoch FROM epoch) * 1000000)::int8::text AS epoch FROM realtime.stats()')).rows[0];
     const start = await stats();
     const at = { epoch: start.epoch, seq: Number(start.seq), changes: true };
     // Two rows of another user (hidden from U1 by the policy), two broadcasts on the
