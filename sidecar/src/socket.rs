@@ -81,6 +81,11 @@ pub async fn serve(
     let expiry = tokio::time::sleep(Duration::from_secs(86_400));
     tokio::pin!(expiry);
     let mut expiry_exp = i64::MAX;
+    // The socket would not take more: then the loop waits for it to become writable instead
+    // of for more to be queued, and serves everything else meanwhile (issue 39, L10: it
+    // waited for writability alone, so a client that stopped reading kept its slot past its
+    // idle timeout and its token's expiry, and its channels' re-checks stopped).
+    let mut blocked = false;
 
     let close = loop {
         let soonest = conn.soonest_expiry();
@@ -94,7 +99,8 @@ pub async fn serve(
         // The order is a decision (tested by `recheck_is_not_starved_by_a_full_queue`):
         // shutdown and the slow-client cut-off first; then verdicts, re-checks and token
         // expiry, so revocation takes effect even while the outbound queue never empties;
-        // then the client's frames; the outbound queue last (it is drained below anyway).
+        // then the client's frames; the outbound queue last (it is drained below anyway),
+        // or while the socket is blocked, its room.
         tokio::select! {
             biased;
             _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
@@ -139,20 +145,15 @@ pub async fn serve(
                 }
             }
             _ = &mut idle => break Some(Disconnect::IdleTimeout),
-            _ = rx.pending() => {}
+            r = socket.writable(), if blocked => if r.is_err() { break None; },
+            _ = rx.pending(), if !blocked => {}
         }
         // What handling produced goes ahead of what was queued meanwhile; then what waits
         // is written, as far as the socket takes it, up to a batch per pass.
         rx.put_first(std::mem::take(&mut conn.out));
         match rx.write_some(WRITE_BATCH) {
-            Ok(Written::All | Written::More) => {}
-            // A client that stops reading leaves this waiting for room; it must not block
-            // being cut off.
-            Ok(Written::Blocked) => tokio::select! {
-                r = socket.writable() => if r.is_err() { break None; },
-                _ = rx.overflowed() => break Some(too_slow_close(&shared)),
-                _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
-            },
+            Ok(Written::All | Written::More) => blocked = false,
+            Ok(Written::Blocked) => blocked = true,
             Err(_) => break None,
         }
     };

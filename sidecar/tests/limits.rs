@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use futures_util::SinkExt;
 use serde_json::json;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_tungstenite::connect_async;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -177,6 +177,40 @@ async fn a_client_that_stops_reading_pins_frames_counted_not_bytes() {
         }
     };
     assert_eq!(u16::from(close.unwrap().code), 1008);
+}
+
+/// Issue 39, L10: while the socket would take nothing more, the connection's loop waited for
+/// room alone: a client that stopped reading (and sent nothing) kept its slot past
+/// IDLE_TIMEOUT_SECS, its token's expiry and its channels' re-checks, until its queue
+/// overflowed. Now a blocked connection is still served: it is closed when it has been idle
+/// for its timeout, its queue far from full.
+#[tokio::test]
+async fn a_client_that_stopped_reading_outlived_its_idle_timeout() {
+    let sidecar = Sidecar::start("t_blocked_idle", &[("IDLE_TIMEOUT_SECS", "2")]).await;
+    let db = db().await;
+    let mut blocked = Client::connect_small_buffer(sidecar.port, "1.0.0").await;
+    blocked.join_public("realtime:blocked").await;
+    // 10 MB: far more than the client's 64 kB receive buffer and the server's send buffer
+    // (at most 4 MB on this kernel), far less than the queue's 64 MiB.
+    db.execute(
+        "SELECT count(realtime.send(jsonb_build_object('i', i, 'pad', repeat('x', 100000)), 'b', 'blocked', false))
+         FROM generate_series(1, 100) i",
+        &[],
+    )
+    .await
+    .unwrap();
+    // Idle from its join: closed 2 s after it (then up to 5 s for the close frame it does
+    // not read), long before anything else would end it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sidecar.metric("realtime_connections").await > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the blocked connection outlived its idle timeout by 18 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(sidecar.metric("realtime_slow_disconnects_total").await, 0.0);
+    drop(blocked);
 }
 
 #[tokio::test]
