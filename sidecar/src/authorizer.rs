@@ -184,7 +184,7 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
 ) {
     let ttl = Duration::from_millis(cfg.authorization_denial_cache_ms);
-    let denials = Denials::new(ttl);
+    let denials = Denials::new(ttl, cfg.max_remembered_denials as usize);
     db_worker::serve(&cfg, Authorizer { metrics, denials }, rx, shutdown).await
 }
 
@@ -198,19 +198,19 @@ pub async fn run(
 /// have AUTHORIZATION_TTL_SECS).
 struct Denials {
     ttl: Duration,
+    /// Entries the map holds at most (MAX_REMEMBERED_DENIALS); past it the expired go, and
+    /// if that is not enough, all (forgetting a denial only costs a database call).
+    max: usize,
     hasher: std::collections::hash_map::RandomState,
     /// Lock rule: held only to read or change the map, never across an await.
     at: Mutex<HashMap<u64, Instant>>,
 }
 
-/// Entries the map holds at most; past it the expired go, and if that is not enough, all
-/// (forgetting a denial only costs a database call).
-const MAX_DENIALS: usize = 100_000;
-
 impl Denials {
-    fn new(ttl: Duration) -> Denials {
+    fn new(ttl: Duration, max: usize) -> Denials {
         Denials {
             ttl,
+            max,
             hasher: Default::default(),
             at: Mutex::default(),
         }
@@ -243,10 +243,10 @@ impl Denials {
         }
         let key = self.key(r);
         let mut at = self.at.lock().unwrap();
-        if at.len() >= MAX_DENIALS {
+        if at.len() >= self.max {
             let ttl = self.ttl;
             at.retain(|_, t| t.elapsed() < ttl);
-            if at.len() >= MAX_DENIALS {
+            if at.len() >= self.max {
                 at.clear();
             }
         }
@@ -422,7 +422,7 @@ mod tests {
     async fn answer(db: &Fake, batch: Vec<AuthRequest>, metrics: &Arc<Metrics>) -> bool {
         let worker = Authorizer {
             metrics: metrics.clone(),
-            denials: Denials::new(Duration::ZERO),
+            denials: Denials::new(Duration::ZERO, 1),
         };
         db_worker::settle(&worker, db, batch).await
     }
@@ -431,6 +431,37 @@ mod tests {
         rxs.into_iter()
             .map(|mut rx| rx.try_recv().expect("every request is answered"))
             .collect()
+    }
+
+    /// MAX_REMEMBERED_DENIALS: a flood of denials on distinct topics within the TTL never
+    /// holds more than the bound; past it what was remembered is forgotten (and asked again).
+    #[test]
+    fn denials_past_their_bound_are_forgotten_not_kept() {
+        let denials = Denials::new(Duration::from_secs(5), 100);
+        let (batch, _rxs) = requests(&["room"]);
+        let who = batch[0].who.clone();
+        let ask = |topic: String| {
+            let (reply, _rx) = oneshot::channel();
+            AuthRequest {
+                who: who.clone(),
+                topic,
+                extension: "broadcast",
+                write: false,
+                reply,
+            }
+        };
+        for i in 0..250 {
+            denials.remember(&ask(format!("z{i}")));
+            assert!(denials.at.lock().unwrap().len() <= 100, "at {i}");
+        }
+        assert!(
+            denials.denied(&ask("z249".into())),
+            "the newest is remembered"
+        );
+        assert!(
+            !denials.denied(&ask("z0".into())),
+            "the oldest was forgotten"
+        );
     }
 
     #[tokio::test]

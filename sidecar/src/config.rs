@@ -145,6 +145,13 @@ pub struct Config {
     #[arg(long, env = "AUTHORIZATION_DENIAL_CACHE_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(0..=5000))]
     pub authorization_denial_cache_ms: u64,
+    /// Denied verdicts remembered at most (about 40 bytes each); past it the expired are
+    /// dropped, and if that is not enough, all of them: forgetting a denial costs only a
+    /// database call, and a flood of distinct topics could otherwise grow the map without
+    /// bound within its 5 s.
+    #[arg(long, env = "MAX_REMEMBERED_DENIALS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub max_remembered_denials: u64,
     /// Joins per second of all the connections of one client address (each connection has
     /// its own MAX_JOINS_PER_SECOND too): past it a join is refused, the socket kept. A
     /// private join costs a verdict of the one authorizer, shared by every client (issue 39,
