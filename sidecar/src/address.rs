@@ -87,6 +87,11 @@ fn hop_address(hop: &str) -> Option<IpAddr> {
 pub struct AddressKey(IpAddr);
 
 impl AddressKey {
+    /// The wider blocks this address is counted in besides itself (`Block::of`).
+    pub fn blocks(&self) -> Vec<Block> {
+        Block::of(self.0)
+    }
+
     pub fn of(ip: IpAddr) -> AddressKey {
         match unmapped(ip) {
             IpAddr::V6(v6) => {

@@ -255,6 +255,29 @@ pub struct Config {
         default_value_t = 1000
     )]
     pub max_rest_events_per_second_per_address: u32,
+    /// REST messages per second from one IPv6 /56 (a residential line's block), all its
+    /// /64s together; 429 as above. One client holding many /64s otherwise had as many
+    /// addresses' rates and could take the whole total (issue 39, M2).
+    #[arg(
+        long,
+        env = "MAX_REST_EVENTS_PER_SECOND_PER_IPV6_56",
+        default_value_t = 2000
+    )]
+    pub max_rest_events_per_second_per_ipv6_56: u32,
+    /// The same for an IPv6 /48 (a cloud tenant's block).
+    #[arg(
+        long,
+        env = "MAX_REST_EVENTS_PER_SECOND_PER_IPV6_48",
+        default_value_t = 4000
+    )]
+    pub max_rest_events_per_second_per_ipv6_48: u32,
+    /// The same for an IPv4 /24.
+    #[arg(
+        long,
+        env = "MAX_REST_EVENTS_PER_SECOND_PER_IPV4_24",
+        default_value_t = 4000
+    )]
+    pub max_rest_events_per_second_per_ipv4_24: u32,
     /// REST messages per second from one user (the JWT's `sub`, from any address); 429 as
     /// above. Anonymous tokens have no `sub`: their address bounds them.
     #[arg(

@@ -1,7 +1,8 @@
 //! The REST broadcast routes' bounds. The anon key is public and every visitor of an app
 //! shares it, so nothing here counts by token: requests in flight are bounded in total and
 //! per client address (before the body is read), messages per request, and messages per
-//! second per address, per user (the JWT's `sub`) and in total (Supabase answers 429 against
+//! second per address, per wider block of addresses (an IPv6 /56 and /48, an IPv4 /24), per
+//! user (the JWT's `sub`) and in total (Supabase answers 429 against
 //! its tenant's events per second, with the same texts). A `service_role` token is a
 //! backend's: it skips the per-address and per-user bounds (one server sends for many users
 //! from one address) and is still counted in the totals.
@@ -9,7 +10,7 @@
 //! REST also may hold at most half of the relay's queue: WebSocket pushes, which are
 //! refused rather than kept waiting when the queue is full, always find the other half.
 
-use crate::address::AddressKey;
+use crate::address::{AddressKey, Block};
 use crate::config::Config;
 use crate::tally::{Entered, InFlight, Over, RateTally};
 use hyper::StatusCode;
@@ -61,6 +62,9 @@ pub struct RestLimits {
     per_address: InFlight<AddressKey>,
     total_rate: RateTally<()>,
     address_rate: RateTally<AddressKey>,
+    block_rate: RateTally<Block>,
+    /// MAX_REST_EVENTS_PER_SECOND_PER_IPV6_56, _48, _IPV4_24, by prefix length.
+    per_block: [(u8, u32); 3],
     user_rate: RateTally<String>,
     relay_share: Arc<Semaphore>,
     max_in_flight: usize,
@@ -95,6 +99,12 @@ impl RestLimits {
             per_address: InFlight::default(),
             total_rate: RateTally::new(1),
             address_rate: RateTally::new(sweep_at),
+            block_rate: RateTally::new(sweep_at),
+            per_block: [
+                (56, cfg.max_rest_events_per_second_per_ipv6_56),
+                (48, cfg.max_rest_events_per_second_per_ipv6_48),
+                (24, cfg.max_rest_events_per_second_per_ipv4_24),
+            ],
             user_rate: RateTally::new(sweep_at),
             relay_share: Arc::new(Semaphore::new((relay_capacity / 2).max(1))),
             max_in_flight: cfg.max_rest_requests_in_flight,
@@ -172,6 +182,11 @@ impl RestLimits {
                 spend_address(n as usize);
                 return Err(answer(over));
             }
+            for block in who.address.blocks() {
+                self.block_rate
+                    .check(&block, n, self.of_block(&block))
+                    .map_err(answer)?;
+            }
             if let Some(sub) = who.sub {
                 self.user_rate
                     .check(&sub.to_owned(), n, self.max_per_user)
@@ -189,6 +204,9 @@ impl RestLimits {
         self.total_rate.charge(&(), n);
         if !who.backend {
             self.address_rate.charge(&who.address, n);
+            for block in who.address.blocks() {
+                self.block_rate.charge(&block, n);
+            }
             if let Some(sub) = who.sub {
                 self.user_rate.charge(&sub.to_owned(), n);
             }
@@ -212,6 +230,13 @@ impl RestLimits {
                 message: RELAY_BUSY.into(),
             }),
         }
+    }
+
+    fn of_block(&self, block: &Block) -> u32 {
+        self.per_block
+            .iter()
+            .find(|(prefix, _)| *prefix == block.prefix)
+            .map_or(u32::MAX, |&(_, limit)| limit)
     }
 
     pub fn in_flight_from(&self, address: &AddressKey) -> usize {
@@ -292,6 +317,33 @@ mod tests {
         let refused = l.admit(&from("192.0.2.5", None)).err().unwrap();
         assert_eq!(refused.message, RATE_EXCEEDED);
         assert!(l.admit(&from("192.0.2.6", None)).is_ok());
+    }
+
+    /// Issue 39, M2: REST rates were counted per /64 and in total only, so one client with
+    /// the /64s of a /56 (a residential line) had 256 addresses' rates and could take the
+    /// whole total. Each wider block has a rate of its own now.
+    #[test]
+    fn the_64s_of_one_56_each_had_an_address_s_rest_rate() {
+        let l = limits(&[
+            "--max-rest-events-per-second-per-address",
+            "10",
+            "--max-rest-events-per-second-per-ipv6-56",
+            "25",
+            "--max-rest-messages-per-request",
+            "100",
+        ]);
+        l.charge(&from("2001:db8:0:1::1", None), 10).unwrap();
+        l.charge(&from("2001:db8:0:2::1", None), 10).unwrap();
+        let refused = l.charge(&from("2001:db8:0:3::1", None), 10).unwrap_err();
+        assert_eq!(refused.message, BATCH_TOO_LARGE, "5 left in the /56");
+        l.charge(&from("2001:db8:0:3::1", None), 5).unwrap();
+        let refused = l.charge(&from("2001:db8:0:4::1", None), 1).unwrap_err();
+        assert_eq!(refused.message, RATE_EXCEEDED);
+        // Another /56 of the same /48 has its own.
+        l.charge(&from("2001:db8:0:100::1", None), 10).unwrap();
+        // IPv4: a /24's addresses share 4000 by default; here the address bound comes first.
+        l.charge(&from("192.0.2.1", None), 10).unwrap();
+        l.charge(&from("192.0.2.2", None), 10).unwrap();
     }
 
     #[test]
