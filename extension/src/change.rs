@@ -88,7 +88,23 @@ impl Decoder {
                 "Error 409: the table's columns changed before this change was delivered",
             );
         }
-        let mut out = String::with_capacity(256 + c.new.map_or(0, <[u8]>::len) * 2);
+        let record = c.new.map(|new| unsafe { t.row_text(new, None, c.relid) });
+        let old_record = c.old.map(|old| {
+            // The identity the change was made under; its key columns as the table has them.
+            let identity = match c.identity {
+                b'f' => &Identity::Full,
+                b'n' => &Identity::Nothing,
+                _ => &t.identity,
+            };
+            match identity {
+                Identity::Full => unsafe { t.row_text(old, None, c.relid) },
+                Identity::Nothing | Identity::NoPrimaryKey => "{}".to_owned(),
+                Identity::Columns(cols, _) => unsafe { t.row_text(old, Some(cols), c.relid) },
+            }
+        });
+        let rows_len =
+            record.as_ref().map_or(0, String::len) + old_record.as_ref().map_or(0, String::len);
+        let mut out = String::with_capacity(256 + t.columns.len() + rows_len);
         out.push_str("{\"schema\":");
         push_json_str(&mut out, &t.schema);
         out.push_str(",\"table\":");
@@ -99,33 +115,136 @@ impl Decoder {
         push_json_str(&mut out, op);
         out.push_str(",\"columns\":");
         out.push_str(&t.columns);
-        if let Some(new) = c.new {
-            out.push_str(",\"record\":");
-            out.push_str(&unsafe { t.row_text(new, None, c.relid) });
-        }
-        if let Some(old) = c.old {
-            out.push_str(",\"old_record\":");
-            // The identity the change was made under; its key columns as the table has them.
-            let identity = match c.identity {
-                b'f' => &Identity::Full,
-                b'n' => &Identity::Nothing,
-                _ => &t.identity,
-            };
-            match identity {
-                Identity::Full => out.push_str(&unsafe { t.row_text(old, None, c.relid) }),
-                Identity::Nothing | Identity::NoPrimaryKey => out.push_str("{}"),
-                Identity::Columns(cols, _) => {
-                    out.push_str(&unsafe { t.row_text(old, Some(cols), c.relid) })
+        // Supabase's max_record_bytes, at decode: past it only the small values stay, and
+        // the change says 413 (issue 39, H4: applied only in the sidecar, a row that decoded
+        // to megabytes was held whole by every drain and history call on its way there).
+        let too_large = out.len() + rows_len + 64 > crate::gucs::max_record_bytes();
+        let mut push_row = |name: &str, row: Option<String>| {
+            if let Some(row) = row {
+                out.push_str(name);
+                if too_large {
+                    out.push_str(&keep_small_values(&row));
+                } else {
+                    out.push_str(&row);
                 }
             }
-        }
+        };
+        push_row(",\"record\":", record);
+        push_row(",\"old_record\":", old_record);
         out.push_str(",\"errors\":");
-        match t.identity {
-            Identity::NoPrimaryKey => out.push_str("[\"Error 400: Bad Request, no primary key\"]"),
-            _ => out.push_str("null"),
-        }
+        let no_key = matches!(t.identity, Identity::NoPrimaryKey);
+        out.push_str(match (no_key, too_large) {
+            (false, false) => "null",
+            (true, false) => "[\"Error 400: Bad Request, no primary key\"]",
+            (false, true) => "[\"Error 413: Payload Too Large\"]",
+            (true, true) => {
+                "[\"Error 400: Bad Request, no primary key\",\"Error 413: Payload Too Large\"]"
+            }
+        });
         out.push('}');
         out
+    }
+}
+
+/// Values of a change that is too large are kept only up to this size as JSON text, as
+/// Supabase keeps them (and the sidecar's `shape`).
+const SMALL_VALUE_BYTES: usize = 64;
+
+/// A JSON object's text with only the members whose value text is at most
+/// SMALL_VALUE_BYTES, in their order. Scanned, not parsed: a parse would round a numeric
+/// beyond f64 and cost a copy of every value. Text that is not an object of the shape
+/// `row_to_json` writes gives `{}`.
+fn keep_small_values(obj: &str) -> String {
+    let b = obj.as_bytes();
+    let mut out = String::from("{");
+    let ws = |mut i: usize| {
+        while b.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        i
+    };
+    let mut i = ws(0);
+    if b.get(i) != Some(&b'{') {
+        return "{}".into();
+    }
+    i = ws(i + 1);
+    if b.get(i) == Some(&b'}') {
+        return "{}".into();
+    }
+    loop {
+        let Some(key_end) = end_of_value(b, i).filter(|_| b[i] == b'"') else {
+            return "{}".into();
+        };
+        let key = i..key_end;
+        i = ws(key_end);
+        if b.get(i) != Some(&b':') {
+            return "{}".into();
+        }
+        let start = ws(i + 1);
+        let Some(end) = end_of_value(b, start) else {
+            return "{}".into();
+        };
+        if end - start <= SMALL_VALUE_BYTES {
+            if out.len() > 1 {
+                out.push(',');
+            }
+            out.push_str(&obj[key.clone()]);
+            out.push(':');
+            out.push_str(&obj[start..end]);
+        }
+        i = ws(end);
+        match b.get(i) {
+            Some(b',') => i = ws(i + 1),
+            Some(b'}') => break,
+            _ => return "{}".into(),
+        }
+    }
+    out.push('}');
+    out
+}
+
+/// Where the JSON value starting at `i` ends (one past it): a string, an array or object
+/// (strings inside skipped), or a scalar up to the next delimiter. None: it does not end.
+fn end_of_value(b: &[u8], i: usize) -> Option<usize> {
+    let end_of_string = |mut j: usize| loop {
+        match b.get(j)? {
+            b'\\' => j += 2,
+            b'"' => return Some(j + 1),
+            _ => j += 1,
+        }
+    };
+    match b.get(i)? {
+        b'"' => end_of_string(i + 1),
+        b'{' | b'[' => {
+            let (mut depth, mut j) = (0usize, i);
+            loop {
+                match b.get(j)? {
+                    b'"' => {
+                        j = end_of_string(j + 1)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+        }
+        _ => {
+            let mut j = i;
+            while b
+                .get(j)
+                .is_some_and(|c| !matches!(c, b',' | b'}' | b']') && !c.is_ascii_whitespace())
+            {
+                j += 1;
+            }
+            (j > i).then_some(j)
+        }
     }
 }
 
@@ -382,6 +501,21 @@ mod tests {
         assert_eq!(iso(820_638_245_678_901), "2026-01-02T03:04:05.678Z");
         assert_eq!(iso(762_480_000_000_000), "2024-02-29T00:00:00.000Z");
         assert_eq!(iso(-1_000), "1999-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn a_too_large_row_keeps_its_small_values_in_order_whatever_they_hold() {
+        let big = "x".repeat(100);
+        let row = format!(
+            r#"{{"id":12345678901234567890123456789, "body":"{big}", "t":"a\"}},", "n":null, "j":{{"a":[1,"}}"]}}, "arr":[{big:?}]}}"#
+        );
+        assert_eq!(
+            keep_small_values(&row),
+            r#"{"id":12345678901234567890123456789,"t":"a\"},","n":null,"j":{"a":[1,"}"]}}"#
+        );
+        assert_eq!(keep_small_values("{}"), "{}");
+        assert_eq!(keep_small_values(r#"{"a":"#), "{}", "cut short");
+        assert_eq!(keep_small_values("[1]"), "{}", "not an object");
     }
 
     #[test]

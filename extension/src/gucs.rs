@@ -12,6 +12,9 @@ static MAX_CONSUMERS: GucSetting<i32> = GucSetting::<i32>::new(8);
 static MAX_TOPICS_PER_CONSUMER: GucSetting<i32> = GucSetting::<i32>::new(16384);
 /// Decoded change data one drain call returns at most, in kB (and one change more).
 static DRAIN_MAX_DECODED_KB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
+/// A decoded change past this many bytes keeps only its small values (Supabase's
+/// max_record_bytes, 1 MiB), set by the sidecar from its MAX_RECORD_BYTES.
+static MAX_RECORD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
 pub fn init() {
     GucRegistry::define_int_guc(
@@ -45,6 +48,16 @@ pub fn init() {
         GucFlags::UNIT_KB,
     );
     GucRegistry::define_int_guc(
+        c"realtime.max_record_bytes",
+        c"Decoded size past which a change keeps only its values of at most 64 bytes, and says Error 413.",
+        c"Supabase's max_record_bytes, applied where a change is decoded (a drain, realtime.history) rather than after: a row that decodes to megabytes is never held whole past its own decoding. Each session may set its own; the sidecar sets its MAX_RECORD_BYTES.",
+        &MAX_RECORD_BYTES,
+        64,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
         c"realtime.max_consumers",
         c"Number of named consumer slots (one per sidecar).",
         c"",
@@ -68,6 +81,10 @@ pub fn init() {
 
 pub fn drain_max_decoded_bytes() -> usize {
     DRAIN_MAX_DECODED_KB.get() as usize * 1024
+}
+
+pub fn max_record_bytes() -> usize {
+    MAX_RECORD_BYTES.get() as usize
 }
 
 pub fn queue_size_bytes() -> u64 {

@@ -93,6 +93,8 @@ struct Found {
     per_topic: HashMap<usize, VecDeque<Vec<u8>>>,
     bytes: usize,
     through: u64,
+    /// Tables the call asked changes of (each gets a share of the decoded bytes).
+    tables: usize,
 }
 
 /// One hold of the lock: from `off`, walks up to WALK_PER_LOCK records, copying up to
@@ -149,7 +151,10 @@ fn walk_once(core: &QueueCore, ring: &Ring, w: &Wanted, off: u64, f: &mut Found)
 /// changes are returned only of the tables in `changes` (with `newest`, the newest that
 /// many per table), as rows of kind 'change' like the drain's: topic is the table, event
 /// the type, payload Supabase's `data`, decoded now. They are never checked here: the
-/// caller authorizes them per subscriber, as live changes are. Presence diffs are never
+/// caller authorizes them per subscriber, as live changes are. Decoded change data is
+/// bounded by `realtime.drain_max_decoded_size` (see `rows`): with `newest`, a table whose
+/// newest changes decode to more than its share gets a row of kind 'cut' (topic: the table,
+/// seq: its first change returned), its older ones left out. Presence diffs are never
 /// returned: a joining channel gets the current presence state instead.
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."history"(after_seq bigint, topics text[], private boolean[], since timestamptz DEFAULT NULL, newest integer DEFAULT NULL, relayed boolean DEFAULT true, max_messages integer DEFAULT 100000, changes oid[] DEFAULT NULL)
@@ -227,6 +232,7 @@ fn history(
     let ring = q.ring();
     let mut found = Found {
         through: after_seq as u64,
+        tables: wanted.changes.len(),
         ..Found::default()
     };
     // Where the walk starts: the tail, the records up to `after_seq` skipped in the same
@@ -266,15 +272,77 @@ fn history(
     TableIterator::new(rows(found))
 }
 
+/// The rows of what the walk found, its changes decoded, within
+/// `realtime.drain_max_decoded_size` of decoded change data (issue 39, H4: a table's 10,001
+/// newest changes of a row that decodes to 150 kB were 1.5 GB in one call, and as much
+/// again in the sidecar):
+/// - with `newest`, each table of the call gets an equal share of it: its changes are
+///   decoded newest first, and those older than the one that passed its share (at least
+///   one is kept) are left out, said by a row of kind 'cut' (topic: the table; seq: the
+///   first of its changes that was kept), so the caller knows that table's history after
+///   `after_seq` is complete only from there on;
+/// - without, the rows end after the change that passed it, and the 'end' row says where
+///   to go on from.
 fn rows(found: Found) -> Vec<DrainRow> {
-    let mut records = found.records;
-    if !found.per_topic.is_empty() {
-        records = found.per_topic.into_values().flatten().collect();
-        records.sort_by_key(|r| RecordHeader::decode(&r[..HEADER_LEN]).seq);
-    }
-    let mut out: Vec<DrainRow> = Vec::with_capacity(records.len() + found.gaps.len() + 1);
-    let mut gaps = found.gaps.into_iter().peekable();
+    let budget = crate::gucs::drain_max_decoded_bytes();
     let mut decoder = crate::change::Decoder::default();
+    let mut through = found.through;
+    let mut records = found.records;
+    let mut decoded: HashMap<u64, String> = HashMap::new();
+    let mut cuts: Vec<(u64, String)> = Vec::new();
+    if !found.per_topic.is_empty() {
+        let tables: Vec<VecDeque<Vec<u8>>> = found
+            .per_topic
+            .into_values()
+            .map(|mut kept| {
+                let changes = kept
+                    .front()
+                    .is_some_and(|r| MessageView::parse(r).is_change());
+                if changes {
+                    let share = budget / found.tables.max(1);
+                    let mut used = 0usize;
+                    let mut keep = kept.len();
+                    for (i, rec) in kept.iter().enumerate().rev() {
+                        let m = MessageView::parse(rec);
+                        let data = change_data(&m, &mut decoder);
+                        used += data.len();
+                        decoded.insert(m.header.seq, data);
+                        keep = i;
+                        if used >= share {
+                            break;
+                        }
+                    }
+                    if keep > 0 {
+                        let first = MessageView::parse(&kept[keep]);
+                        cuts.push((first.header.seq, first.topic.to_owned()));
+                        kept.drain(..keep);
+                    }
+                }
+                kept
+            })
+            .collect();
+        records = tables.into_iter().flatten().collect();
+        records.sort_by_key(|r| RecordHeader::decode(&r[..HEADER_LEN]).seq);
+    } else {
+        let mut used = 0usize;
+        for (i, rec) in records.iter().enumerate() {
+            let m = MessageView::parse(rec);
+            if !m.is_change() {
+                continue;
+            }
+            let data = change_data(&m, &mut decoder);
+            used += data.len();
+            decoded.insert(m.header.seq, data);
+            if used >= budget && i + 1 < records.len() {
+                through = m.header.seq;
+                records.truncate(i + 1);
+                break;
+            }
+        }
+    }
+    let mut out: Vec<DrainRow> =
+        Vec::with_capacity(records.len() + found.gaps.len() + cuts.len() + 1);
+    let mut gaps = found.gaps.into_iter().filter(|g| g.0 <= through).peekable();
     for rec in &records {
         let m = MessageView::parse(rec);
         while let Some(&(first, last)) = gaps.peek() {
@@ -284,21 +352,29 @@ fn rows(found: Found) -> Vec<DrainRow> {
             out.push(gap_row(first, last));
             gaps.next();
         }
-        if m.is_change() {
-            out.push(change_row(&m, &mut decoder));
-        } else {
-            out.push(message_row(&m));
+        match decoded.remove(&m.header.seq) {
+            Some(data) => out.push(change_row(&m, data)),
+            None => out.push(message_row(&m)),
         }
     }
-    out.extend(gaps.map(|(first, last)| gap_row(first, last)));
-    out.push(marker_row(found.through, "end"));
+    out.extend(gaps.map(|(first, last)| gap_row(first, last.min(through))));
+    for (seq, table) in cuts {
+        let mut row = marker_row(seq, "cut");
+        row.2 = Some(table);
+        out.push(row);
+    }
+    out.push(marker_row(through, "end"));
     out
 }
 
-/// A row of kind 'change', as `realtime.drain` returns one: decoded now, after the walk, with
-/// no lock held (decoding reads the table's catalog entry).
-fn change_row(m: &MessageView, decoder: &mut crate::change::Decoder) -> DrainRow {
-    let data = decoder.decode(m.payload, m.topic, m.event, m.header.committed_at);
+/// A change's `data`, decoded now, after the walk, with no lock held (decoding reads the
+/// table's catalog entry).
+fn change_data(m: &MessageView, decoder: &mut crate::change::Decoder) -> String {
+    decoder.decode(m.payload, m.topic, m.event, m.header.committed_at)
+}
+
+/// A row of kind 'change', as `realtime.drain` returns one.
+fn change_row(m: &MessageView, data: String) -> DrainRow {
     (
         m.header.seq as i64,
         "change",

@@ -250,6 +250,34 @@ test('realtime-js: select narrows the columns delivered', async () => {
   }
 });
 
+// Supabase's max_record_bytes: a change larger than MAX_RECORD_BYTES keeps only its values of
+// at most 64 bytes and says "Error 413: Payload Too Large". The sidecar sets it as its
+// sessions' realtime.max_record_bytes, so the row is trimmed where it is decoded (issue 39,
+// H4), and realtime-js gets Supabase's shape.
+test('realtime-js: a change past MAX_RECORD_BYTES keeps its small values and says 413', async () => {
+  const { process: small, port: smallPort } = await startSidecar(SECRET, 'postgres_changes_record_bytes', { MAX_RECORD_BYTES: '2000' });
+  const client = new RealtimeClient(`ws://127.0.0.1:${smallPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  try {
+    await client.setAuth(apikey);
+    const got = collector();
+    const channel = client
+      .channel('items-413')
+      .on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pc_items' }, (m) => got.push(m));
+    await subscribed(channel);
+    await db.query(`INSERT INTO pc_items (id, title, done) VALUES (413, repeat('t', 5000), true), (414, 'small', false)`);
+    const [large, small_] = await got.until(2, 'both inserts');
+    assert.deepEqual(large.errors, ['Error 413: Payload Too Large']);
+    assert.equal(large.new.id, 413);
+    assert.equal(large.new.done, true);
+    assert.ok(!('title' in large.new), JSON.stringify(large.new));
+    assert.equal(small_.new.title, 'small');
+    assert.ok(!small_.errors, JSON.stringify(small_.errors));
+  } finally {
+    await close(client);
+    small.kill('SIGTERM');
+  }
+});
+
 test('realtime-js: bindings the database cannot serve fail the subscription with their reason', async () => {
   const client = await connect(userToken(U1));
   const reason = async (binding, topic) => {

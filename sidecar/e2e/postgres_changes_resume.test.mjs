@@ -483,3 +483,59 @@ test('realtime-js: changes hidden from the subscriber counted against MAX_RESUME
     limited.kill('SIGTERM');
   }
 });
+
+// Issue 39, H4: realtime.history decoded every change a resume asked for in one call, so
+// a table's newest 10,001 changes of a row that decodes to 100 kB were a gigabyte in one
+// backend and more in the sidecar. Now each table gets a share of the call's
+// realtime.drain_max_decoded_size: its newest changes that fit are resent, and the client
+// is told the range left out. (The bound is a superuser's setting: this sidecar logs in as
+// a role of its own, with the sidecar's rights and 1 MB set on it.)
+test('realtime-js: a resume decoded every change of a large row at once; now its newest that fit are resent and the range that was not', async () => {
+  await db.query(`
+    DO $$ BEGIN
+      IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pcr_small_decode') THEN
+        CREATE ROLE pcr_small_decode LOGIN;
+      END IF;
+    END $$;
+    GRANT realtime_sidecar TO pcr_small_decode;
+    ALTER ROLE pcr_small_decode SET realtime.drain_max_decoded_size = '1MB';
+    DROP TABLE IF EXISTS pcr_large;
+    CREATE TABLE pcr_large (id bigint PRIMARY KEY, n int NOT NULL, body text);
+    GRANT SELECT ON pcr_large TO anon;
+    ALTER PUBLICATION supabase_realtime ADD TABLE pcr_large;`);
+  const dsn = `${process.env.PG_REALTIME_SIDECAR_DSN} user=pcr_small_decode`;
+  const { process: small, port: smallPort } = await startSidecar(SECRET, 'postgres_changes_resume_decoded', { DATABASE_URL: dsn });
+  const c = new RealtimeClient(`ws://127.0.0.1:${smallPort}/realtime/v1`, { transport: WebSocket, params: { apikey } });
+  try {
+    const start = await stats();
+    const at = { epoch: start.epoch, seq: Number(start.seq), changes: true };
+    // 30 changes of about 100 kB each once decoded (the value compresses to a few kB).
+    const positions = [];
+    await db.query(`INSERT INTO pcr_large VALUES (1, 0, repeat('a', 100000))`);
+    positions.push(Number((await stats()).seq));
+    for (let n = 1; n < 30; n++) {
+      await db.query('UPDATE pcr_large SET n = $1', [n]);
+      positions.push(Number((await stats()).seq));
+    }
+    await c.setAuth(apikey);
+    const got = [];
+    const systems = [];
+    const channel = c.channel(`large-${Date.now()}`, { config: { broadcast: { resume: at } } });
+    channel.on('postgres_changes', { event: '*', schema: 'public', table: 'pcr_large' }, (p) => got.push(p.new.n));
+    remember(channel, systems);
+    await subscribed(channel);
+    await waitFor(() => systems.some((s) => 'recovered' in s), 10000, 'the resume system message');
+    const resumed = systems.find((s) => 'recovered' in s);
+    // The newest that fit 1 MB (some, not all), in order.
+    assert.ok(got.length > 0 && got.length < 30, `resent ${got.length} of 30`);
+    assert.deepEqual(got, Array.from({ length: got.length }, (_, i) => 30 - got.length + i));
+    assert.equal(resumed.recovered, false, JSON.stringify(resumed));
+    assert.equal(resumed.first_missing, at.seq + 1, JSON.stringify(resumed));
+    assert.equal(resumed.last_missing, positions[30 - got.length] - 1, JSON.stringify(resumed));
+    assert.match(resumed.message, /^The changes after position \d+ decode to more than one history call returns \(realtime\.drain_max_decoded_size/);
+  } finally {
+    await close(c);
+    small.kill('SIGTERM');
+    await db.query('ALTER PUBLICATION supabase_realtime DROP TABLE pcr_large').catch(() => {});
+  }
+});

@@ -56,6 +56,8 @@ pub struct Config {
 
     /// A Postgres Changes event whose data is larger keeps only values of at most 64 bytes
     /// and carries "Error 413: Payload Too Large" (Supabase's max_record_bytes default).
+    /// Applied where the change is decoded (the session's realtime.max_record_bytes), and
+    /// again to what a subscriber's role may read.
     #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = 1_048_576)]
     pub max_record_bytes: usize,
 
@@ -766,6 +768,14 @@ impl Config {
             .keepalives_idle(Duration::from_secs(10))
             .keepalives_interval(Duration::from_secs(5))
             .keepalives_retries(3);
+        // MAX_RECORD_BYTES is applied where changes are decoded, in the drain and
+        // `realtime.history` (issue 39, H4), as this session's realtime.max_record_bytes.
+        let options = format!(
+            "{} -c realtime.max_record_bytes={}",
+            c.get_options().unwrap_or_default(),
+            self.max_record_bytes
+        );
+        c.options(options.trim_start());
         Ok(c)
     }
 
@@ -814,6 +824,20 @@ mod tests {
         ];
         all.extend_from_slice(args);
         Config::try_parse_from(all).unwrap()
+    }
+
+    /// MAX_RECORD_BYTES is applied where changes are decoded: every session of the sidecar
+    /// carries it as realtime.max_record_bytes, beside options the connection string gives.
+    #[test]
+    fn max_record_bytes_is_every_session_s_realtime_max_record_bytes() {
+        let c = parse(&["--max-record-bytes", "2000"]).pg_config().unwrap();
+        assert_eq!(c.get_options(), Some("-c realtime.max_record_bytes=2000"));
+        let url = "postgres://u@h/d?options=-c%20work_mem%3D64MB";
+        let c = parse(&["--database-url", url]).pg_config().unwrap();
+        assert_eq!(
+            c.get_options(),
+            Some("-c work_mem=64MB -c realtime.max_record_bytes=1048576")
+        );
     }
 
     #[test]

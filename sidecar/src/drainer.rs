@@ -368,7 +368,7 @@ async fn session(
         // for other sidecars' topics read past) says nothing of this sidecar's load.
         let carried = entries
             .iter()
-            .any(|r| !matches!(r.entry, Entry::Filtered | Entry::End));
+            .any(|r| !matches!(r.entry, Entry::Filtered | Entry::End | Entry::Cut { .. }));
         let mut pace = !linger.is_zero() && carried && entries.len() < batch as usize;
         // A change left undecoded (no channel listened to its table when the call began)
         // that a channel now listens to (it joined meanwhile): stop before it and drain
@@ -440,7 +440,10 @@ async fn session(
             };
             let quiet_change =
                 matches!(entry, Entry::Change { .. }) && notice.is_empty() && slot.is_empty();
-            let ordered = !matches!(entry, Entry::Message { .. } | Entry::Filtered | Entry::End);
+            let ordered = !matches!(
+                entry,
+                Entry::Message { .. } | Entry::Filtered | Entry::End | Entry::Cut { .. }
+            );
             if ordered && !quiet_change && !broadcasts.is_empty() {
                 hub.dispatch_batch(&broadcasts);
                 broadcasts.clear();
@@ -460,7 +463,7 @@ async fn session(
                 }
                 // Messages for other sidecars' topics were read through up to here
                 // (`interest`): nothing to hand out, but the position moves past them.
-                Entry::Filtered | Entry::End => {}
+                Entry::Filtered | Entry::End | Entry::Cut { .. } => {}
                 Entry::Presence {
                     committed_us,
                     key,

@@ -30,6 +30,9 @@ pub enum Entry<'r> {
     },
     /// How far a history call went (history only).
     End,
+    /// A table whose changes before this position were left out, to bound the call's
+    /// decoded bytes (history only; `extension/src/history.rs`): its topic text.
+    Cut { table: Option<&'r str> },
 }
 
 /// One row: its position and what it is.
@@ -98,6 +101,9 @@ impl Columns {
             },
             "filtered" => Entry::Filtered,
             "end" => Entry::End,
+            "cut" => Entry::Cut {
+                table: row.get(self.topic),
+            },
             "presence" => Entry::Presence {
                 committed_us: row.get(self.committed_us),
                 key: TopicKey {

@@ -34,6 +34,7 @@ fn describe(r: &Read) -> String {
         Entry::Gap { first, last } => format!("gap {first}..={last}"),
         Entry::Filtered => "filtered".into(),
         Entry::End => "end".into(),
+        Entry::Cut { table } => format!("cut {table:?}"),
         Entry::Presence {
             committed_us,
             key,

@@ -142,6 +142,9 @@ pub enum CutBy {
     Messages(usize),
     /// Its bytes (`budget`).
     Bytes(budget::Bound),
+    /// The decoded bytes of a table's changes in one `realtime.history` call
+    /// (`realtime.drain_max_decoded_size`, shared among the call's tables).
+    Decoded,
 }
 
 /// Passes at most before a client that cannot catch up is cut off as too slow.
@@ -168,6 +171,8 @@ impl Found {
 /// A captured change of a history call, decoded.
 struct FoundChange {
     seq: i64,
+    /// The table as the queue names it (what a `cut` row names).
+    topic: String,
     schema: String,
     table: String,
     data: String,
@@ -185,6 +190,9 @@ struct Read {
     gaps: Vec<(i64, i64)>,
     /// Every message up to this sequence was considered.
     through: i64,
+    /// Tables (as the queue names them) whose changes before a position were left out to
+    /// bound the call's decoded bytes, with that position.
+    cuts: Vec<(String, i64)>,
 }
 
 /// `again` is this task's own queue, where a join whose gate overflowed comes back for its
@@ -423,13 +431,16 @@ async fn read(
         let rows::Read { seq, entry } = col.read(row, how)?;
         match entry {
             Entry::End => out.through = seq,
+            Entry::Cut { table } => out.cuts.push((table.unwrap_or_default().to_owned(), seq)),
             Entry::Gap { first, last } => out.gaps.push((first, last)),
             Entry::Message {
                 committed_us,
                 message,
             } => out.found.push(found(committed_us, message)),
             Entry::Change {
-                data: Some(data), ..
+                data: Some(data),
+                table: topic,
+                ..
             } => {
                 // Its place, for which channels' bindings it may match (`deliver` matches
                 // it again, with the filters).
@@ -438,6 +449,7 @@ async fn read(
                 let (schema, table) = (name("schema"), name("table"));
                 out.changes.push(FoundChange {
                     seq,
+                    topic: topic.unwrap_or_default().to_owned(),
                     schema,
                     table,
                     data: data.to_owned(),
@@ -620,10 +632,22 @@ async fn serve_resumes(
                     .map_or(cut, |f| f.message.seq),
             );
         }
+        // A table whose changes the call cut to bound their decoded bytes: before its
+        // first one returned nothing is known either.
+        let mut decoded_cut = None;
         if let Some(c) = &r.changes {
             for ((schema, table), (n, first)) in &per_table {
                 if *n >= newest as usize && places(&c.bindings, schema, table) {
                     cut = cut.max(*first);
+                }
+            }
+            for (topic, first) in &read.cuts {
+                let Some(t) = read.changes.iter().find(|f| &f.topic == topic) else {
+                    continue;
+                };
+                if *first > cut && places(&c.bindings, &t.schema, &t.table) {
+                    cut = *first;
+                    decoded_cut = Some(cut);
                 }
             }
         }
@@ -667,7 +691,11 @@ async fn serve_resumes(
         if seqs.len() > limit {
             cut = seqs[seqs.len() - limit];
         }
-        let mut cut_by = (cut > after + 1).then_some(CutBy::Messages(limit));
+        let mut cut_by = (cut > after + 1).then_some(if decoded_cut == Some(cut) {
+            CutBy::Decoded
+        } else {
+            CutBy::Messages(limit)
+        });
         // And in bytes (`budget`): the newest that fit what this history may hold.
         let address = r.permit.as_ref().and_then(|p| p.address());
         let mut sized: Vec<(i64, usize)> = topic
@@ -936,6 +964,9 @@ fn resume_system(
         });
         let why = match carry.cut_by {
             Some(CutBy::Bytes(bound)) => bound.why(seq),
+            Some(CutBy::Decoded) => format!(
+                "The changes after position {seq} decode to more than one history call returns (realtime.drain_max_decoded_size, shared among the tables it reads)"
+            ),
             _ => format!("More than MAX_RESUME_MESSAGES ({limit}) messages follow position {seq}"),
         };
         json!({"recovered": false, "first_missing": first, "last_missing": last,
