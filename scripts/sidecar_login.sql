@@ -34,12 +34,15 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
     realtime.match_patterns(text[], text[], text[], integer[], integer),
     realtime.table_oids(text[], text[]), realtime.table_access(text, text, text[]),
     realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer, oid[]),
-    realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint),
+    realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint,
+        text[], integer, bigint, bigint, bigint),
     realtime.persisted_history(text[], boolean[], timestamptz, integer),
     realtime.expire_persisted(integer) TO realtime_sidecar;
 -- Persisted client broadcasts (through the functions above, which run as their caller):
 -- written when relayed, read at a replay, deleted when expired.
 GRANT SELECT, INSERT, DELETE ON realtime.persisted_messages TO realtime_sidecar;
+-- What every sender keeps together (the persist quotas' total), added to and counted again.
+GRANT SELECT, UPDATE ON realtime.persisted_totals TO realtime_sidecar;
 -- Presence: the members and the sidecars' leases, changed only through these functions.
 GRANT EXECUTE ON FUNCTION realtime.queue_presence(text, boolean, text),
     realtime.presence_renew(text, interval),

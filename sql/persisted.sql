@@ -17,14 +17,35 @@ CREATE TABLE realtime.persisted_messages (
     -- together replay in their order (Supabase's now() replays them reversed, #2201).
     sent_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     expires_at timestamptz NOT NULL,
-    CONSTRAINT persisted_messages_payload_exclusive CHECK ((payload IS NULL) <> (binary_payload IS NULL))
+    CONSTRAINT persisted_messages_payload_exclusive CHECK ((payload IS NULL) <> (binary_payload IS NULL)),
+    -- Who it counts against (MAX_PERSISTED_*_PER_USER): 'user <sub>' for a token with a
+    -- subject, 'address <block>' for one without (an anonymous key is public, so its
+    -- holders are told apart by where they connect from); NULL for the app's backend
+    -- (service_role) and for rows kept before 0.4.0, counted in the total only.
+    sender text
 );
 CREATE INDEX persisted_messages_topic_sent_at ON realtime.persisted_messages (topic, private, sent_at);
 CREATE INDEX persisted_messages_expires_at ON realtime.persisted_messages (expires_at);
+CREATE INDEX persisted_messages_sender ON realtime.persisted_messages (sender, expires_at) WHERE sender IS NOT NULL;
 REVOKE ALL ON realtime.persisted_messages FROM PUBLIC;
 -- Persisted broadcasts are the app's data: pg_dump carries their rows (the table is the
 -- extension's, made again by CREATE EXTENSION at a restore).
 SELECT pg_catalog.pg_extension_config_dump('realtime.persisted_messages', '');
+
+-- What every sender together keeps (MAX_PERSISTED_MESSAGES, MAX_PERSISTED_BYTES), one row:
+-- counting the whole table at each relay would cost what the table holds. relay_batch adds
+-- what it keeps, under the row's lock, taken before its rows are written; expire_persisted
+-- counts the table again under the same lock, so what any committed relay added is in the
+-- count exactly once, and a message that expired is counted until the next expiry round
+-- (the bound errs on the side of refusing). Not dumped: a restore counts it again at its
+-- first expiry round.
+CREATE TABLE realtime.persisted_totals (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    messages bigint NOT NULL,
+    bytes bigint NOT NULL
+);
+INSERT INTO realtime.persisted_totals VALUES (true, 0, 0);
+REVOKE ALL ON realtime.persisted_totals FROM PUBLIC;
 
 -- The sidecar's statements on the table, kept here beside it (and in the regress suite):
 -- relaying a batch of client broadcasts, the persisted ones written in the same statement
@@ -34,30 +55,51 @@ SELECT pg_catalog.pg_extension_config_dump('realtime.persisted_messages', '');
 -- Relays a batch of client broadcasts (realtime.relay), arrays in step; ttls (seconds;
 -- NULL for a message not kept) may be NULL when none is kept. Returns how many were relayed.
 -- A message the queue refuses fails the whole batch: nothing of it is relayed or kept.
--- The quota: a (topic, private) keeps at most max_kept unexpired messages and max_kept_bytes
--- of their payloads (as stored; the new ones at their size as sent); a batch that would go
--- past it fails whole with program_limit_exceeded (the sidecar splits it down to the
--- messages that do not fit, and refuses those with this text). NULL: no bound.
+-- The quotas, each checked only when given (NULL: no bound), payloads counted as stored
+-- and the new ones at their size as sent:
+--   a (topic, private) keeps at most max_kept unexpired messages and max_kept_bytes;
+--   a sender (senders, in step; NULL: none counted) at most max_kept_per_sender and
+--   max_kept_bytes_per_sender: a topic's quota alone let one user with a write policy on a
+--   prefix keep max_kept_bytes in as many topics as it names;
+--   everyone together at most max_kept_total and max_kept_bytes_total (persisted_totals).
+-- A batch that would go past one fails whole with program_limit_exceeded naming its
+-- settings (the sidecar splits it down to the messages that do not fit, and refuses those
+-- with this text).
 CREATE FUNCTION realtime.relay_batch(origins bigint[], topics text[], events text[],
     privates boolean[], payloads text[], binary_payloads bytea[], ttls integer[] DEFAULT NULL,
-    max_kept integer DEFAULT NULL, max_kept_bytes bigint DEFAULT NULL)
+    max_kept integer DEFAULT NULL, max_kept_bytes bigint DEFAULT NULL,
+    senders text[] DEFAULT NULL, max_kept_per_sender integer DEFAULT NULL,
+    max_kept_bytes_per_sender bigint DEFAULT NULL, max_kept_total bigint DEFAULT NULL,
+    max_kept_bytes_total bigint DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n bigint;
     over record;
+    kept_n bigint;
+    kept_bytes bigint;
 BEGIN
     IF ttls IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(ttls) AS x(ttl) WHERE ttl IS NOT NULL) THEN
         SELECT count(realtime.relay(o, t, e, p, j::json, b)) INTO n
         FROM unnest(origins, topics, events, privates, payloads, binary_payloads) AS u(o, t, e, p, j, b);
         RETURN n;
     END IF;
+    IF senders IS NULL THEN
+        senders := array_fill(NULL::text, ARRAY[cardinality(topics)]);
+    END IF;
+    -- One writer at a time per kept topic and per sender, whichever sidecar relays it: the
+    -- count and the insert are one decision. Locks are taken in one order (no deadlock).
+    PERFORM pg_advisory_xact_lock(k.h)
+    FROM (SELECT DISTINCT hashtextextended('realtime.persisted_messages ' || p::text || ' ' || t, 0) AS h
+          FROM unnest(topics, privates, ttls) AS u(t, p, ttl)
+          WHERE ttl IS NOT NULL AND (max_kept IS NOT NULL OR max_kept_bytes IS NOT NULL)
+          UNION
+          SELECT hashtextextended('realtime.persisted_messages sender ' || s, 0)
+          FROM unnest(senders, ttls) AS u(s, ttl)
+          WHERE ttl IS NOT NULL AND s IS NOT NULL
+            AND (max_kept_per_sender IS NOT NULL OR max_kept_bytes_per_sender IS NOT NULL)
+          ORDER BY 1) k;
     IF max_kept IS NOT NULL OR max_kept_bytes IS NOT NULL THEN
-        -- One writer at a time per kept topic, whichever sidecar relays it: the count and
-        -- the insert are one decision. Locks are taken in one order (no deadlock).
-        PERFORM pg_advisory_xact_lock(hashtextextended('realtime.persisted_messages ' || k.p::text || ' ' || k.t, 0))
-        FROM (SELECT DISTINCT t, p FROM unnest(topics, privates, ttls) AS u(t, p, ttl)
-              WHERE ttl IS NOT NULL ORDER BY t, p) k;
         SELECT k.t, k.p, k.n + held.n AS n, k.bytes + held.bytes AS bytes INTO over
         FROM (SELECT t, p, count(*) AS n,
                      sum(coalesce(octet_length(j), 0) + coalesce(octet_length(b), 0)) AS bytes
@@ -78,13 +120,47 @@ BEGIN
                 USING ERRCODE = 'program_limit_exceeded';
         END IF;
     END IF;
+    IF max_kept_per_sender IS NOT NULL OR max_kept_bytes_per_sender IS NOT NULL THEN
+        SELECT k.s INTO over
+        FROM (SELECT s, count(*) AS n,
+                     sum(coalesce(octet_length(j), 0) + coalesce(octet_length(b), 0)) AS bytes
+              FROM unnest(senders, payloads, binary_payloads, ttls) AS u(s, j, b, ttl)
+              WHERE ttl IS NOT NULL AND s IS NOT NULL GROUP BY s) k
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n,
+                   coalesce(sum(coalesce(pg_column_size(m.payload), 0)
+                                + coalesce(pg_column_size(m.binary_payload), 0)), 0) AS bytes
+            FROM realtime.persisted_messages m
+            WHERE m.sender = k.s AND m.expires_at > now()) held
+        WHERE k.n + held.n > coalesce(max_kept_per_sender, k.n + held.n)
+           OR k.bytes + held.bytes > coalesce(max_kept_bytes_per_sender, k.bytes + held.bytes)
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'PersistQuotaExceeded: % keeps at most % persisted messages and % bytes (MAX_PERSISTED_MESSAGES_PER_USER, MAX_PERSISTED_BYTES_PER_USER) until some expire',
+                over.s, max_kept_per_sender, max_kept_bytes_per_sender
+                USING ERRCODE = 'program_limit_exceeded';
+        END IF;
+    END IF;
+    SELECT count(*), coalesce(sum(coalesce(octet_length(j), 0) + coalesce(octet_length(b), 0)), 0)
+    INTO kept_n, kept_bytes
+    FROM unnest(payloads, binary_payloads, ttls) AS u(j, b, ttl) WHERE ttl IS NOT NULL;
+    -- The total's row lock, held to commit: expire_persisted's count waits for this relay.
+    UPDATE realtime.persisted_totals
+    SET messages = messages + kept_n, bytes = bytes + kept_bytes
+    RETURNING messages, bytes INTO over;
+    IF over.messages > coalesce(max_kept_total, over.messages)
+       OR over.bytes > coalesce(max_kept_bytes_total, over.bytes) THEN
+        RAISE EXCEPTION 'PersistQuotaExceeded: this database keeps at most % persisted messages and % bytes (MAX_PERSISTED_MESSAGES, MAX_PERSISTED_BYTES) until some expire',
+            max_kept_total, max_kept_bytes_total
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
     WITH m AS (
         SELECT gen_random_uuid() AS id, u.*
-        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ttls)
-            AS u(o, t, e, p, j, b, ttl)
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ttls, senders)
+            AS u(o, t, e, p, j, b, ttl, s)
     ), kept AS (
-        INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, binary_payload, expires_at)
-        SELECT id, t, p, e, j::json, b, clock_timestamp() + ttl * interval '1 second'
+        INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, binary_payload, expires_at, sender)
+        SELECT id, t, p, e, j::json, b, clock_timestamp() + ttl * interval '1 second', s
         FROM m WHERE ttl IS NOT NULL
     )
     SELECT count(realtime.relay(o, t, e, p, j::json, b, id, ttl IS NOT NULL)) INTO n FROM m;
@@ -111,19 +187,34 @@ $$;
 
 -- Deletes at most `max_rows` expired messages, oldest expiry first, and says how many: a
 -- caller repeats while a chunk was full, so a mass expiry never becomes one statement that
--- outlives its timeout and rolls back every time.
+-- outlives its timeout and rolls back every time. A chunk that was not full ends the round:
+-- then the totals are counted again from the table, under their row's lock.
 CREATE FUNCTION realtime.expire_persisted(max_rows integer DEFAULT 10000)
 RETURNS integer
-LANGUAGE sql AS $$
-    WITH gone AS (
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    gone integer;
+BEGIN
+    WITH g AS (
         DELETE FROM realtime.persisted_messages
         WHERE id IN (SELECT id FROM realtime.persisted_messages
                      WHERE expires_at < now() ORDER BY expires_at LIMIT max_rows)
         RETURNING 1
     )
-    SELECT count(*)::integer FROM gone
+    SELECT count(*)::integer INTO gone FROM g;
+    IF gone < max_rows THEN
+        PERFORM 1 FROM realtime.persisted_totals FOR UPDATE;
+        UPDATE realtime.persisted_totals t
+        SET messages = c.n, bytes = c.bytes
+        FROM (SELECT count(*) AS n,
+                     coalesce(sum(coalesce(pg_column_size(m.payload), 0)
+                                  + coalesce(pg_column_size(m.binary_payload), 0)), 0) AS bytes
+              FROM realtime.persisted_messages m WHERE m.expires_at > now()) c;
+    END IF;
+    RETURN gone;
+END
 $$;
 
-REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint, text[], integer, bigint, bigint, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.persisted_history(text[], boolean[], timestamptz, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.expire_persisted(integer) FROM PUBLIC;

@@ -323,6 +323,151 @@ BEGIN
 END
 $$;
 
+-- sql/persisted.sql: persist quotas per sender and in total (MAX_PERSISTED_*_PER_USER,
+-- MAX_PERSISTED_MESSAGES, MAX_PERSISTED_BYTES). Rows kept before have no sender: they count
+-- in the total only.
+ALTER TABLE realtime.persisted_messages ADD COLUMN sender text;
+CREATE INDEX persisted_messages_sender ON realtime.persisted_messages (sender, expires_at) WHERE sender IS NOT NULL;
+CREATE TABLE realtime.persisted_totals (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    messages bigint NOT NULL,
+    bytes bigint NOT NULL
+);
+INSERT INTO realtime.persisted_totals
+SELECT true, count(*), coalesce(sum(coalesce(pg_column_size(m.payload), 0)
+                                    + coalesce(pg_column_size(m.binary_payload), 0)), 0)
+FROM realtime.persisted_messages m WHERE m.expires_at > now();
+REVOKE ALL ON realtime.persisted_totals FROM PUBLIC;
+DROP FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint);
+CREATE FUNCTION realtime.relay_batch(origins bigint[], topics text[], events text[],
+    privates boolean[], payloads text[], binary_payloads bytea[], ttls integer[] DEFAULT NULL,
+    max_kept integer DEFAULT NULL, max_kept_bytes bigint DEFAULT NULL,
+    senders text[] DEFAULT NULL, max_kept_per_sender integer DEFAULT NULL,
+    max_kept_bytes_per_sender bigint DEFAULT NULL, max_kept_total bigint DEFAULT NULL,
+    max_kept_bytes_total bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n bigint;
+    over record;
+    kept_n bigint;
+    kept_bytes bigint;
+BEGIN
+    IF ttls IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(ttls) AS x(ttl) WHERE ttl IS NOT NULL) THEN
+        SELECT count(realtime.relay(o, t, e, p, j::json, b)) INTO n
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads) AS u(o, t, e, p, j, b);
+        RETURN n;
+    END IF;
+    IF senders IS NULL THEN
+        senders := array_fill(NULL::text, ARRAY[cardinality(topics)]);
+    END IF;
+    -- One writer at a time per kept topic and per sender, whichever sidecar relays it: the
+    -- count and the insert are one decision. Locks are taken in one order (no deadlock).
+    PERFORM pg_advisory_xact_lock(k.h)
+    FROM (SELECT DISTINCT hashtextextended('realtime.persisted_messages ' || p::text || ' ' || t, 0) AS h
+          FROM unnest(topics, privates, ttls) AS u(t, p, ttl)
+          WHERE ttl IS NOT NULL AND (max_kept IS NOT NULL OR max_kept_bytes IS NOT NULL)
+          UNION
+          SELECT hashtextextended('realtime.persisted_messages sender ' || s, 0)
+          FROM unnest(senders, ttls) AS u(s, ttl)
+          WHERE ttl IS NOT NULL AND s IS NOT NULL
+            AND (max_kept_per_sender IS NOT NULL OR max_kept_bytes_per_sender IS NOT NULL)
+          ORDER BY 1) k;
+    IF max_kept IS NOT NULL OR max_kept_bytes IS NOT NULL THEN
+        SELECT k.t, k.p, k.n + held.n AS n, k.bytes + held.bytes AS bytes INTO over
+        FROM (SELECT t, p, count(*) AS n,
+                     sum(coalesce(octet_length(j), 0) + coalesce(octet_length(b), 0)) AS bytes
+              FROM unnest(topics, privates, payloads, binary_payloads, ttls) AS u(t, p, j, b, ttl)
+              WHERE ttl IS NOT NULL GROUP BY t, p) k
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n,
+                   coalesce(sum(coalesce(pg_column_size(m.payload), 0)
+                                + coalesce(pg_column_size(m.binary_payload), 0)), 0) AS bytes
+            FROM realtime.persisted_messages m
+            WHERE m.topic = k.t AND m.private = k.p AND m.expires_at > now()) held
+        WHERE k.n + held.n > coalesce(max_kept, k.n + held.n)
+           OR k.bytes + held.bytes > coalesce(max_kept_bytes, k.bytes + held.bytes)
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'PersistQuotaExceeded: topic % keeps at most % persisted messages and % bytes (MAX_PERSISTED_MESSAGES_PER_TOPIC, MAX_PERSISTED_BYTES_PER_TOPIC) until some expire',
+                over.t, max_kept, max_kept_bytes
+                USING ERRCODE = 'program_limit_exceeded';
+        END IF;
+    END IF;
+    IF max_kept_per_sender IS NOT NULL OR max_kept_bytes_per_sender IS NOT NULL THEN
+        SELECT k.s INTO over
+        FROM (SELECT s, count(*) AS n,
+                     sum(coalesce(octet_length(j), 0) + coalesce(octet_length(b), 0)) AS bytes
+              FROM unnest(senders, payloads, binary_payloads, ttls) AS u(s, j, b, ttl)
+              WHERE ttl IS NOT NULL AND s IS NOT NULL GROUP BY s) k
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n,
+                   coalesce(sum(coalesce(pg_column_size(m.payload), 0)
+                                + coalesce(pg_column_size(m.binary_payload), 0)), 0) AS bytes
+            FROM realtime.persisted_messages m
+            WHERE m.sender = k.s AND m.expires_at > now()) held
+        WHERE k.n + held.n > coalesce(max_kept_per_sender, k.n + held.n)
+           OR k.bytes + held.bytes > coalesce(max_kept_bytes_per_sender, k.bytes + held.bytes)
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'PersistQuotaExceeded: % keeps at most % persisted messages and % bytes (MAX_PERSISTED_MESSAGES_PER_USER, MAX_PERSISTED_BYTES_PER_USER) until some expire',
+                over.s, max_kept_per_sender, max_kept_bytes_per_sender
+                USING ERRCODE = 'program_limit_exceeded';
+        END IF;
+    END IF;
+    SELECT count(*), coalesce(sum(coalesce(octet_length(j), 0) + coalesce(octet_length(b), 0)), 0)
+    INTO kept_n, kept_bytes
+    FROM unnest(payloads, binary_payloads, ttls) AS u(j, b, ttl) WHERE ttl IS NOT NULL;
+    -- The total's row lock, held to commit: expire_persisted's count waits for this relay.
+    UPDATE realtime.persisted_totals
+    SET messages = messages + kept_n, bytes = bytes + kept_bytes
+    RETURNING messages, bytes INTO over;
+    IF over.messages > coalesce(max_kept_total, over.messages)
+       OR over.bytes > coalesce(max_kept_bytes_total, over.bytes) THEN
+        RAISE EXCEPTION 'PersistQuotaExceeded: this database keeps at most % persisted messages and % bytes (MAX_PERSISTED_MESSAGES, MAX_PERSISTED_BYTES) until some expire',
+            max_kept_total, max_kept_bytes_total
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    WITH m AS (
+        SELECT gen_random_uuid() AS id, u.*
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ttls, senders)
+            AS u(o, t, e, p, j, b, ttl, s)
+    ), kept AS (
+        INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, binary_payload, expires_at, sender)
+        SELECT id, t, p, e, j::json, b, clock_timestamp() + ttl * interval '1 second', s
+        FROM m WHERE ttl IS NOT NULL
+    )
+    SELECT count(realtime.relay(o, t, e, p, j::json, b, id, ttl IS NOT NULL)) INTO n FROM m;
+    RETURN n;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint, text[], integer, bigint, bigint, bigint) FROM PUBLIC;
+CREATE OR REPLACE FUNCTION realtime.expire_persisted(max_rows integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    gone integer;
+BEGIN
+    WITH g AS (
+        DELETE FROM realtime.persisted_messages
+        WHERE id IN (SELECT id FROM realtime.persisted_messages
+                     WHERE expires_at < now() ORDER BY expires_at LIMIT max_rows)
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO gone FROM g;
+    IF gone < max_rows THEN
+        PERFORM 1 FROM realtime.persisted_totals FOR UPDATE;
+        UPDATE realtime.persisted_totals t
+        SET messages = c.n, bytes = c.bytes
+        FROM (SELECT count(*) AS n,
+                     coalesce(sum(coalesce(pg_column_size(m.payload), 0)
+                                  + coalesce(pg_column_size(m.binary_payload), 0)), 0) AS bytes
+              FROM realtime.persisted_messages m WHERE m.expires_at > now()) c;
+    END IF;
+    RETURN gone;
+END
+$$;
+
 -- sql/privileges.sql: realtime.drain_unpack is no longer PUBLIC's (it hands back json values
 -- it never validated); the roles that may drain may still unpack.
 REVOKE EXECUTE ON FUNCTION realtime.drain_unpack(bytea) FROM PUBLIC;

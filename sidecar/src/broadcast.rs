@@ -96,7 +96,7 @@ impl State {
 /// A client's broadcast push on the channel of `key`: handed to the relay, or refused.
 pub fn push(
     shared: &Shared,
-    link: &Link,
+    author: relay::Author,
     reach: &Reach,
     key: &TopicKey,
     state: &State,
@@ -123,12 +123,13 @@ pub fn push(
         persist: persist.is_some(),
     };
     let broadcast = relay::Broadcast {
-        origin: link.origin,
+        origin: author.origin,
         topic: key.topic.clone(),
         event,
         private: key.private,
         payload,
         persist,
+        sender: author.sender,
         reply,
     };
     if let Some(known) = relay::known_full(&shared.persist_full, &broadcast, &shared.metrics) {

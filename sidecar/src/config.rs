@@ -457,6 +457,31 @@ pub struct Config {
     #[arg(long, env = "MAX_PERSISTED_BYTES_PER_TOPIC", default_value_t = 10_000_000,
           value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
     pub max_persisted_bytes_per_topic: u64,
+    /// Persisted messages one sender keeps at most, unexpired, over every topic and sidecar:
+    /// a user (the token's `sub`), or for a token without one (the public anon key) a
+    /// client address (an IPv6 /64); the app's backend (`service_role`) counts in the total
+    /// only. A topic's quota alone let one user with a write policy on a prefix
+    /// (`room:<uid>-*`) keep MAX_PERSISTED_BYTES_PER_TOPIC in as many topics as it names
+    /// (issue 39, M4). Refused "UnableToBroadcast: PersistQuotaExceeded: user U keeps at
+    /// most N persisted messages and B bytes ...".
+    #[arg(long, env = "MAX_PERSISTED_MESSAGES_PER_USER", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=i32::MAX as u64))]
+    pub max_persisted_messages_per_user: u64,
+    /// Bytes of persisted payloads one sender keeps at most, refused the same way.
+    #[arg(long, env = "MAX_PERSISTED_BYTES_PER_USER", default_value_t = 100_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
+    pub max_persisted_bytes_per_user: u64,
+    /// Persisted messages the database keeps at most, every sender together: senders are as
+    /// many as sign-ups or addresses, so only a total bounds the table. Refused
+    /// "UnableToBroadcast: PersistQuotaExceeded: this database keeps at most N persisted
+    /// messages and B bytes ...". Expired messages count until the next expiry round.
+    #[arg(long, env = "MAX_PERSISTED_MESSAGES", default_value_t = 1_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
+    pub max_persisted_messages: u64,
+    /// Bytes of persisted payloads the database keeps at most, refused the same way.
+    #[arg(long, env = "MAX_PERSISTED_BYTES", default_value_t = 1_000_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
+    pub max_persisted_bytes: u64,
 }
 
 /// A setting the sidecar refuses to start with; the text names it. (Exit status 2.)

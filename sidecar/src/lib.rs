@@ -130,7 +130,8 @@
 //! live frames held until its history is sent · `hub` topics and fan-out · `reach` the one way to a
 //! joined channel's socket, held by every registry · `outbound` a connection's outbound queue ·
 //! `drainer` the queue side · `rows` a drain or history row read once into what it is · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `relay` batched
-//! `realtime.relay` · `persist` client broadcasts kept for replay · `db_worker` what the
+//! `realtime.relay` · `persist` client broadcasts kept for replay (and whose quota they count
+//! against) · `persist_full` the persist quotas just found full · `db_worker` what the
 //! database workers share (a connection kept up with backoff; the batched-worker shape of
 //! the authorizer, the check and the relay) · `db_thread` the thread the round trips joins wait on run on · `reason`
 //! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` ·
@@ -207,7 +208,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let presence = Arc::new(presence::Presence::new(metrics.clone(), &cfg));
     let instance = state::instance_id();
     let interest = interest::Interest::new(cfg.filter_topics);
-    let persist_full = Arc::new(persist_full::FullTopics::default());
+    let persist_full = Arc::new(persist_full::FullQuotas::default());
     let shared = Arc::new(state::Shared {
         persist_full: persist_full.clone(),
         interest: interest.clone(),

@@ -7,6 +7,7 @@
 //! moved on (`history::fetch`), and the queue marks it so that replay includes it while
 //! the ring still holds it.
 
+use crate::address::AddressKey;
 use serde_json::Value;
 
 /// Supabase keeps replayable messages 72 hours; that is the longest ttl here, and the
@@ -65,6 +66,21 @@ pub fn from_query(flag: Option<&str>, ttl_text: Option<&str>) -> Result<Option<i
     }
 }
 
+/// Who a kept message counts against (MAX_PERSISTED_*_PER_USER), as
+/// `realtime.persisted_messages.sender` names it: the token's subject; for a token without
+/// one (the anon key, which is public) the client's address; none for the app's backend
+/// (`service_role`), which only the database's total bounds.
+pub fn sender(sub: Option<&str>, address: Option<AddressKey>, backend: bool) -> Option<String> {
+    if backend {
+        return None;
+    }
+    match (sub, address) {
+        (Some(sub), _) => Some(format!("user {sub}")),
+        (None, Some(a)) => Some(format!("address {a}")),
+        (None, None) => None,
+    }
+}
+
 /// Refuses keeping a message of a public channel.
 pub fn check(ttl: Option<i32>, private: bool) -> Result<Option<i32>, PersistError> {
     match (ttl, private) {
@@ -87,6 +103,21 @@ mod tests {
         assert_eq!(from_query(Some("true"), None), Ok(Some(MAX_TTL_SECS)));
         assert_eq!(from_query(None, Some("60")), Ok(Some(60)));
         assert_eq!(from_query(None, None), Ok(None));
+    }
+
+    #[test]
+    fn a_kept_message_counts_against_its_user_else_its_address_and_a_backend_against_neither() {
+        let a = AddressKey::of("2001:db8::1".parse().unwrap());
+        assert_eq!(
+            sender(Some("u1"), Some(a), false).as_deref(),
+            Some("user u1")
+        );
+        assert_eq!(
+            sender(None, Some(a), false).as_deref(),
+            Some("address 2001:db8::/64")
+        );
+        assert_eq!(sender(Some("u1"), Some(a), true), None);
+        assert_eq!(sender(None, None, false), None);
     }
 
     #[test]

@@ -7,15 +7,16 @@ use crate::config::Config;
 use crate::db_worker::{self, Batched, CallError, Db, DbFailure};
 use crate::hub::Payload;
 use crate::metrics::Metrics;
-use crate::persist_full::{self, FullTopics};
+use crate::persist_full::{self, FullQuotas, Kept};
 use crate::reach::ReplyTo;
 use serde_json::json;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// A batch in one statement; its persisted messages are kept in the same statement, within
-/// their topic's quota (`sql/persisted.sql`).
-const RELAY_SQL: &str = "SELECT realtime.relay_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+/// their topic's, their sender's and the database's quotas (`sql/persisted.sql`).
+const RELAY_SQL: &str =
+    "SELECT realtime.relay_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
 
 /// Broadcasts waiting for the relay at most (`config::RELAY_QUEUE`).
 pub use crate::config::RELAY_QUEUE as QUEUE;
@@ -89,6 +90,13 @@ pub fn refusal(why: &str, persist: bool) -> serde_json::Value {
     json!({"status": "error", "response": response})
 }
 
+/// Who sends a client broadcast: its connection as `realtime.relay` origins name it, and
+/// whose persist quota it counts against (`persist::sender`).
+pub struct Author {
+    pub origin: i64,
+    pub sender: Option<String>,
+}
+
 /// A client broadcast on its way to the database.
 pub struct Broadcast {
     pub origin: i64,
@@ -98,20 +106,38 @@ pub struct Broadcast {
     pub payload: Payload,
     /// Keep it for this many seconds (`persist`).
     pub persist: Option<i32>,
+    /// Whose quota a kept message counts against (`persist::sender`).
+    pub sender: Option<String>,
     pub reply: AckTo,
+}
+
+impl Broadcast {
+    /// The message as the persist quotas count it.
+    fn kept(&self) -> Kept<'_> {
+        Kept {
+            topic: &self.topic,
+            private: self.private,
+            sender: self.sender.as_deref(),
+            bytes: persist_full::size(&self.payload),
+        }
+    }
 }
 
 /// Runs until shutdown, relaying what connections queue on `rx`.
 pub async fn run(
     cfg: Arc<Config>,
     rx: mpsc::Receiver<Broadcast>,
-    full: Arc<FullTopics>,
+    full: Arc<FullQuotas>,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) {
     let quota = Quota {
         messages: cfg.max_persisted_messages_per_topic as i32,
         bytes: cfg.max_persisted_bytes_per_topic as i64,
+        sender_messages: cfg.max_persisted_messages_per_user as i32,
+        sender_bytes: cfg.max_persisted_bytes_per_user as i64,
+        total_messages: cfg.max_persisted_messages as i64,
+        total_bytes: cfg.max_persisted_bytes as i64,
     };
     let relay = Relay {
         metrics,
@@ -121,27 +147,32 @@ pub async fn run(
     db_worker::serve(&cfg, relay, rx, shutdown).await
 }
 
-/// A kept message's refusal if its topic was just found at its quota (`persist_full`):
+/// A kept message's refusal if one of its quotas was just found full (`persist_full`):
 /// its sender is answered as the database would answer it, and it never enters the relay.
-pub fn known_full(full: &FullTopics, b: &Broadcast, metrics: &Metrics) -> Option<Failure> {
+pub fn known_full(full: &FullQuotas, b: &Broadcast, metrics: &Metrics) -> Option<Failure> {
     b.persist?;
-    let why = full.refused(&b.topic, b.private, persist_full::size(&b.payload))?;
+    let why = full.refused(&b.kept())?;
     metrics.persist_full_refusals_total.increment(1);
     Some(Failure::Refused(why))
 }
 
-/// What one topic may keep of persisted messages (`MAX_PERSISTED_*_PER_TOPIC`).
+/// What may be kept of persisted messages: per topic (`MAX_PERSISTED_*_PER_TOPIC`), per
+/// sender (`MAX_PERSISTED_*_PER_USER`) and in all (`MAX_PERSISTED_MESSAGES`, `_BYTES`).
 #[derive(Clone, Copy)]
 struct Quota {
     messages: i32,
     bytes: i64,
+    sender_messages: i32,
+    sender_bytes: i64,
+    total_messages: i64,
+    total_bytes: i64,
 }
 
 /// One `realtime.relay` statement over a batch: all of it relayed, or none.
 struct Relay {
     metrics: Arc<Metrics>,
     quota: Quota,
-    full: Arc<FullTopics>,
+    full: Arc<FullQuotas>,
 }
 
 impl Batched for Relay {
@@ -173,8 +204,7 @@ impl Batched for Relay {
     /// the text is the reason its sender sees.
     fn refuse(&self, m: Broadcast, why: String) {
         if m.persist.is_some() && persist_full::is_quota(&why) {
-            let bytes = persist_full::size(&m.payload);
-            self.full.found_full(&m.topic, m.private, bytes, &why);
+            self.full.found_full(&m.kept(), &why);
         }
         settle(vec![m], Err(Failure::Refused(why)), &self.metrics);
     }
@@ -221,6 +251,9 @@ async fn relay(
         .collect();
     let ttls: Vec<Option<i32>> = batch.iter().map(|m| m.persist).collect();
     let kept = ttls.iter().any(Option::is_some).then_some(ttls);
+    let senders: Option<Vec<Option<&str>>> = kept
+        .as_ref()
+        .map(|_| batch.iter().map(|m| m.sender.as_deref()).collect());
     client
         .execute(
             RELAY_SQL,
@@ -234,6 +267,11 @@ async fn relay(
                 &kept,
                 &quota.messages,
                 &quota.bytes,
+                &senders,
+                &quota.sender_messages,
+                &quota.sender_bytes,
+                &quota.total_messages,
+                &quota.total_bytes,
             ],
         )
         .await?;
@@ -279,6 +317,10 @@ mod tests {
             quota: Quota {
                 messages: 1000,
                 bytes: 1 << 20,
+                sender_messages: 1000,
+                sender_bytes: 1 << 20,
+                total_messages: 1000,
+                total_bytes: 1 << 20,
             },
             full: Arc::default(),
         };
@@ -307,6 +349,7 @@ mod tests {
             private: false,
             payload: Payload::Json("{}".into()),
             persist: None,
+            sender: None,
             reply,
         }
     }

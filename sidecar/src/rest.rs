@@ -243,12 +243,17 @@ async fn check_writes<'a>(
     Ok(())
 }
 
-/// Relays the messages and answers once all have committed (202) or one failed.
 /// One message to relay: topic, event, private, payload, and the ttl to keep it for.
 type ToRelay = (String, String, bool, Payload, Option<i32>);
 
-async fn relay_all(shared: &Shared, messages: Vec<ToRelay>) -> Outcome {
-    // REST's half of the relay, held until every message of the request is settled.
+/// Relays the messages and answers once every one of them is settled: 202 when all have
+/// committed; 503 when the database could not be reached for one; else 422 naming each
+/// reason the database refused one for. Each message is relayed on its own, as Supabase's
+/// are, so the others of a 422 were relayed. The answer waits for all of them, and REST's
+/// half of the relay stays held until then (an answer at the first refusal gave the half
+/// back while the rest were still in the relay: issue 39, L5). `sender`: whose persist quota
+/// the kept ones count against.
+async fn relay_all(shared: &Shared, sender: Option<String>, messages: Vec<ToRelay>) -> Outcome {
     let _room = match shared
         .rest_limits
         .relay_room(messages.len(), shared.cfg.http_header_timeout())
@@ -257,26 +262,29 @@ async fn relay_all(shared: &Shared, messages: Vec<ToRelay>) -> Outcome {
         Ok(room) => room,
         Err(refused) => return refused.outcome(),
     };
+    let origin = shared.origin(u64::from(u32::MAX));
     let mut waits = Vec::with_capacity(messages.len());
+    let mut refused = Vec::new();
+    let mut unavailable = None;
     for (topic, event, private, payload, persist) in messages {
         let (tx, rx) = oneshot::channel();
         let broadcast = relay::Broadcast {
-            origin: shared.origin(u64::from(u32::MAX)),
+            origin,
             topic,
             event,
             private,
             payload,
             persist,
+            sender: sender.clone(),
             reply: AckTo::Http(tx),
         };
         if let Some(f) = relay::known_full(&shared.persist_full, &broadcast, &shared.metrics) {
-            return invalid(json!({ "messages": [f.reason()] }));
+            refused.push(f.reason());
+            continue;
         }
         if shared.relay.send(broadcast).await.is_err() {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Some(json!({"message": "Server is shutting down"})),
-            );
+            unavailable = Some("Server is shutting down".to_owned());
+            break;
         }
         waits.push(rx);
     }
@@ -284,22 +292,23 @@ async fn relay_all(shared: &Shared, messages: Vec<ToRelay>) -> Outcome {
         match rx.await {
             Ok(Ok(())) => {}
             // The database refused the message (too large, say), or could not be reached.
-            Ok(Err(f @ Failure::Refused(_))) => {
-                return invalid(json!({ "messages": [f.reason()] }));
-            }
+            Ok(Err(f @ Failure::Refused(_))) => refused.push(f.reason()),
             Ok(Err(f @ Failure::Unavailable(_))) => {
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Some(json!({ "message": f.reason() })),
-                )
+                unavailable.get_or_insert(f.reason());
             }
             Err(_) => {
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Some(json!({"message": "Server is shutting down"})),
-                )
+                unavailable.get_or_insert("Server is shutting down".to_owned());
             }
         }
+    }
+    if let Some(why) = unavailable {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some(json!({ "message": why })),
+        );
+    }
+    if !refused.is_empty() {
+        return invalid(json!({ "messages": refused }));
     }
     (StatusCode::ACCEPTED, None)
 }
@@ -342,7 +351,7 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared, address: Address
             (m.topic, m.event, m.private, payload, None)
         })
         .collect();
-    relay_all(shared, messages).await
+    relay_all(shared, None, messages).await
 }
 
 /// What `POST /api/broadcast/:topic/events/:event` names: the path's topic and event
@@ -449,8 +458,11 @@ pub async fn broadcast_one(
     if let Err(outcome) = check_writes(shared, &caller.who, topics).await {
         return outcome;
     }
+    let sender = persist
+        .and_then(|_| crate::persist::sender(caller.sub.as_deref(), Some(address), caller.backend));
     relay_all(
         shared,
+        sender,
         vec![(single.topic, single.event, single.private, payload, persist)],
     )
     .await

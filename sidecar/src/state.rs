@@ -24,8 +24,8 @@ pub struct Shared {
     pub authorize: mpsc::Sender<crate::authorizer::AuthRequest>,
     /// Client broadcasts waiting to be relayed through the database (`relay`).
     pub relay: mpsc::Sender<relay::Broadcast>,
-    /// Topics the relay just found at their persisted quota (`persist_full`).
-    pub persist_full: Arc<crate::persist_full::FullTopics>,
+    /// Persist quotas the relay just found full (`persist_full`).
+    pub persist_full: Arc<crate::persist_full::FullQuotas>,
     /// Postgres Changes bindings waiting for their join-time check.
     pub check: mpsc::Sender<CheckRequest>,
     /// Joins waiting for their replay or resume (`history`).

@@ -1051,6 +1051,127 @@ async fn kept_pushes_to_a_full_topic_are_refused_without_asking_the_database_eac
     .unwrap();
 }
 
+/// The persist quota was per topic only (issue 39, M4): a user with a write policy on a
+/// prefix kept MAX_PERSISTED_MESSAGES_PER_TOPIC in every topic it named, and nothing bounded
+/// the table. A sender (the token's `sub`) now keeps at most MAX_PERSISTED_MESSAGES_PER_USER
+/// over all its topics, and everyone together MAX_PERSISTED_MESSAGES, each refusal naming
+/// its settings, over WebSocket and REST alike.
+#[tokio::test]
+async fn one_user_kept_a_topic_s_quota_in_every_topic_it_named() {
+    let _serial = SERIAL.lock().await;
+    let db = private_setup().await;
+    // Counted again from the table, so the total below starts where the table is.
+    db.execute("SELECT realtime.expire_persisted()", &[])
+        .await
+        .unwrap();
+    let held: i64 = db
+        .query_one("SELECT messages FROM realtime.persisted_totals", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let total = (held + 3).to_string();
+    let sidecar = Sidecar::start(
+        "t_history_user_quota",
+        &[
+            ("MAX_PERSISTED_MESSAGES_PER_USER", "2"),
+            ("MAX_PERSISTED_MESSAGES", &total),
+        ],
+    )
+    .await;
+    let prefix = topic("persist:user");
+    let mut w = Client::connect(sidecar.port, "1.0.0").await;
+    let kept =
+        json!({"type": "broadcast", "event": "kept", "payload": {"n": 1}, "persist": {"ttl": 60}});
+    let mut replies = Vec::new();
+    for n in 1..=3 {
+        let topic = format!("{prefix}-{n}");
+        member_of(&db, &topic, true).await;
+        let r = join_private(&mut w, &topic, MEMBER, json!({"ack": true})).await;
+        assert_eq!(r["status"], "ok", "{r}");
+        let r = w
+            .push(
+                Some("1"),
+                &format!("realtime:{topic}"),
+                "broadcast",
+                kept.clone(),
+            )
+            .await;
+        replies.push(w.reply(&r).await);
+    }
+    assert_eq!(replies[0]["status"], "ok", "{replies:?}");
+    assert_eq!(replies[1]["status"], "ok", "{replies:?}");
+    let reason = format!(
+        "UnableToBroadcast: PersistQuotaExceeded: user {MEMBER} keeps at most 2 persisted messages \
+         and 100000000 bytes (MAX_PERSISTED_MESSAGES_PER_USER, MAX_PERSISTED_BYTES_PER_USER) until some expire"
+    );
+    assert_eq!(
+        replies[2]["response"]["error"],
+        reason.as_str(),
+        "{replies:?}"
+    );
+
+    // Another user is not refused by that quota, until the database's total is reached.
+    let other = format!("{prefix}-other");
+    db.execute(
+        "INSERT INTO private_members VALUES ($1::text::uuid, $2, true)",
+        &[&STRANGER, &other],
+    )
+    .await
+    .unwrap();
+    let token = user_token(STRANGER);
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let (status, body) = http(
+            sidecar.port,
+            "POST",
+            &format!("/api/broadcast/{other}/events/kept?private=true&persist=true"),
+            &[
+                ("authorization", &format!("Bearer {token}")),
+                ("apikey", &anon_key()),
+            ],
+            r#"{"n": 2}"#,
+        )
+        .await
+        .unwrap();
+        statuses.push((status, body));
+    }
+    assert_eq!(statuses[0].0, 202, "{statuses:?}");
+    assert_eq!(statuses[1].0, 422, "{statuses:?}");
+    let total_reason = format!(
+        "UnableToBroadcast: PersistQuotaExceeded: this database keeps at most {total} persisted \
+         messages and 1000000000 bytes (MAX_PERSISTED_MESSAGES, MAX_PERSISTED_BYTES) until some expire"
+    );
+    assert!(statuses[1].1.contains(&total_reason), "{statuses:?}");
+
+    let kept_by: Vec<(String, i64)> = db
+        .query(
+            "SELECT sender, count(*) FROM realtime.persisted_messages WHERE topic LIKE $1 || '%'
+             GROUP BY sender ORDER BY sender",
+            &[&prefix],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        kept_by,
+        vec![
+            (format!("user {MEMBER}"), 2),
+            (format!("user {STRANGER}"), 1)
+        ]
+    );
+    db.execute(
+        "DELETE FROM realtime.persisted_messages WHERE topic LIKE $1 || '%'",
+        &[&prefix],
+    )
+    .await
+    .unwrap();
+    db.execute("SELECT realtime.expire_persisted()", &[])
+        .await
+        .unwrap();
+}
+
 /// A mass expiry used to be one DELETE under a 5 s statement timeout: once enough rows
 /// expired together it was cancelled every minute and never caught up. Expiry deletes in
 /// chunks of 10,000 through realtime.expire_persisted, at most ten a round: 150,000 expired

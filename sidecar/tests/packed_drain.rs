@@ -141,6 +141,7 @@ async fn a_login_without_drain_packed_falls_back_to_rows_and_delivers() {
              TO realtime_rows_sidecar;
          GRANT USAGE ON SEQUENCE realtime.presence_refs TO realtime_rows_sidecar;
          GRANT SELECT, INSERT, DELETE ON realtime.persisted_messages TO realtime_rows_sidecar;
+         GRANT SELECT, UPDATE ON realtime.persisted_totals TO realtime_rows_sidecar;
          GRANT anon, authenticated, service_role TO realtime_rows_sidecar;",
     )
     .await

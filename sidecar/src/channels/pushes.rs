@@ -39,7 +39,20 @@ impl Channels {
         }
         let (key, state) = (&ch.key, &ch.broadcast);
         let persisted = b.persist != Ok(None);
-        if let Err(why) = broadcast::push(&self.shared, &self.link, &ch.reach, key, state, &m, b) {
+        let author = crate::relay::Author {
+            origin: self.link.origin,
+            sender: persisted
+                .then(|| {
+                    let address = self.presence_source.address;
+                    crate::persist::sender(
+                        ch.claims.sub.as_deref(),
+                        address,
+                        ch.claims.is_backend(),
+                    )
+                })
+                .flatten(),
+        };
+        if let Err(why) = broadcast::push(&self.shared, author, &ch.reach, key, state, &m, b) {
             self.refuse_broadcast(&m, &why, persisted);
         }
     }
