@@ -14,7 +14,7 @@ presence key, a presence flood, NUL events over WebSocket and REST, invalid JSON
 binary pushes, REST floods of 18,000 messages a request (a full 1 MB body), resumes from seq 0 of a 20 MB
 history never read, a slow reader on the busiest topic, 100 KB join_refs, a connection hog,
 a 10,000-row insert under a 2 ms-a-row policy every 15 s, a user persisting 200 1 KB
-messages a second, a connection rejoining 150 channels a second, a socket a second asking
+messages a second on a new topic every 500, a connection rejoining 150 channels a second, a socket a second asking
 for 1,600 `like` patterns in one join and then the most a connection may hold, held long
 enough that its address passes MAX_PATTERNS_PER_ADDRESS, a socket every two seconds resuming
 200 messages of 100 KB from seq 0 and reading nothing for ten seconds, and 20 UPDATEs a

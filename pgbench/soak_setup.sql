@@ -18,11 +18,12 @@ ALTER TABLE soak_costly ENABLE ROW LEVEL SECURITY;
 GRANT SELECT ON soak_costly TO authenticated;
 CREATE POLICY slow_read ON soak_costly FOR SELECT TO authenticated USING (soak_slow_visible());
 ALTER PUBLICATION supabase_realtime ADD TABLE soak_costly;
--- The persisting user may read and write its private topic.
+-- The persisting user may read and write its private topics (a prefix, as apps write
+-- 'room:' || auth.uid() || '%').
 CREATE POLICY soak_persist_read ON realtime.messages FOR SELECT TO authenticated
-    USING ((SELECT realtime.topic()) = 'soak-persist');
+    USING ((SELECT realtime.topic()) LIKE 'soak-persist-%');
 CREATE POLICY soak_persist_write ON realtime.messages FOR INSERT TO authenticated
-    WITH CHECK ((SELECT realtime.topic()) = 'soak-persist');
+    WITH CHECK ((SELECT realtime.topic()) LIKE 'soak-persist-%');
 -- A long retained history for the resumes from seq 0: 20,000 messages of about 1 KB.
 SELECT realtime.send(jsonb_build_object('i', g, 'pad', repeat('h', 1000)), 'h', 'soak-history', false)
 FROM generate_series(1, 20000) g;

@@ -670,8 +670,10 @@ async fn main() {
             let _ = write.close().await;
         }));
     }
-    // 19. A persisting user (authenticated): 1 KB kept broadcasts on a private topic it may
-    // write, as fast as a connection is let.
+    // 19. A persisting user (authenticated): 1 KB kept broadcasts on private topics it may
+    // write (a prefix policy), as fast as a connection is let, a new topic every 500: a
+    // topic's quota alone let it keep MAX_PERSISTED_*_PER_TOPIC in every topic it named
+    // (issue 39, M4); its sender's quota stops it.
     {
         let (cx, t, from) = enlist("persister");
         tasks.push(tokio::spawn(async move {
@@ -682,18 +684,23 @@ async fn main() {
                 };
                 let (mut write, read) = ws.split();
                 count_answers_v2(read, t.clone());
-                let topic = "realtime:soak-persist";
-                let join = json!(["1", "1", topic, "phx_join", {"config": {"private": true, "broadcast": {"ack": true}}, "access_token": cx.token("authenticated")}]);
-                if write.send(Message::text(join.to_string())).await.is_err() {
-                    continue;
-                }
                 let mut tick = tokio::time::interval(Duration::from_millis(5));
                 let mut i = 0u64;
+                let mut topic = String::new();
+                let mut jr = String::new();
                 while cx.live() {
+                    if i.is_multiple_of(500) {
+                        jr = (i / 500 + 1).to_string();
+                        topic = format!("realtime:soak-persist-{jr}");
+                        let join = json!([jr, jr, topic, "phx_join", {"config": {"private": true, "broadcast": {"ack": true}}, "access_token": cx.token("authenticated")}]);
+                        if write.send(Message::text(join.to_string())).await.is_err() {
+                            break;
+                        }
+                    }
                     tick.tick().await;
                     i += 1;
                     t.sent.fetch_add(1, Relaxed);
-                    let (jr, r, ev, meta) = ("1", (i + 1).to_string(), "kept", br#"{"persist":true}"#);
+                    let (jr, r, ev, meta) = (jr.as_str(), (i + 1).to_string(), "kept", br#"{"persist":true}"#);
                     let payload = json!({"pad": "p".repeat(1000)}).to_string();
                     let mut f = vec![3u8, jr.len() as u8, r.len() as u8, topic.len() as u8, ev.len() as u8, meta.len() as u8, 1];
                     for part in [jr.as_bytes(), r.as_bytes(), topic.as_bytes(), ev.as_bytes(), meta] {
