@@ -161,6 +161,29 @@ pub struct Config {
     #[arg(long, env = "MAX_JOINS_PER_SECOND_PER_ADDRESS", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_joins_per_second_per_address: u32,
+    /// Joins per second of every address of one IPv6 /56 together (a residential line's
+    /// block: 256 /64s); refused "ClientJoinRateLimitReached: Too many joins per second from
+    /// this network (B)", the socket kept (issue 39, M2).
+    #[arg(long, env = "MAX_JOINS_PER_SECOND_PER_IPV6_56", default_value_t = 2000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_joins_per_second_per_ipv6_56: u32,
+    /// The same for an IPv6 /48 (a cloud tenant's block).
+    #[arg(long, env = "MAX_JOINS_PER_SECOND_PER_IPV6_48", default_value_t = 4000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_joins_per_second_per_ipv6_48: u32,
+    /// The same for an IPv4 /24.
+    #[arg(long, env = "MAX_JOINS_PER_SECOND_PER_IPV4_24", default_value_t = 4000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_joins_per_second_per_ipv4_24: u32,
+    /// Joins per second of every connection of this sidecar together (Supabase's tenant
+    /// `max_joins_per_second`): each may cost verdicts of the one authorizer, and clients on
+    /// many addresses could otherwise ask it for more than it answers (issue 39, M1).
+    /// Clients leave BACKEND_RESERVE_PERCENT of it to backends; past their part a join is
+    /// refused "ClientJoinRateLimitReached: Too many joins per second on this server", the
+    /// socket kept.
+    #[arg(long, env = "MAX_SIDECAR_JOINS_PER_SECOND", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_sidecar_joins_per_second: u32,
     /// Presence metas one topic holds before a channel's first track into it is refused
     /// ("Too many presence members in this topic: ..."): every joiner is sent the whole
     /// state and every watching sidecar keeps it; one address held 1,000 members of up to
@@ -510,6 +533,15 @@ impl Config {
             56 => self.max_connections_per_ipv6_56,
             48 => self.max_connections_per_ipv6_48,
             _ => self.max_connections_per_ipv4_24,
+        }
+    }
+
+    /// The joins per second of `block` (MAX_JOINS_PER_SECOND_PER_IPV6_56 and friends).
+    pub fn max_joins_per_second_per_block(&self, block: &crate::address::Block) -> u32 {
+        match block.prefix {
+            56 => self.max_joins_per_second_per_ipv6_56,
+            48 => self.max_joins_per_second_per_ipv6_48,
+            _ => self.max_joins_per_second_per_ipv4_24,
         }
     }
 

@@ -234,6 +234,8 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         http_connections: tally::InFlight::default(),
         http_connections_by_peer: tally::InFlight::default(),
         joins_by_address: tally::RateTally::new(cfg.max_connections),
+        joins_by_block: tally::RateTally::new(cfg.max_connections),
+        joins_total: tally::RateTally::new(1),
         bindings_by_address: tally::Amounts::default(),
         patterns_by_address: tally::Amounts::default(),
         schema_wide_bindings: tally::Amounts::default(),

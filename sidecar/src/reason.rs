@@ -75,6 +75,11 @@ pub enum Refusal {
     ClientJoinRateLimitReached,
     /// A join past MAX_JOINS_PER_SECOND_PER_ADDRESS (the socket is kept).
     AddressJoinRateLimitReached,
+    /// A join past the rate of a wider block of addresses (MAX_JOINS_PER_SECOND_PER_IPV6_56
+    /// and friends): the block.
+    BlockJoinRateLimitReached(String),
+    /// A join past MAX_SIDECAR_JOINS_PER_SECOND (clients' part of it).
+    SidecarJoinRateLimitReached,
     JoinInProgress,
     /// A `postgres_changes` binding this server cannot serve (an unsupported filter, say).
     PostgresChanges(BindingError),
@@ -162,6 +167,12 @@ impl Refusal {
             Refusal::ClientJoinRateLimitReached => Disconnect::JoinRateLimit.text().into(),
             Refusal::AddressJoinRateLimitReached => {
                 "ClientJoinRateLimitReached: Too many joins per second from this address".into()
+            }
+            Refusal::BlockJoinRateLimitReached(block) => format!(
+                "ClientJoinRateLimitReached: Too many joins per second from this network ({block})"
+            ),
+            Refusal::SidecarJoinRateLimitReached => {
+                "ClientJoinRateLimitReached: Too many joins per second on this server".into()
             }
             Refusal::JoinInProgress => {
                 "JoinInProgress: a join of this topic is still waiting for its authorization".into()

@@ -42,6 +42,10 @@ pub struct Shared {
     pub connections_by_address: crate::tally::InFlight<crate::address::AddressKey>,
     /// Joins per second per client address (MAX_JOINS_PER_SECOND_PER_ADDRESS).
     pub joins_by_address: crate::tally::RateTally<crate::address::AddressKey>,
+    /// Joins this second per wider block of addresses (MAX_JOINS_PER_SECOND_PER_IPV6_56 ...).
+    pub joins_by_block: crate::tally::RateTally<crate::address::Block>,
+    /// Joins this second of the whole sidecar (MAX_SIDECAR_JOINS_PER_SECOND).
+    pub joins_total: crate::tally::RateTally<()>,
     /// TCP connections being served as HTTP, in all and per untrusted peer
     /// (MAX_HTTP_CONNECTIONS, MAX_HTTP_CONNECTIONS_PER_PEER).
     pub http_connections: crate::tally::InFlight<()>,
@@ -154,6 +158,8 @@ pub mod testing {
             http_connections: crate::tally::InFlight::default(),
             http_connections_by_peer: crate::tally::InFlight::default(),
             joins_by_address: crate::tally::RateTally::new(1024),
+            joins_by_block: crate::tally::RateTally::new(1024),
+            joins_total: crate::tally::RateTally::new(1),
             hub: Arc::new(Hub::new(metrics.clone())),
             verifier: Verifier::new(SECRET),
             metrics_auth: crate::metrics_auth::MetricsAuth::new(None),

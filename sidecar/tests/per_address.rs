@@ -767,6 +767,93 @@ async fn seventeen_64s_of_one_56_took_every_connection_and_locked_the_backend_ou
     );
 }
 
+/// Issue 39, M1 and M2: joins were counted per connection and per /64 only, so the /64s of one
+/// /56, or clients on many addresses, could ask the one authorizer for more verdicts than it
+/// answers. Now an address's /56 and /48 (an IPv4 address's /24) each have a join rate of
+/// their own, and the sidecar has one for everyone (MAX_SIDECAR_JOINS_PER_SECOND), of which
+/// clients leave BACKEND_RESERVE_PERCENT to backends. Each refusal keeps the socket.
+#[tokio::test]
+async fn joins_had_no_rate_per_network_or_per_sidecar() {
+    let sidecar = Sidecar::start(
+        "t_join_blocks",
+        &[
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("MAX_JOINS_PER_SECOND_PER_ADDRESS", "2"),
+            ("MAX_JOINS_PER_SECOND_PER_IPV6_56", "3"),
+            ("MAX_SIDECAR_JOINS_PER_SECOND", "10"),
+            ("BACKEND_RESERVE_PERCENT", "50"),
+        ],
+    )
+    .await;
+    let p = sidecar.port;
+    let anon = anon_key();
+    let via = |ip: &'static str| {
+        let anon = anon.clone();
+        async move {
+            Client::connect_forwarded("127.0.0.1", ip, p, "1.0.0", &anon)
+                .await
+                .expect("admitted")
+        }
+    };
+    let mut clients = [
+        via("2001:db8:0:100::1").await,
+        via("2001:db8:0:1ff::1").await,
+        via("198.51.100.1").await,
+        via("203.0.113.1").await,
+    ];
+    let service = token(json!({"role": "service_role", "exp": now() + 3600}));
+    let mut backend = Client::connect_from_with("127.0.0.9", p, "1.0.0", &service)
+        .await
+        .expect("a backend");
+    // Every join below within one second (each rate's window starts at its first join):
+    // clients 0 and 1 share a /56.
+    let mut reasons = Vec::new();
+    for (i, topic) in [
+        (0, "a1"),
+        (0, "a2"),
+        (1, "b1"),
+        (1, "b2"),
+        (2, "c1"),
+        (2, "c2"),
+        (3, "d1"),
+    ] {
+        let r = clients[i]
+            .join(&format!("realtime:{topic}"), json!({}))
+            .await;
+        reasons.push(r["response"]["reason"].as_str().unwrap_or("ok").to_owned());
+    }
+    let backend_joins: Vec<String> = {
+        let mut got = Vec::new();
+        for i in 0..3 {
+            let r = backend.join(&format!("realtime:be{i}"), json!({})).await;
+            got.push(r["status"].as_str().unwrap_or_default().to_owned());
+        }
+        got
+    };
+    assert_eq!(
+        reasons,
+        [
+            "ok",
+            "ok",
+            "ok",
+            "ClientJoinRateLimitReached: Too many joins per second from this network (2001:db8:0:100::/56)",
+            "ok",
+            "ok",
+            // Clients have used their 5 of the sidecar's 10.
+            "ClientJoinRateLimitReached: Too many joins per second on this server",
+        ]
+    );
+    assert_eq!(
+        backend_joins,
+        ["ok", "ok", "ok"],
+        "backends keep their part"
+    );
+    // The refused kept their sockets.
+    let d = &mut clients[3];
+    let r = d.push(Some("9"), "phoenix", "heartbeat", json!({})).await;
+    assert_eq!(d.reply(&r).await["status"], "ok");
+}
+
 /// Issue 39, M3: schema-wide bindings (no table) are matched against every drained change
 /// on the drain's loop, and were bounded per address only, so a few addresses could slow
 /// every delivery of the sidecar. The sidecar's channels together hold at most

@@ -43,22 +43,55 @@ pub(super) struct PendingJoin {
 }
 
 impl Channels {
+    /// Counts a join against its address's, its blocks' and the sidecar's rates, or refuses
+    /// it (then nothing is counted).
+    fn join_rates(&self) -> Result<(), Refusal> {
+        let (shared, cfg) = (&self.shared, &self.shared.cfg);
+        let address = self.presence_source.address;
+        let blocks = address.map(|a| a.blocks()).unwrap_or_default();
+        if let Some(a) = &address {
+            if shared
+                .joins_by_address
+                .check(a, 1, cfg.max_joins_per_second_per_address)
+                .is_err()
+            {
+                return Err(Refusal::AddressJoinRateLimitReached);
+            }
+        }
+        for b in &blocks {
+            let limit = cfg.max_joins_per_second_per_block(b);
+            if shared.joins_by_block.check(b, 1, limit).is_err() {
+                return Err(Refusal::BlockJoinRateLimitReached(b.to_string()));
+            }
+        }
+        let total = cfg.max_sidecar_joins_per_second;
+        let limit = match address {
+            Some(_) => cfg.clients_share(u64::from(total)) as u32,
+            None => total,
+        };
+        if shared.joins_total.check(&(), 1, limit).is_err() {
+            return Err(Refusal::SidecarJoinRateLimitReached);
+        }
+        if let Some(a) = &address {
+            shared.joins_by_address.charge(a, 1);
+        }
+        for b in &blocks {
+            shared.joins_by_block.charge(b, 1);
+        }
+        shared.joins_total.charge(&(), 1);
+        Ok(())
+    }
+
     pub(super) fn join(&mut self, m: Inbound, mut config: JoinConfig) -> Result<(), Disconnect> {
         if !self.joins.allow(self.shared.cfg.max_joins_per_second) {
             self.join_error(&m, Refusal::ClientJoinRateLimitReached);
             return Err(Disconnect::JoinRateLimit);
         }
-        // And per client address, over all its connections (a backend's are not counted).
-        if let Some(address) = self.presence_source.address {
-            let (rates, limit) = (
-                &self.shared.joins_by_address,
-                self.shared.cfg.max_joins_per_second_per_address,
-            );
-            if rates.check(&address, 1, limit).is_err() {
-                self.join_error(&m, Refusal::AddressJoinRateLimitReached);
-                return Ok(());
-            }
-            rates.charge(&address, 1);
+        // And per client address and its wider blocks, over all their connections (a
+        // backend's are not counted), and per sidecar (clients leave backends their part).
+        if let Err(why) = self.join_rates() {
+            self.join_error(&m, why);
+            return Ok(());
         }
         let Some(sub_topic) = m.topic.strip_prefix("realtime:").filter(|s| !s.is_empty()) else {
             self.join_error(&m, Refusal::TopicNameRequired);
