@@ -8,6 +8,7 @@
 //! the database itself (connection lost, call timed out) is a `Verdict::Failed`, never a
 //! denial: a re-check keeps the channel and retries.
 
+use crate::address::AddressKey;
 use crate::config::Config;
 use crate::db_worker::DbFailure;
 use crate::db_worker::{self, Batched, CallError, Db};
@@ -60,6 +61,9 @@ pub struct Identity {
     pub role: String,
     pub claims: String,
     pub headers: String,
+    /// The client address whose line its requests wait in (`verdict_queue`); None for a
+    /// backend's. Not part of what a verdict is for.
+    pub address: Option<AddressKey>,
 }
 
 /// Asks for one verdict (batched with whatever else is waiting).
@@ -407,6 +411,7 @@ mod tests {
                         role: if i % 5 == 4 { "anon" } else { "authenticated" }.into(),
                         claims: "{}".into(),
                         headers: "{}".into(),
+                        address: None,
                     }),
                     topic: (*t).into(),
                     extension: "broadcast",
@@ -542,6 +547,7 @@ mod tests {
             role: "authenticated".into(),
             claims: r#"{"sub":"u1"}"#.into(),
             headers: "{}".into(),
+            address: None,
         });
         let asked = tokio::spawn(async move { channel_access(&tx, &who, "room", true).await });
         let mut seen = Vec::new();

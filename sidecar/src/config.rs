@@ -154,6 +154,19 @@ pub struct Config {
     #[arg(long, env = "MAX_REMEMBERED_DENIALS", default_value_t = 100_000,
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub max_remembered_denials: u64,
+    /// Authorization checks one client address may have waiting for the authorizer: its
+    /// requests wait in a line of their own, served in turn with every other address's
+    /// (`verdict_queue`; issue 39, M1). Past it a join is refused "ClientJoinRateLimitReached:
+    /// Too many authorization checks of this client address are waiting
+    /// (MAX_VERDICTS_WAITING_PER_ADDRESS)"; a re-check is retried later.
+    #[arg(long, env = "MAX_VERDICTS_WAITING_PER_ADDRESS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub max_verdicts_waiting_per_address: u64,
+    /// Authorization checks waiting, every address together (a few hundred bytes each); past
+    /// it the newest of the longest line gives way to a newcomer, whose own line is shorter.
+    #[arg(long, env = "MAX_VERDICTS_WAITING", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub max_verdicts_waiting: u64,
     /// Joins per second of all the connections of one client address (each connection has
     /// its own MAX_JOINS_PER_SECOND too): past it a join is refused, the socket kept. A
     /// private join costs a verdict of the one authorizer, shared by every client (issue 39,

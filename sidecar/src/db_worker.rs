@@ -22,6 +22,9 @@ pub enum DbFailure {
     Unreachable,
     /// The call was cancelled or hit its statement timeout.
     QueryCanceled,
+    /// Not asked: the client's address already has as many authorization checks waiting as
+    /// it may (`verdict_queue`).
+    Busy,
 }
 
 impl DbFailure {
@@ -33,6 +36,9 @@ impl DbFailure {
             }
             DbFailure::QueryCanceled => {
                 "QueryCanceled: the authorization query was cancelled or timed out"
+            }
+            DbFailure::Busy => {
+                "ClientJoinRateLimitReached: Too many authorization checks of this client address are waiting (MAX_VERDICTS_WAITING_PER_ADDRESS)"
             }
         }
     }

@@ -184,6 +184,7 @@ pub mod socket;
 pub mod state;
 pub mod tally;
 pub mod url;
+pub mod verdict_queue;
 pub mod wire;
 
 use std::future::Future;
@@ -297,9 +298,21 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         metrics.clone(),
         shutdown.clone(),
     ));
+    // Verdict requests wait in a line per client address, taken in turn (`verdict_queue`).
+    let (ahead_tx, ahead_rx) = tokio::sync::mpsc::channel(verdict_queue::AHEAD);
+    let lines = verdict_queue::Lines::new(
+        cfg.max_verdicts_waiting_per_address as usize,
+        cfg.max_verdicts_waiting as usize,
+    );
+    db_thread.spawn(verdict_queue::serve(
+        authorize_rx,
+        ahead_tx,
+        lines,
+        metrics.clone(),
+    ));
     let authorizer = db_thread.spawn(authorizer::run(
         cfg.clone(),
-        authorize_rx,
+        ahead_rx,
         metrics.clone(),
         shutdown.clone(),
     ));

@@ -68,6 +68,8 @@ pub struct Metrics {
     pub history_unrecovered_total: Counter,
     /// Private-channel verdicts answered by a remembered denial (AUTHORIZATION_DENIAL_CACHE_MS).
     pub auth_denials_cached_total: Counter,
+    /// Verdict requests refused for want of room in their address's line (`verdict_queue`).
+    pub auth_verdicts_refused_total: Counter,
     /// Histories cut short by their bytes (MAX_RESUME_BYTES and friends, `history::budget`).
     pub history_cut_by_bytes_total: Counter,
     /// Bytes of history frames made and not yet queued to their sockets (`history::budget`).
@@ -284,6 +286,10 @@ impl Default for Metrics {
             auth_denials_cached_total: r.counter(
                 "realtime_auth_denials_cached_total",
                 "private-channel verdicts answered by a denial the database gave in the last AUTHORIZATION_DENIAL_CACHE_MS, without asking it again",
+            ),
+            auth_verdicts_refused_total: r.counter(
+                "realtime_auth_verdicts_refused_total",
+                "authorization checks refused for want of room in their client address's line (MAX_VERDICTS_WAITING_PER_ADDRESS, MAX_VERDICTS_WAITING)",
             ),
             history_cut_by_bytes_total: r.counter(
                 "realtime_history_cut_by_bytes_total",

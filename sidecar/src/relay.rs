@@ -193,7 +193,7 @@ impl Batched for Relay {
     fn fail(&self, m: Broadcast, why: DbFailure) {
         let failure = match why {
             DbFailure::Unreachable => DB_UNAVAILABLE,
-            DbFailure::QueryCanceled => {
+            DbFailure::QueryCanceled | DbFailure::Busy => {
                 Failure::Unavailable("the database did not answer in time; retry")
             }
         };

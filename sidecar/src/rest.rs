@@ -173,6 +173,7 @@ fn identity(
             role: claims.role.clone(),
             claims: claims.all.to_string(),
             headers: headers_json,
+            address: (!claims.is_backend()).then_some(address),
         }),
         sub: claims.sub.clone(),
         backend: claims.is_backend(),

@@ -191,7 +191,7 @@ impl Channels {
                                 &claims,
                             );
                         }
-                        ch.who = identity(&c, &self.headers);
+                        ch.who = identity(&c, &self.headers, self.presence_source.address);
                         ch.claims = c;
                         if ch.key.private {
                             // Asked again, for the new identity, at the next push.

@@ -220,7 +220,7 @@ impl Channels {
         // check passed them, so no unchecked name is ever uploaded.
         let topic_key = vec![interest::Key::Topic(sub_topic.clone())];
         let (held, upload) = self.shared.interest.hold(topic_key.clone());
-        let who = identity(&claims, &self.headers);
+        let who = identity(&claims, &self.headers, self.presence_source.address);
         if config.private || !config.postgres_changes.is_empty() || upload.is_some() {
             // Answered when the batched verdicts, the bindings' check and the upload of its
             // keys are done (`on_answer`); the join waits here meanwhile.

@@ -457,10 +457,11 @@ impl Channels {
 
 /// Who a channel's verdicts are asked for: its token's role and claims, and the socket's
 /// headers (`request.headers`).
-fn identity(claims: &Claims, headers: &str) -> Arc<Identity> {
+fn identity(claims: &Claims, headers: &str, address: Option<AddressKey>) -> Arc<Identity> {
     Arc::new(Identity {
         role: claims.role.clone(),
         claims: claims.all.to_string(),
         headers: headers.to_owned(),
+        address,
     })
 }
