@@ -104,6 +104,26 @@ pub struct Config {
     /// as MAX_PATTERNS_PER_CONNECTION refuses).
     #[arg(long, env = "MAX_PATTERNS_PER_ADDRESS", default_value_t = 256)]
     pub max_patterns_per_address: usize,
+    /// Bindings of all the connections of one IPv6 /56 together (a residential line's
+    /// block: 256 /64s, each with MAX_BINDINGS_PER_ADDRESS); refused as
+    /// MAX_BINDINGS_PER_ADDRESS refuses, naming the block (issue 39, M2).
+    #[arg(long, env = "MAX_BINDINGS_PER_IPV6_56", default_value_t = 20_000)]
+    pub max_bindings_per_ipv6_56: usize,
+    /// The same for an IPv6 /48 (a cloud tenant's block).
+    #[arg(long, env = "MAX_BINDINGS_PER_IPV6_48", default_value_t = 40_000)]
+    pub max_bindings_per_ipv6_48: usize,
+    /// The same for an IPv4 /24.
+    #[arg(long, env = "MAX_BINDINGS_PER_IPV4_24", default_value_t = 40_000)]
+    pub max_bindings_per_ipv4_24: usize,
+    /// Pattern conditions of all the connections of one IPv6 /56 together.
+    #[arg(long, env = "MAX_PATTERNS_PER_IPV6_56", default_value_t = 512)]
+    pub max_patterns_per_ipv6_56: usize,
+    /// The same for an IPv6 /48.
+    #[arg(long, env = "MAX_PATTERNS_PER_IPV6_48", default_value_t = 1024)]
+    pub max_patterns_per_ipv6_48: usize,
+    /// The same for an IPv4 /24.
+    #[arg(long, env = "MAX_PATTERNS_PER_IPV4_24", default_value_t = 1024)]
+    pub max_patterns_per_ipv4_24: usize,
     /// Distinct patterns one `realtime.match_patterns` call judges: a table's patterns are
     /// asked in calls of at most this many, each connection's after those of connections
     /// with fewer, so that the ones with most are the ones a spent budget leaves undecided.
@@ -546,6 +566,28 @@ impl Config {
             56 => self.max_connections_per_ipv6_56,
             48 => self.max_connections_per_ipv6_48,
             _ => self.max_connections_per_ipv4_24,
+        }
+    }
+
+    /// The bindings and the pattern conditions `block` may hold, with the settings' names
+    /// (MAX_BINDINGS_PER_IPV6_56, MAX_PATTERNS_PER_IPV6_56 and friends).
+    pub fn max_bindings_per_block(
+        &self,
+        block: &crate::address::Block,
+    ) -> ((usize, &'static str), (usize, &'static str)) {
+        match block.prefix {
+            56 => (
+                (self.max_bindings_per_ipv6_56, "MAX_BINDINGS_PER_IPV6_56"),
+                (self.max_patterns_per_ipv6_56, "MAX_PATTERNS_PER_IPV6_56"),
+            ),
+            48 => (
+                (self.max_bindings_per_ipv6_48, "MAX_BINDINGS_PER_IPV6_48"),
+                (self.max_patterns_per_ipv6_48, "MAX_PATTERNS_PER_IPV6_48"),
+            ),
+            _ => (
+                (self.max_bindings_per_ipv4_24, "MAX_BINDINGS_PER_IPV4_24"),
+                (self.max_patterns_per_ipv4_24, "MAX_PATTERNS_PER_IPV4_24"),
+            ),
         }
     }
 

@@ -239,6 +239,8 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         joins_total: tally::RateTally::new(1),
         bindings_by_address: tally::Amounts::default(),
         patterns_by_address: tally::Amounts::default(),
+        bindings_by_block: tally::Amounts::default(),
+        patterns_by_block: tally::Amounts::default(),
         schema_wide_bindings: tally::Amounts::default(),
         resumes: history::line::Line::new(
             cfg.max_resumes_per_address,

@@ -95,6 +95,16 @@ pub enum Refusal {
         total: usize,
         limit: usize,
     },
+    /// A join whose bindings or pattern conditions would bring a wider block of addresses
+    /// past its limit (MAX_BINDINGS_PER_IPV6_56 and friends).
+    BindingsPerBlock {
+        /// "bindings" or "pattern conditions"
+        what: &'static str,
+        block: String,
+        total: usize,
+        limit: usize,
+        setting: &'static str,
+    },
     /// A join whose bindings would bring the sidecar past MAX_SCHEMA_WIDE_BINDINGS.
     SchemaWideBindings {
         total: usize,
@@ -184,6 +194,16 @@ impl Refusal {
             .text(),
             Refusal::PatternsPerAddress { total, limit } => BindingError::OverLimit(format!(
                 "the channels of this client address would have pattern conditions: {total}; the limit is {limit} (MAX_PATTERNS_PER_ADDRESS)"
+            ))
+            .text(),
+            Refusal::BindingsPerBlock {
+                what,
+                block,
+                total,
+                limit,
+                setting,
+            } => BindingError::OverLimit(format!(
+                "the channels of this client network ({block}) would have {what}: {total}; the limit is {limit} ({setting})"
             ))
             .text(),
             Refusal::SchemaWideBindings { total, limit } => BindingError::OverLimit(format!(

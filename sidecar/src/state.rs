@@ -57,6 +57,9 @@ pub struct Shared {
     pub bindings_by_address: crate::tally::Amounts<crate::address::AddressKey>,
     /// Their pattern conditions per client address (MAX_PATTERNS_PER_ADDRESS).
     pub patterns_by_address: crate::tally::Amounts<crate::address::AddressKey>,
+    /// The same per wider block of addresses (MAX_BINDINGS_PER_IPV6_56 and friends).
+    pub bindings_by_block: crate::tally::Amounts<crate::address::Block>,
+    pub patterns_by_block: crate::tally::Amounts<crate::address::Block>,
     /// The schema-wide bindings of every channel (MAX_SCHEMA_WIDE_BINDINGS), one key.
     pub schema_wide_bindings: crate::tally::Amounts<()>,
     /// Histories read or sent per client address, and the lines the others wait in
@@ -142,6 +145,8 @@ pub mod testing {
             resumes,
             bindings_by_address: crate::tally::Amounts::default(),
             patterns_by_address: crate::tally::Amounts::default(),
+            bindings_by_block: crate::tally::Amounts::default(),
+            patterns_by_block: crate::tally::Amounts::default(),
             schema_wide_bindings: crate::tally::Amounts::default(),
             check,
             history,

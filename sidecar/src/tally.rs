@@ -200,6 +200,11 @@ impl<K: Eq + Hash + Clone> Charge<K> {
         Ok(())
     }
 
+    /// The key this holder's share is of.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+
     /// This holder's share.
     pub fn amount(&self) -> usize {
         self.amount

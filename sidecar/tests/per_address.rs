@@ -854,6 +854,59 @@ async fn joins_had_no_rate_per_network_or_per_sidecar() {
     assert_eq!(d.reply(&r).await["status"], "ok");
 }
 
+/// Issue 39, M2: Postgres Changes bindings and pattern conditions were counted per /64
+/// only, so a client with the /64s of a /56 held MAX_BINDINGS_PER_ADDRESS 256 times. Each
+/// wider block has limits of its own now; a leave gives its share back.
+#[tokio::test]
+async fn the_64s_of_one_56_each_had_an_address_s_bindings() {
+    let sidecar = Sidecar::start(
+        "t_binding_blocks",
+        &[
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("MAX_BINDINGS_PER_ADDRESS", "3"),
+            ("MAX_BINDINGS_PER_IPV6_56", "4"),
+        ],
+    )
+    .await;
+    let p = sidecar.port;
+    let anon = anon_key();
+    let mut a = Client::connect_forwarded("127.0.0.1", "2001:db8:0:100::1", p, "1.0.0", &anon)
+        .await
+        .expect("admitted");
+    let mut b = Client::connect_forwarded("127.0.0.1", "2001:db8:0:1ff::1", p, "1.0.0", &anon)
+        .await
+        .expect("admitted");
+    let mut c = Client::connect_forwarded("127.0.0.1", "2001:db8:0:200::1", p, "1.0.0", &anon)
+        .await
+        .expect("admitted");
+    assert_eq!(
+        join_never(&mut a, "realtime:blk:a", 3).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        refusal(&join_never(&mut b, "realtime:blk:b", 2).await),
+        "InvalidPostgresChanges: the channels of this client network (2001:db8:0:100::/56) would have bindings: 5; the limit is 4 (MAX_BINDINGS_PER_IPV6_56)"
+    );
+    assert_eq!(
+        join_never(&mut b, "realtime:blk:b", 1).await["status"],
+        "ok"
+    );
+    // Another /56 of the same /48 has its own.
+    assert_eq!(
+        join_never(&mut c, "realtime:blk:c", 3).await["status"],
+        "ok"
+    );
+    // A leave gives the /56 its share back.
+    let r = a
+        .push(Some("2"), "realtime:blk:a", "phx_leave", json!({}))
+        .await;
+    assert_eq!(a.reply(&r).await["status"], "ok");
+    assert_eq!(
+        join_never(&mut b, "realtime:blk:b2", 2).await["status"],
+        "ok"
+    );
+}
+
 /// Issue 39, M3: schema-wide bindings (no table) are matched against every drained change
 /// on the drain's loop, and were bounded per address only, so a few addresses could slow
 /// every delivery of the sidecar. The sidecar's channels together hold at most

@@ -20,7 +20,7 @@ mod pushes;
 #[cfg(test)]
 mod tests;
 
-use crate::address::AddressKey;
+use crate::address::{AddressKey, Block};
 pub use channel::Channel;
 use join::PendingJoin;
 
@@ -118,6 +118,9 @@ pub struct Channels {
     address_bindings: Option<crate::tally::Charge<AddressKey>>,
     /// The same for its pattern conditions (MAX_PATTERNS_PER_ADDRESS).
     address_patterns: Option<crate::tally::Charge<AddressKey>>,
+    /// Its shares of its address's wider blocks' bindings and pattern conditions
+    /// (MAX_BINDINGS_PER_IPV6_56 and friends), kept as the address's are; none for a backend.
+    block_bindings: Vec<(crate::tally::Charge<Block>, crate::tally::Charge<Block>)>,
     /// Its share of the sidecar's schema-wide bindings (MAX_SCHEMA_WIDE_BINDINGS), a
     /// backend's too.
     schema_wide: crate::tally::Charge<()>,
@@ -137,10 +140,22 @@ impl Channels {
         let link = Link::new(id, vsn, shared.origin(id), tx);
         let address_bindings = address.map(|a| shared.bindings_by_address.charge(a));
         let address_patterns = address.map(|a| shared.patterns_by_address.charge(a));
+        let block_bindings = address
+            .map(|a| a.blocks())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|b| {
+                (
+                    shared.bindings_by_block.charge(b),
+                    shared.patterns_by_block.charge(b),
+                )
+            })
+            .collect();
         let schema_wide = shared.schema_wide_bindings.charge(());
         Channels {
             address_bindings,
             address_patterns,
+            block_bindings,
             schema_wide,
             link,
             shared,
@@ -260,6 +275,10 @@ impl Channels {
         if let Some(share) = &mut self.address_patterns {
             share.set(held.patterns);
         }
+        for (bindings, patterns) in &mut self.block_bindings {
+            bindings.set(held.bindings);
+            patterns.set(held.patterns);
+        }
         self.schema_wide.set(held.schema_wide);
     }
 
@@ -302,6 +321,7 @@ impl Channels {
                 limit: bindings_limit,
             });
         }
+        let patterns_before = patterns.amount();
         if let Err(total) = patterns.set_within(to.patterns, counted.patterns, patterns_limit) {
             bindings.set(before);
             self.schema_wide.set(wide_before);
@@ -310,7 +330,57 @@ impl Channels {
                 limit: patterns_limit,
             });
         }
+        // And each wider block of the address; a refusal by one puts every share back.
+        let mut refused = None;
+        let mut moved = 0;
+        for (block_bindings, block_patterns) in &mut self.block_bindings {
+            let block = *block_bindings.key();
+            let ((b_limit, b_setting), (p_limit, p_setting)) = cfg.max_bindings_per_block(&block);
+            let was = (block_bindings.amount(), block_patterns.amount());
+            let over = match block_bindings.set_within(to.bindings, counted.bindings, b_limit) {
+                Err(total) => Some(("bindings", total, b_limit, b_setting)),
+                Ok(()) => match block_patterns.set_within(to.patterns, counted.patterns, p_limit) {
+                    Err(total) => {
+                        block_bindings.set(was.0);
+                        Some(("pattern conditions", total, p_limit, p_setting))
+                    }
+                    Ok(()) => None,
+                },
+            };
+            if let Some((what, total, limit, setting)) = over {
+                refused = Some(Refusal::BindingsPerBlock {
+                    what,
+                    block: block.to_string(),
+                    total,
+                    limit,
+                    setting,
+                });
+                break;
+            }
+            moved += 1;
+        }
+        if let Some(why) = refused {
+            let held = (before, patterns_before, wide_before);
+            self.put_back(moved, held);
+            return Err(why);
+        }
         Ok(())
+    }
+
+    /// Puts the shares `charge_address` moved back to what they were: the address's, the
+    /// sidecar's schema-wide, and the first `moved` blocks' (each back to the address's).
+    fn put_back(&mut self, moved: usize, (bindings, patterns, wide): (usize, usize, usize)) {
+        if let Some(share) = &mut self.address_bindings {
+            share.set(bindings);
+        }
+        if let Some(share) = &mut self.address_patterns {
+            share.set(patterns);
+        }
+        self.schema_wide.set(wide);
+        for (b, p) in self.block_bindings.iter_mut().take(moved) {
+            b.set(bindings);
+            p.set(patterns);
+        }
     }
 
     /// Handles one client command. Err ends the connection with that reason.
