@@ -41,8 +41,10 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
 -- Persisted client broadcasts (through the functions above, which run as their caller):
 -- written when relayed, read at a replay, deleted when expired.
 GRANT SELECT, INSERT, DELETE ON realtime.persisted_messages TO realtime_sidecar;
--- What every sender keeps together (the persist quotas' total), added to and counted again.
+-- What every sender keeps together and each sender keeps (the persist quotas' counts),
+-- added to and counted again.
 GRANT SELECT, UPDATE ON realtime.persisted_totals TO realtime_sidecar;
+GRANT SELECT, INSERT, UPDATE, DELETE ON realtime.persisted_senders TO realtime_sidecar;
 -- Presence: the members and the sidecars' leases, changed only through these functions.
 GRANT EXECUTE ON FUNCTION realtime.queue_presence(text, boolean, text),
     realtime.presence_renew(text, interval),

@@ -51,6 +51,8 @@ INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, exp
 VALUES (gen_random_uuid(), 'room:restored', true, 'e', '{}', now() + interval '1 hour');
 SELECT realtime.expire_persisted() AS expired;
 SELECT messages, bytes > 0 AS has_bytes FROM realtime.persisted_totals;
+-- Each sender's count too (kept, not counted at each relay); the restored row has none.
+SELECT sender, messages, bytes > 0 AS has_bytes FROM realtime.persisted_senders ORDER BY sender;
 SELECT realtime.relay_batch(ARRAY[7], ARRAY['room:u1-5'], ARRAY['e'], ARRAY[true],
     ARRAY['{"n": 1}'], ARRAY[NULL]::bytea[], ARRAY[60], 100, 100000,
     ARRAY['user u1'], 2, 100000, 5, NULL) AS relayed_after_expiry;
@@ -58,7 +60,9 @@ SELECT realtime.relay_batch(ARRAY[7], ARRAY['room:u1-5'], ARRAY['e'], ARRAY[true
 -- The totals are the extension's: nobody but its owner (and the sidecar's login, granted
 -- by scripts/sidecar_login.sql) reads or writes them.
 SELECT has_table_privilege('public', 'realtime.persisted_totals', 'SELECT') AS public_reads,
-       has_table_privilege('public', 'realtime.persisted_totals', 'UPDATE') AS public_writes;
+       has_table_privilege('public', 'realtime.persisted_totals', 'UPDATE') AS public_writes,
+       has_table_privilege('public', 'realtime.persisted_senders', 'SELECT') AS public_reads_senders,
+       has_table_privilege('public', 'realtime.persisted_senders', 'INSERT') AS public_writes_senders;
 DELETE FROM realtime.persisted_messages;
 SELECT realtime.expire_persisted() AS expired;
 -- What this file relayed, taken from the suite's consumer.

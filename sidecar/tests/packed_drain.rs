@@ -142,6 +142,7 @@ async fn a_login_without_drain_packed_falls_back_to_rows_and_delivers() {
          GRANT USAGE ON SEQUENCE realtime.presence_refs TO realtime_rows_sidecar;
          GRANT SELECT, INSERT, DELETE ON realtime.persisted_messages TO realtime_rows_sidecar;
          GRANT SELECT, UPDATE ON realtime.persisted_totals TO realtime_rows_sidecar;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON realtime.persisted_senders TO realtime_rows_sidecar;
          GRANT anon, authenticated, service_role TO realtime_rows_sidecar;",
     )
     .await
