@@ -129,7 +129,7 @@
 //! channel's pushes, wishes, the worker, the views) · `gate` a rejoining channel's
 //! live frames held until its history is sent · `hub` topics and fan-out · `reach` the one way to a
 //! joined channel's socket, held by every registry · `outbound` a connection's outbound queue ·
-//! `drainer` the queue side · `rows` a drain or history row read once into what it is · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `relay` batched
+//! `drainer` the queue side · `rows` a drain or history row read once into what it is · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `verdict_queue` the line its requests wait in, per client address, taken in turn · `relay` batched
 //! `realtime.relay` · `persist` client broadcasts kept for replay (and whose quota they count
 //! against) · `persist_full` the persist quotas just found full · `db_worker` what the
 //! database workers share (a connection kept up with backoff; the batched-worker shape of
