@@ -19,7 +19,8 @@
 //! means, before it was drained is reported in `errors` without its rows: never misread.
 
 use crate::capture;
-use crate::payload::{push_json_str, row_json};
+use crate::json_str::push_json_str;
+use crate::payload::row_json;
 use crate::row_json::{self as rows, RowJson};
 use pgrx::pg_sys;
 use std::collections::HashMap;

@@ -39,6 +39,8 @@ mod gucs;
 mod history;
 mod identity;
 mod interest;
+mod interest_table;
+mod json_str;
 mod message;
 mod packed;
 mod pattern;

@@ -1,6 +1,7 @@
 //! Building message payloads: ids, JSON text, and the payload shape of Supabase's
 //! `realtime.broadcast_changes`.
 
+use crate::json_str::push_json_str;
 use pgrx::pg_sys;
 
 /// Random bytes drawn per call of the strong random source: 64 ids. One OpenSSL call costs
@@ -52,37 +53,6 @@ pub fn push_uuid(out: &mut String, id: &[u8; 16]) {
         out.push(HEX[(byte >> 4) as usize] as char);
         out.push(HEX[(byte & 0xf) as usize] as char);
     }
-}
-
-/// Appends `s` as a JSON string literal.
-pub fn push_json_str(out: &mut String, s: &str) {
-    // SAFETY: `s` is UTF-8 and only ASCII is added around and between its characters.
-    push_json_bytes(unsafe { out.as_mut_vec() }, s.as_bytes());
-}
-
-/// Appends `s` as a JSON string literal, escaped as Postgres's `escape_json` does (bytes
-/// of 0x80 and above are copied as they are, so text in the database's encoding stays so).
-pub fn push_json_bytes(out: &mut Vec<u8>, s: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
-    for &b in s {
-        match b {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x0c => out.extend_from_slice(b"\\f"),
-            b if b < 0x20 => {
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[(b >> 4) as usize]);
-                out.push(HEX[(b & 0xf) as usize]);
-            }
-            b => out.push(b),
-        }
-    }
-    out.push(b'"');
 }
 
 fn push_opt_str(out: &mut String, s: Option<&str>) {

@@ -13,7 +13,7 @@
 //! types with a cast to json are left to `row_to_json` itself (`write` says so), as they
 //! nest. `regress/sql/row_json.sql` compares the two on every category.
 
-use crate::payload::push_json_bytes;
+use crate::json_str::push_json_bytes;
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

@@ -156,7 +156,7 @@ fn slots_size(nslots: u32) -> usize {
 
 /// The consumers' interest tables (`interest.rs`), one per slot, after the slots.
 fn interests_size(nslots: u32) -> usize {
-    crate::interest::table_size() * nslots as usize
+    crate::interest_table::table_size() * nslots as usize
 }
 
 /// Where the ring starts: after the header, the slots and their interest tables.
@@ -263,6 +263,9 @@ pub struct ExclusiveGuard<'a> {
     inner: Guard<'a>,
 }
 
+// Holding it is holding the queue lock exclusively, which the interest tables' changes ask.
+impl crate::interest_table::ExclusiveLock for ExclusiveGuard<'_> {}
+
 impl<'a> ExclusiveGuard<'a> {
     pub fn core(&mut self) -> &mut QueueCore {
         // SAFETY: the lock is held exclusively and this guard is borrowed mutably, so this
@@ -302,12 +305,12 @@ impl QueueShared {
     }
 
     /// The interest table of slot `i` (`interest.rs` has its lock rules).
-    pub fn interest(&self, i: usize) -> crate::interest::Interest<'_> {
+    pub fn interest(&self, i: usize) -> crate::interest_table::Interest<'_> {
         assert!(i < self.nslots as usize);
-        let table = crate::interest::table_size();
+        let table = crate::interest_table::table_size();
         // SAFETY: the tables were zeroed at start-up and live as long as the segment.
         unsafe {
-            crate::interest::Interest::at(
+            crate::interest_table::Interest::at(
                 self.base()
                     .add(header_size() + slots_size(self.nslots) + i * table),
             )
@@ -315,7 +318,7 @@ impl QueueShared {
     }
 
     /// The interest table of `slot`, one of `slots()`.
-    pub fn interest_of(&self, slot: &ConsumerSlot) -> crate::interest::Interest<'_> {
+    pub fn interest_of(&self, slot: &ConsumerSlot) -> crate::interest_table::Interest<'_> {
         let first = self.slots().as_ptr();
         // SAFETY: `slot` is an element of `slots()` (its callers found it there).
         let i = unsafe { (slot as *const ConsumerSlot).offset_from(first) };

@@ -22,6 +22,7 @@
 
 use super::ask::Ask;
 use super::budget::{self, Budget, Held};
+use super::line::{Permit, Waiting};
 use crate::config::Config;
 use crate::db_worker;
 use crate::frame::{self, Vsn};
@@ -98,7 +99,7 @@ pub struct Request {
     /// One of its client address's MAX_RESUMES_PER_ADDRESS places (`line`), held while the
     /// history is read and sent, over every pass; given back, to the next of the line, where
     /// the request is dropped. None while it waits in the line.
-    pub permit: Option<super::line::Permit>,
+    pub permit: Option<Permit>,
 }
 
 /// A resuming channel's Postgres Changes bindings and the identity it joined with: what
@@ -1101,6 +1102,23 @@ async fn serve_replays(
 }
 
 /// The history could not be read: the channel goes live, told that nothing was recovered.
+impl Waiting for Request {
+    fn hold(&mut self, permit: Permit) {
+        self.permit = Some(permit);
+    }
+
+    fn live(&self) -> bool {
+        !self.gate.is_closed() && !self.reach.is_closed()
+    }
+
+    fn unavailable(self, why: Option<&str>, metrics: &Metrics) {
+        match why {
+            Some(why) => unavailable_because(self, why, metrics),
+            None => unavailable(self, metrics),
+        }
+    }
+}
+
 pub fn unavailable(r: Request, metrics: &Metrics) {
     unavailable_because(
         r,

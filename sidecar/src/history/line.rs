@@ -21,7 +21,6 @@
 //! A backend's connection (`Claims::is_backend`) has no line: its joins' histories run at
 //! once, bounded by its channels (MAX_CHANNELS_PER_CLIENT) like any connection's.
 
-use super::fetch::{self, Request};
 use crate::address::AddressKey;
 use crate::metrics::Metrics;
 use crate::reason::Notice;
@@ -29,28 +28,60 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
-/// The per-address lines of one sidecar.
-#[derive(Clone)]
-pub struct Line {
-    inner: Arc<Inner>,
+/// What waits in a line: a join's history request (`fetch::Request`). The line gives it
+/// its place, asks whether its channel is still there, and tells it when it cannot run.
+pub trait Waiting: Send + 'static {
+    /// Holds its place while it runs (the place is given back when the request drops).
+    fn hold(&mut self, permit: Permit);
+    /// Its channel is still there to be sent its history.
+    fn live(&self) -> bool;
+    /// It will not run: the channel goes live, told `why` (None: the database could not be
+    /// read).
+    fn unavailable(self, why: Option<&str>, metrics: &Metrics);
 }
 
-struct Inner {
-    addresses: Mutex<HashMap<AddressKey, Queue>>,
+/// The per-address lines of one sidecar.
+pub struct Line<R> {
+    inner: Arc<Inner<R>>,
+}
+
+impl<R> Clone for Line<R> {
+    fn clone(&self) -> Self {
+        Line {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<R> {
+    addresses: Mutex<HashMap<AddressKey, Queue<R>>>,
     /// MAX_RESUMES_PER_ADDRESS
     running: usize,
     /// MAX_RESUMES_WAITING_PER_ADDRESS
     waiting: usize,
     /// The history worker's queue.
-    history: mpsc::Sender<Request>,
+    history: mpsc::Sender<R>,
     metrics: Arc<Metrics>,
 }
 
 /// One address: its histories running, and its joins waiting, oldest first.
-#[derive(Default)]
-struct Queue {
+struct Queue<R> {
     running: usize,
-    waiting: VecDeque<Request>,
+    waiting: VecDeque<R>,
+}
+
+impl<R> Default for Queue<R> {
+    fn default() -> Self {
+        Queue {
+            running: 0,
+            waiting: VecDeque::new(),
+        }
+    }
+}
+
+/// How a place goes back to its line, whatever waits in it.
+trait Release: Send + Sync {
+    fn release(self: Arc<Self>, address: Option<AddressKey>);
 }
 
 /// What `Line::admit` did with a join.
@@ -67,7 +98,7 @@ pub enum Admitted {
 /// One running history of an address (or of a backend's connection, `None`: no line);
 /// dropping it lets the next of the line run.
 pub struct Permit {
-    inner: Arc<Inner>,
+    inner: Arc<dyn Release>,
     address: Option<AddressKey>,
 }
 
@@ -78,13 +109,13 @@ impl Permit {
     }
 }
 
-impl Line {
+impl<R: Waiting> Line<R> {
     pub fn new(
         running: u64,
         waiting: u64,
-        history: mpsc::Sender<Request>,
+        history: mpsc::Sender<R>,
         metrics: Arc<Metrics>,
-    ) -> Line {
+    ) -> Line<R> {
         Line {
             inner: Arc::new(Inner {
                 addresses: Mutex::default(),
@@ -98,7 +129,7 @@ impl Line {
 
     /// Runs a join's history now if its address has room (a backend's always), or puts it
     /// in the address's line, or (the line full) lets the channel go live without it.
-    pub fn admit(&self, address: Option<AddressKey>, r: Request) -> Admitted {
+    pub fn admit(&self, address: Option<AddressKey>, r: R) -> Admitted {
         let inner = &self.inner;
         let Some(address) = address else {
             inner.metrics.resumes_running.increment(1.0);
@@ -117,7 +148,7 @@ impl Line {
         if q.waiting.len() >= inner.waiting {
             // Channels that left while waiting no longer count against the line.
             let before = q.waiting.len();
-            q.waiting.retain(live);
+            q.waiting.retain(R::live);
             let gone = before - q.waiting.len();
             inner.metrics.resumes_waiting.decrement(gone as f64);
         }
@@ -132,7 +163,7 @@ impl Line {
             running: inner.running as u64,
             waiting: inner.waiting as u64,
         };
-        fetch::unavailable_because(r, &notice.text(), &inner.metrics);
+        r.unavailable(Some(&notice.text()), &inner.metrics);
         Admitted::Refused
     }
 
@@ -142,10 +173,10 @@ impl Line {
     }
 }
 
-impl Inner {
+impl<R: Waiting> Inner<R> {
     /// Hands a join holding one of its address's places to the history worker.
-    fn run(self: &Arc<Self>, address: Option<AddressKey>, mut r: Request) {
-        r.permit = Some(Permit {
+    fn run(self: &Arc<Self>, address: Option<AddressKey>, mut r: R) {
+        r.hold(Permit {
             inner: self.clone(),
             address,
         });
@@ -156,21 +187,22 @@ impl Inner {
             // Its place is given back when its (empty) sending ends. (Without a runtime, the
             // process is ending: the request is dropped, and the line with it.)
             if tokio::runtime::Handle::try_current().is_ok() {
-                fetch::unavailable(r, &self.metrics);
+                r.unavailable(None, &self.metrics);
             }
         }
     }
 }
 
-/// A waiting join whose channel is still there to be sent its history.
-fn live(r: &Request) -> bool {
-    !r.gate.is_closed() && !r.reach.is_closed()
-}
-
 impl Drop for Permit {
     fn drop(&mut self) {
-        let inner = &self.inner;
-        let Some(address) = self.address else {
+        self.inner.clone().release(self.address);
+    }
+}
+
+impl<R: Waiting> Release for Inner<R> {
+    fn release(self: Arc<Self>, address: Option<AddressKey>) {
+        let inner = &self;
+        let Some(address) = address else {
             inner.metrics.resumes_running.decrement(1.0);
             return;
         };
@@ -183,7 +215,7 @@ impl Drop for Permit {
         let mut next = None;
         while let Some(r) = q.waiting.pop_front() {
             inner.metrics.resumes_waiting.decrement(1.0);
-            if live(&r) {
+            if r.live() {
                 next = Some(r);
                 break;
             }
@@ -205,35 +237,63 @@ impl Drop for Permit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::Vsn;
-    use crate::gate::Gate;
-    use crate::history::ask::Ask;
-    use crate::hub::TopicKey;
-    use crate::reach::Link;
     use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
     fn address(last: u8) -> Option<AddressKey> {
         Some(AddressKey::of(IpAddr::V4(Ipv4Addr::new(192, 0, 2, last))))
     }
 
-    /// A resuming channel's request, and the receiving end of its connection's queue.
-    fn request(topic: &str) -> (Request, crate::outbound::Receiver) {
-        let (tx, rx) = crate::outbound::bounded(100, 1 << 20);
-        let link = Link::new(1, Vsn::V1, 0, tx);
-        let reach = link.reach(&format!("realtime:{topic}"), Some("1"));
+    /// A join's request as the line sees it: its topic, whether its channel is still there,
+    /// and its place once it runs.
+    struct Request {
+        key: Key,
+        there: Arc<AtomicBool>,
+        _permit: Option<Permit>,
+    }
+
+    struct Key {
+        topic: String,
+    }
+
+    impl Waiting for Request {
+        fn hold(&mut self, permit: Permit) {
+            self._permit = Some(permit);
+        }
+        fn live(&self) -> bool {
+            self.there.load(Relaxed)
+        }
+        fn unavailable(self, _why: Option<&str>, metrics: &Metrics) {
+            metrics.history_unrecovered_total.increment(1);
+        }
+    }
+
+    /// Its channel: dropping it is the channel leaving.
+    struct Channel(Arc<AtomicBool>);
+
+    impl Channel {
+        fn close(&self) {
+            self.0.store(false, Relaxed);
+        }
+    }
+
+    impl Drop for Channel {
+        fn drop(&mut self) {
+            self.close();
+        }
+    }
+
+    /// A resuming channel's request, and its channel.
+    fn request(topic: &str) -> (Request, Channel) {
+        let there = Arc::new(AtomicBool::new(true));
         let r = Request {
-            ask: Ask::Resume { epoch: 1, seq: 0 },
-            key: TopicKey {
-                private: false,
+            key: Key {
                 topic: topic.into(),
             },
-            reach,
-            gate: Gate::new(100, 1 << 20),
-            carry: None,
-            changes: None,
-            permit: None,
+            there: there.clone(),
+            _permit: None,
         };
-        (r, rx)
+        (r, Channel(there))
     }
 
     #[tokio::test]
@@ -292,10 +352,9 @@ mod tests {
         let a = address(1);
         let (running, _rx0) = request("running");
         assert_eq!(line.admit(a, running), Admitted::Now);
-        let (left, _rx1) = request("left");
-        let gate = left.gate.clone();
+        let (left, channel) = request("left");
         assert_eq!(line.admit(a, left), Admitted::Waiting);
-        gate.close();
+        channel.close();
         let (next, _rx2) = request("next");
         assert_eq!(line.admit(a, next), Admitted::Waiting);
         assert_eq!(metrics.value("realtime_resumes_waiting"), Some(1.0));

@@ -1,0 +1,263 @@
+//! The interest tables in shared memory, one per consumer slot: their layout, keys and
+//! lock rules. What a consumer's interest is for, and the SQL that changes it, are in
+//! `interest`; this file imports nothing that imports it back (the queue's shared state
+//! holds these tables).
+//!
+//! # Layout and lock rules
+//!
+//! `realtime.max_consumers` tables sit after the consumer slots, one per slot, each a
+//! header and `capacity()` entries of open addressing with linear probing. A key is a
+//! 64-bit hash of a topic or of a table's name (`topic_key`, `table_key`); 0 marks an empty
+//! entry and 1 a removed one. A hash collision only makes a drain return a message nobody
+//! here wants, which the sidecar drops as it drops any topic without subscribers.
+//!
+//! Writers (`listen`, `unlisten`, `listen_all`, creating or dropping the slot) hold the queue
+//! lock exclusively, so there is one writer at a time, and bracket every change with the
+//! header's `version`, a sequence lock: odd while a change is under way. Readers (drains,
+//! outside the lock, once per record) take no lock: a read that overlapped a change, seen
+//! by an odd or moved `version`, answers "wanted". So readers never wait for writers, and an
+//! answer is either exact or errs towards delivering.
+
+use crate::gucs;
+use crate::message::MessageView;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64};
+
+/// What a change of a table asks its caller to show: that it holds the queue lock
+/// exclusively (the queue's `ExclusiveGuard` is such a proof; `shared` says so).
+pub trait ExclusiveLock {}
+
+const EMPTY: u64 = 0;
+const REMOVED: u64 = 1;
+
+/// One table's header, followed by its entries.
+#[repr(C)]
+pub struct InterestHead {
+    /// Sequence lock: bumped to odd before a change, to even after; changed under the
+    /// exclusive queue lock only.
+    version: AtomicU64,
+    /// The consumer receives only what it listens to. Exclusive lock to change.
+    filtering: AtomicBool,
+    /// Keys listened to. Exclusive lock to change.
+    live: AtomicU32,
+    /// Entries not empty (live and removed). Exclusive lock to change.
+    used: AtomicU32,
+}
+
+/// An entry: its key, then how many listens hold it. Exclusive lock to change; readers
+/// look at `key` only (a present key always has a count above zero).
+#[repr(C)]
+pub struct Entry {
+    key: AtomicU64,
+    count: AtomicU64,
+}
+
+/// How many keys one consumer may listen to at once (`realtime.max_topics_per_consumer`).
+pub fn max_keys() -> u32 {
+    gucs::max_topics_per_consumer()
+}
+
+/// Entries per table: twice the keys at least, so probes stay short.
+pub fn capacity() -> u32 {
+    (max_keys() * 2).next_power_of_two()
+}
+
+/// Bytes of one slot's table, kept 64-byte aligned.
+pub fn table_size() -> usize {
+    (std::mem::size_of::<InterestHead>().next_multiple_of(64)
+        + capacity() as usize * std::mem::size_of::<Entry>())
+    .next_multiple_of(64)
+}
+
+fn fnv1a(kind: u8, bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in std::iter::once(&kind).chain(bytes) {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    // 0 and 1 mark empty and removed entries.
+    h.max(2)
+}
+
+pub fn topic_key(topic: &str) -> u64 {
+    fnv1a(b't', topic.as_bytes())
+}
+
+/// A captured table's changes, by the table's name (a change's topic): a name, unlike an
+/// oid, still means the table a client subscribed to after it was dropped and created again.
+pub fn table_key(table: &str) -> u64 {
+    fnv1a(b'r', table.as_bytes())
+}
+
+/// Every captured table's changes.
+pub fn all_tables_key() -> u64 {
+    fnv1a(b'a', &[])
+}
+
+/// One consumer slot's table.
+#[derive(Clone, Copy)]
+pub struct Interest<'a> {
+    head: &'a InterestHead,
+    entries: &'a [Entry],
+}
+
+impl<'a> Interest<'a> {
+    /// # Safety
+    /// `base` must point to a table of `table_size()` bytes laid out as above (all-zero is
+    /// a valid, unfiltered table) that outlives `'a`.
+    pub unsafe fn at(base: *mut u8) -> Self {
+        let entries = base.add(std::mem::size_of::<InterestHead>().next_multiple_of(64));
+        Interest {
+            head: &*(base as *const InterestHead),
+            entries: std::slice::from_raw_parts(entries as *const Entry, capacity() as usize),
+        }
+    }
+
+    fn mask(&self) -> usize {
+        self.entries.len() - 1
+    }
+
+    /// Where `key` is, or None. Probes stop at an empty entry.
+    fn find(&self, key: u64) -> Option<usize> {
+        let mut i = key as usize & self.mask();
+        for _ in 0..self.entries.len() {
+            match self.entries[i].key.load(Relaxed) {
+                k if k == key => return Some(i),
+                EMPTY => return None,
+                _ => i = (i + 1) & self.mask(),
+            }
+        }
+        None
+    }
+
+    /// Whether a drain should return a message with this key. No lock; see the file's
+    /// comment for why an overlapping change answers true.
+    pub fn wants(&self, key: u64) -> bool {
+        let before = self.head.version.load(Acquire);
+        if before % 2 == 1 || !self.head.filtering.load(Relaxed) {
+            return true;
+        }
+        let found = self.find(key).is_some();
+        fence(Acquire);
+        found || self.head.version.load(Relaxed) != before
+    }
+
+    /// Whether the drain should return this record.
+    pub fn wants_record(&self, m: &MessageView) -> bool {
+        if m.is_change() {
+            self.wants(all_tables_key()) || self.wants(table_key(m.topic))
+        } else {
+            self.wants(topic_key(m.topic))
+        }
+    }
+
+    pub fn filtering(&self) -> bool {
+        self.head.filtering.load(Relaxed)
+    }
+
+    pub fn live(&self) -> u32 {
+        self.head.live.load(Relaxed)
+    }
+
+    /// Runs `change` as one writer's change, readers told by `version`.
+    fn write<T>(&self, _lock: &mut impl ExclusiveLock, change: impl FnOnce() -> T) -> T {
+        let v = self.head.version.load(Relaxed);
+        self.head.version.store(v + 1, Relaxed);
+        fence(Release);
+        let out = change();
+        self.head.version.store(v + 2, Release);
+        out
+    }
+
+    fn clear_entries(&self) {
+        for e in self.entries {
+            e.key.store(EMPTY, Relaxed);
+            e.count.store(0, Relaxed);
+        }
+        self.head.live.store(0, Relaxed);
+        self.head.used.store(0, Relaxed);
+    }
+
+    /// Forgets every key; `filtering` says whether the consumer then receives nothing
+    /// (until it listens) or everything.
+    pub fn reset(&self, lock: &mut impl ExclusiveLock, filtering: bool) {
+        self.write(lock, || {
+            self.clear_entries();
+            self.head.filtering.store(filtering, Relaxed);
+        });
+    }
+
+    fn insert(&self, key: u64, count: u64) {
+        if let Some(i) = self.find(key) {
+            self.entries[i].count.fetch_add(count, Relaxed);
+            return;
+        }
+        let mut i = key as usize & self.mask();
+        loop {
+            let k = self.entries[i].key.load(Relaxed);
+            if k == EMPTY || k == REMOVED {
+                self.entries[i].count.store(count, Relaxed);
+                self.entries[i].key.store(key, Relaxed);
+                self.head.live.fetch_add(1, Relaxed);
+                if k == EMPTY {
+                    self.head.used.fetch_add(1, Relaxed);
+                }
+                return;
+            }
+            i = (i + 1) & self.mask();
+        }
+    }
+
+    /// Counts each key once more and turns filtering on. All or nothing: Err(live keys
+    /// it would need) when the table cannot take the new keys.
+    pub fn listen(&self, lock: &mut impl ExclusiveLock, keys: &[u64]) -> Result<(), u64> {
+        let mut new: Vec<u64> = keys
+            .iter()
+            .copied()
+            .filter(|k| self.find(*k).is_none())
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        let needed = self.live() as u64 + new.len() as u64;
+        if needed > max_keys() as u64 {
+            return Err(needed);
+        }
+        self.write(lock, || {
+            // Removed entries lengthen probes and are never empty again by themselves:
+            // rebuild once they and the live keys would fill three quarters of the table.
+            let used = self.head.used.load(Relaxed) as usize + new.len();
+            if used * 4 > self.entries.len() * 3 {
+                let kept: Vec<(u64, u64)> = self
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.load(Relaxed), e.count.load(Relaxed)))
+                    .filter(|(k, _)| *k > REMOVED)
+                    .collect();
+                self.clear_entries();
+                for (k, c) in kept {
+                    self.insert(k, c);
+                }
+            }
+            for k in keys {
+                self.insert(*k, 1);
+            }
+            self.head.filtering.store(true, Relaxed);
+        });
+        Ok(())
+    }
+
+    /// Counts each key once less; a key no longer held is removed. Keys not listened to
+    /// are ignored.
+    pub fn unlisten(&self, lock: &mut impl ExclusiveLock, keys: &[u64]) {
+        self.write(lock, || {
+            for k in keys {
+                let Some(i) = self.find(*k) else { continue };
+                let e = &self.entries[i];
+                if e.count.fetch_sub(1, Relaxed) == 1 {
+                    e.key.store(REMOVED, Relaxed);
+                    self.head.live.fetch_sub(1, Relaxed);
+                }
+            }
+        });
+    }
+}
