@@ -66,6 +66,9 @@ pub fn from_query(flag: Option<&str>, ttl_text: Option<&str>) -> Result<Option<i
     }
 }
 
+/// The longest token subject a sender is named by (Supabase's are uuids).
+const MAX_SENDER_BYTES: usize = 255;
+
 /// Who a kept message counts against (MAX_PERSISTED_*_PER_USER), as
 /// `realtime.persisted_messages.sender` names it: the token's subject; for a token without
 /// one (the anon key, which is public) the client's address; none for the app's backend
@@ -74,6 +77,9 @@ pub fn sender(sub: Option<&str>, address: Option<AddressKey>, backend: bool) -> 
     if backend {
         return None;
     }
+    // A subject that could not be a text parameter (a NUL) or is longer than a key should
+    // be is not a name to count by: its address is.
+    let sub = sub.filter(|s| !s.contains('\0') && s.len() <= MAX_SENDER_BYTES);
     match (sub, address) {
         (Some(sub), _) => Some(format!("user {sub}")),
         (None, Some(a)) => Some(format!("address {a}")),
@@ -118,6 +124,10 @@ mod tests {
         );
         assert_eq!(sender(Some("u1"), Some(a), true), None);
         assert_eq!(sender(None, None, false), None);
+        // A subject with a NUL, or past 255 bytes, never reaches SQL: the address counts.
+        let by_address = Some("address 2001:db8::/64".to_owned());
+        assert_eq!(sender(Some("u\0"), Some(a), false), by_address);
+        assert_eq!(sender(Some(&"u".repeat(256)), Some(a), false), by_address);
     }
 
     #[test]

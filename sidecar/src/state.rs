@@ -64,7 +64,7 @@ pub struct Shared {
     pub schema_wide_bindings: crate::tally::Amounts<()>,
     /// Histories read or sent per client address, and the lines the others wait in
     /// (MAX_RESUMES_PER_ADDRESS, `history::line`); joins reach `history` through it.
-    pub resumes: crate::history::line::Line,
+    pub resumes: crate::history::line::Line<crate::history::fetch::Request>,
     /// Random per process: the high half of this sidecar's relay origins.
     pub instance: u32,
 }

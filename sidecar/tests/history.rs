@@ -423,6 +423,23 @@ async fn private_setup() -> tokio_postgres::Client {
     db
 }
 
+/// `channel.httpSend` of a kept message (`persist=true`) to a private topic, as `token`.
+async fn post_kept(port: u16, topic: &str, token: &str, body: &str) -> (u16, String) {
+    let (status, body) = http(
+        port,
+        "POST",
+        &format!("/api/broadcast/{topic}/events/kept?private=true&persist=true"),
+        &[
+            ("authorization", &format!("Bearer {token}")),
+            ("apikey", &anon_key()),
+        ],
+        body,
+    )
+    .await
+    .unwrap();
+    (status, body)
+}
+
 async fn join_private(c: &mut Client, topic: &str, sub: &str, broadcast: Value) -> Value {
     let payload = json!({"config": {"private": true, "broadcast": broadcast},
                          "access_token": user_token(sub)});
@@ -1017,18 +1034,7 @@ async fn kept_pushes_to_a_full_topic_are_refused_without_asking_the_database_eac
     assert!(known >= 1.0, "every push went to the database");
     // Over REST, to the same topic: refused with the reason too.
     let token = user_token(MEMBER);
-    let (status, body) = http(
-        sidecar.port,
-        "POST",
-        &format!("/api/broadcast/{topic}/events/kept?private=true&persist=true"),
-        &[
-            ("authorization", &format!("Bearer {token}")),
-            ("apikey", &anon_key()),
-        ],
-        r#"{"n": 7}"#,
-    )
-    .await
-    .unwrap();
+    let (status, body) = post_kept(sidecar.port, &topic, &token, r#"{"n": 7}"#).await;
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("PersistQuotaExceeded"), "{body}");
     // Not kept: relayed.
@@ -1121,18 +1127,7 @@ async fn one_user_kept_a_topic_s_quota_in_every_topic_it_named() {
     let token = user_token(STRANGER);
     let mut statuses = Vec::new();
     for _ in 0..2 {
-        let (status, body) = http(
-            sidecar.port,
-            "POST",
-            &format!("/api/broadcast/{other}/events/kept?private=true&persist=true"),
-            &[
-                ("authorization", &format!("Bearer {token}")),
-                ("apikey", &anon_key()),
-            ],
-            r#"{"n": 2}"#,
-        )
-        .await
-        .unwrap();
+        let (status, body) = post_kept(sidecar.port, &other, &token, r#"{"n": 2}"#).await;
         statuses.push((status, body));
     }
     assert_eq!(statuses[0].0, 202, "{statuses:?}");
