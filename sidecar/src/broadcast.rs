@@ -6,15 +6,13 @@
 
 use crate::command::ClientBroadcast;
 use crate::frame::Inbound;
-use crate::gate::Gate;
 use crate::held::Held;
 use crate::hub::{Hub, Subscriber, TopicKey};
 use crate::join_config::JoinConfig;
-use crate::reach::{Link, Reach};
+use crate::out::{Link, Reach};
 use crate::reason::Refusal;
 use crate::relay::{self, AckTo, Failure};
 use crate::state::Shared;
-use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// One channel's broadcast settings and verdicts.
@@ -45,22 +43,14 @@ impl State {
         }
     }
 
-    /// Starts delivery to the channel, if it may read; behind `gate` while its history
-    /// is sent.
-    pub fn start(
-        &self,
-        hub: &Hub,
-        link: &Link,
-        reach: &Reach,
-        key: &TopicKey,
-        gate: Option<Arc<Gate>>,
-    ) {
+    /// Starts delivery to the channel, if it may read (behind its gate while its history
+    /// is sent, if `reach` has one).
+    pub fn start(&self, hub: &Hub, link: &Link, reach: &Reach, key: &TopicKey) {
         if self.read {
             let sub = Subscriber {
                 reach: reach.clone(),
                 origin: link.origin,
                 self_broadcast: self.self_broadcast,
-                gate,
             };
             hub.subscribe(key.clone(), sub);
         }
@@ -85,7 +75,7 @@ impl State {
         }
         if read {
             self.read = true;
-            self.start(hub, link, reach, key, None);
+            self.start(hub, link, reach, key);
         } else {
             self.stop(hub, reach, key);
             self.read = false;

@@ -16,13 +16,13 @@
 use crate::config::Config;
 use crate::hub::{Hub, QueueMessage};
 use crate::metrics::Metrics;
+use crate::out::Reach;
 use crate::packed;
 use crate::postgres_changes::checks::Checks;
 use crate::postgres_changes::deliver::{self, Outgoing};
 use crate::postgres_changes::position;
 use crate::postgres_changes::subscribers::{Subscriber, Subscribers};
 use crate::presence::view::Views;
-use crate::reach::Reach;
 use crate::reason::Notice;
 use crate::rows::{As, Columns, Entry, Read};
 use std::collections::HashMap;
@@ -482,7 +482,7 @@ async fn session(
                         f.send(metrics);
                     }
                     for (job, change, sub) in slot {
-                        if sub.reach.hold_slot(jobs[job].0, change, seq) {
+                        if sub.reach.slot(jobs[job].0, change, seq) {
                             // Its position follows the batch, behind the slot (`position`).
                             positions.note_slot(&sub);
                             holders[job]

@@ -3,11 +3,10 @@
 //! to disconnect instead of slowing anyone else down.
 
 use crate::frame::{self, Meta, Vsn};
-use crate::gate::Gate;
 use crate::metrics::Metrics;
-use crate::outbound::Sent;
-pub use crate::reach::ConnId;
-use crate::reach::Reach;
+pub use crate::out::ConnId;
+use crate::out::Sent;
+use crate::out::{At, Reach};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -29,8 +28,6 @@ pub struct Subscriber {
     pub origin: i64,
     /// Whether the connection wants its own broadcasts back (`config.broadcast.self`).
     pub self_broadcast: bool,
-    /// Set while the channel's history is being sent (`gate`).
-    pub gate: Option<Arc<Gate>>,
 }
 
 /// A message drained from the queue, ready for fan-out: sent in the database
@@ -92,18 +89,18 @@ struct Frames {
 }
 
 impl Frames {
-    /// The frame `sub` gets for `m`, if any: not its own broadcast unless it asked for
-    /// those, not what its serializer cannot carry, and through its gate while its history
-    /// is being sent.
-    fn for_subscriber(&self, sub: &Subscriber, m: &QueueMessage) -> Option<Message> {
+    /// The frame `sub` gets for `m`, at its place, if any: not its own broadcast unless it
+    /// asked for those, not what its serializer cannot carry.
+    fn for_subscriber(&self, sub: &Subscriber, m: &QueueMessage) -> Option<(At, Message)> {
         if m.origin == Some(sub.origin) && !sub.self_broadcast {
             return None;
         }
         let frame = self.of(sub.reach.vsn, m)?;
-        match &sub.gate {
-            None => Some(frame.clone()),
-            Some(gate) => gate.pass(m.epoch, m.seq, frame),
-        }
+        let at = At {
+            epoch: m.epoch,
+            seq: m.seq,
+        };
+        Some((at, frame.clone()))
     }
 }
 
@@ -132,7 +129,7 @@ impl Shared {
             .zip(frames)
             .filter_map(|(m, f)| f.of(vsn, m).cloned())
             .collect();
-        let encoded = crate::wire::encode(&frames);
+        let encoded = crate::out::encode(&frames);
         Shared { frames, encoded }
     }
 }
@@ -216,25 +213,15 @@ impl Hub {
         }
     }
 
-    /// Queues `msg` to the subscriber's connection; false if it was not queued (a full
-    /// queue closes the connection; a closing one unsubscribes itself): nothing more
-    /// should be queued to it.
-    fn deliver(&self, sub: &Subscriber, msg: Message) -> bool {
-        let sent = sub.reach.send_ordered(msg) == Sent::Queued;
-        if sent {
-            self.metrics.deliveries_total.increment(1);
-        }
-        sent
-    }
-
-    /// Hands `frames` to the subscriber's connection in one go (written straight to its
-    /// socket when nothing is waiting there); stops at the first not taken (a full queue
-    /// closes the connection; a closing one unsubscribes itself).
-    fn deliver_batch(&self, sub: &Subscriber, frames: &[Message]) {
+    /// Hands `frames` to the subscriber's channel in one go, at their places (written
+    /// straight to its socket when nothing is waiting there; through its gate while its
+    /// history is sent); stops at the first not taken (a full queue closes the connection;
+    /// a closing one unsubscribes itself).
+    fn deliver_batch(&self, sub: &Subscriber, frames: &[(At, Message)]) {
         if frames.is_empty() {
             return;
         }
-        let (taken, _) = sub.reach.send_batch(frames);
+        let (taken, _) = sub.reach.live_run(frames);
         self.metrics.deliveries_total.increment(taken as u64);
     }
 
@@ -246,7 +233,7 @@ impl Hub {
     /// Fans out a run of queue messages (a drain batch's broadcasts, in queue order) so that
     /// each connection is handed all its frames of the run at once: written to its socket
     /// in one system call from here when nothing is waiting there, without waking its task
-    /// (`outbound::Sender::send_batch`). Handed out a message at a time, every subscriber's
+    /// (`out::Sender::send_batch`). Handed out a message at a time, every subscriber's
     /// task woke and wrote once per message, nearly always one frame per write. A
     /// connection's frames keep the queue's order, across all its topics.
     pub fn dispatch_batch(&self, msgs: &[QueueMessage]) {
@@ -270,7 +257,7 @@ impl Hub {
             let mut shared: [Option<Shared>; 2] = [None, None];
             let mut mine = Vec::with_capacity(msgs.len());
             for sub in &subs.list {
-                let plain = sub.gate.is_none()
+                let plain = !sub.reach.is_gated()
                     && (sub.self_broadcast || msgs.iter().all(|m| m.origin != Some(sub.origin)));
                 if plain {
                     let vsn = sub.reach.vsn;
@@ -279,11 +266,13 @@ impl Hub {
                         Vsn::V2 => 1,
                     };
                     let run = shared[at].get_or_insert_with(|| Shared::of(vsn, msgs, &frames));
-                    if !run.frames.is_empty() {
-                        let (taken, _) = sub.reach.send_encoded(&run.frames, &run.encoded);
-                        self.metrics.deliveries_total.increment(taken as u64);
+                    if run.frames.is_empty() {
+                        continue;
                     }
-                    continue;
+                    if let Some((taken, _)) = sub.reach.live_encoded(&run.frames, &run.encoded) {
+                        self.metrics.deliveries_total.increment(taken as u64);
+                        continue;
+                    }
                 }
                 mine.clear();
                 for (m, f) in msgs.iter().zip(&frames) {
@@ -296,7 +285,7 @@ impl Hub {
         // Several topics: connections in the order they first get a frame, each with its
         // frames in order.
         let mut at: HashMap<ConnId, usize> = HashMap::new();
-        let mut pending: Vec<(&Subscriber, Vec<Message>)> = Vec::new();
+        let mut pending: Vec<(&Subscriber, Vec<(At, Message)>)> = Vec::new();
         for (m, f) in msgs.iter().zip(&frames) {
             let Some(subs) = topics.get(&key(m)) else {
                 continue;
@@ -325,7 +314,10 @@ impl Hub {
         let topics = self.topics.read().unwrap();
         for subs in topics.values() {
             for sub in &subs.list {
-                self.deliver(sub, Message::text(sub.reach.system_text(status, message)));
+                let frame = Message::text(sub.reach.system_text(status, message));
+                if sub.reach.in_order(frame) == Sent::Queued {
+                    self.metrics.deliveries_total.increment(1);
+                }
             }
         }
     }
@@ -334,7 +326,7 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbound;
+    use crate::out;
 
     fn key(t: &str) -> TopicKey {
         TopicKey {
@@ -343,19 +335,18 @@ mod tests {
         }
     }
 
-    fn sub(conn: ConnId) -> (Subscriber, outbound::Receiver) {
+    fn sub(conn: ConnId) -> (Subscriber, out::Receiver) {
         sub_of(conn, 16)
     }
 
     /// A subscriber of topic `t` whose outbound queue holds `capacity` frames.
-    fn sub_of(conn: ConnId, capacity: usize) -> (Subscriber, outbound::Receiver) {
-        let (tx, rx) = crate::outbound::channel(capacity);
-        let link = crate::reach::Link::new(conn, Vsn::V1, conn as i64, tx);
+    fn sub_of(conn: ConnId, capacity: usize) -> (Subscriber, out::Receiver) {
+        let (tx, rx) = crate::out::channel(capacity);
+        let link = crate::out::Link::new(conn, Vsn::V1, conn as i64, tx);
         let s = Subscriber {
             reach: link.reach("realtime:t", Some(&conn.to_string())),
             origin: conn as i64,
             self_broadcast: false,
-            gate: None,
         };
         (s, rx)
     }
@@ -442,7 +433,7 @@ mod tests {
     }
 
     /// The `meta.seq` of every frame queued to `rx`, in order.
-    fn seqs(rx: &mut outbound::Receiver) -> Vec<i64> {
+    fn seqs(rx: &mut out::Receiver) -> Vec<i64> {
         std::iter::from_fn(|| rx.try_recv().ok())
             .map(|m| {
                 let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
@@ -498,7 +489,7 @@ mod tests {
         rx.attach(socket.clone());
         let reach = s.reach.clone();
         hub.subscribe(key("t"), s);
-        assert!(reach.hold_slot(1, 0, 1));
+        assert!(reach.slot(1, 0, 1));
         let mut m = message("t", None);
         m.seq = 2;
         hub.dispatch_batch(&[m]);
@@ -509,7 +500,13 @@ mod tests {
         let mut change = message("t", None);
         change.seq = 1;
         let frame = change.frame(Vsn::V1).unwrap();
-        reach.fill_slots(&[1], vec![(1, 0, frame)]);
+        let fill = crate::out::Fill {
+            job: 1,
+            change: 0,
+            frame,
+            at: None,
+        };
+        reach.fill(&[1], vec![fill]);
         let queued: Vec<i64> = std::iter::from_fn(|| rx.try_recv().ok())
             .map(|m| {
                 let v: serde_json::Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
@@ -525,7 +522,7 @@ mod tests {
     #[derive(Default)]
     struct Taken(std::sync::Mutex<Vec<u8>>);
 
-    impl crate::wire::Socket for Taken {
+    impl crate::out::Socket for Taken {
         fn try_write_vectored(&self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
             let mut t = self.0.lock().unwrap();
             bufs.iter().for_each(|b| t.extend_from_slice(b));

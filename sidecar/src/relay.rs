@@ -7,8 +7,8 @@ use crate::config::Config;
 use crate::db_worker::{self, Batched, CallError, Db, DbFailure};
 use crate::hub::Payload;
 use crate::metrics::Metrics;
+use crate::out::ReplyTo;
 use crate::persist_full::{self, FullQuotas, Kept};
-use crate::reach::ReplyTo;
 use serde_json::json;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -281,7 +281,7 @@ async fn relay(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbound;
+    use crate::out;
     use std::sync::Mutex;
 
     /// A database that refuses any statement holding the event "too_big", and loses the
@@ -327,9 +327,9 @@ mod tests {
         db_worker::settle(&worker, db, batch).await
     }
 
-    fn socket(event: &str, ack: bool) -> (Broadcast, outbound::Receiver) {
-        let (tx, rx) = crate::outbound::channel(4);
-        let link = crate::reach::Link::new(1, crate::frame::Vsn::V1, 1, tx);
+    fn socket(event: &str, ack: bool) -> (Broadcast, out::Receiver) {
+        let (tx, rx) = crate::out::channel(4);
+        let link = crate::out::Link::new(1, crate::frame::Vsn::V1, 1, tx);
         let reply = AckTo::Socket {
             to: ReplyTo {
                 reach: link.reach("realtime:room", Some("1")),
@@ -354,7 +354,7 @@ mod tests {
         }
     }
 
-    fn text(rx: &mut outbound::Receiver) -> Option<String> {
+    fn text(rx: &mut out::Receiver) -> Option<String> {
         rx.try_recv()
             .ok()
             .map(|m| m.into_text().unwrap().to_string())

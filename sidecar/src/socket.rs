@@ -14,14 +14,12 @@
 use crate::address::AddressKey;
 use crate::channels::Channels;
 use crate::command::{self, Frame};
-use crate::duplex::Duplex;
 use crate::frame::{self, Vsn};
 use crate::jwt::{self, Claims};
-use crate::outbound::{self, Written};
+use crate::out::{self, Duplex, Written};
 use crate::postgres_changes::bounds::Bounds;
 use crate::reason::Disconnect;
 use crate::state::Shared;
-use crate::wire;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::sync::atomic::Ordering::Relaxed;
@@ -52,7 +50,7 @@ pub async fn serve(
     headers: String,
     address: Option<AddressKey>,
 ) {
-    let (tx, rx) = outbound::bounded(
+    let (tx, rx) = out::bounded(
         shared.cfg.max_outbound_frames,
         shared.cfg.max_outbound_bytes,
     );
@@ -170,7 +168,7 @@ pub async fn serve(
         // A client's close was answered by tungstenite already.
         if let Some(why) = close.filter(|why| *why != Disconnect::ClientClosed) {
             rx.raw()
-                .push(wire::close_frame(why.code().into(), why.text()));
+                .push(out::close_frame(why.code().into(), why.text()));
             write_all(&rx, &socket).await?;
         }
         Ok::<(), std::io::Error>(())
@@ -183,7 +181,7 @@ pub async fn serve(
 
 /// Writes everything waiting in the outbound queue, waiting for room as the socket needs.
 async fn write_all(
-    rx: &outbound::Receiver,
+    rx: &out::Receiver,
     socket: &tokio::net::tcp::OwnedWriteHalf,
 ) -> std::io::Result<()> {
     loop {

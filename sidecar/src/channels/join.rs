@@ -6,17 +6,17 @@
 //! channel (broadcast delivery, Postgres Changes, history, presence) and answers the join.
 
 use super::channel::{Channel, Checks};
+use super::pending_join::PendingJoin;
 use super::{identity, Answer, Channels};
-use crate::authorizer::{self, Access, Identity};
+use crate::authorizer::{self, Access};
 use crate::broadcast;
 use crate::client_text;
 use crate::frame::{self, Inbound};
-use crate::gate::Gate;
 use crate::history::{self, ask::Ask};
 use crate::hub::TopicKey;
-use crate::interest::{self, Held};
+use crate::interest;
 use crate::join_config::{self, JoinConfig};
-use crate::jwt::{self, Claims, JwtError};
+use crate::jwt::{self, JwtError};
 use crate::postgres_changes::binding::pattern_over;
 use crate::postgres_changes::bounds::{Bounds, Weight};
 use crate::postgres_changes::check::{self, Checked};
@@ -25,22 +25,6 @@ use crate::presence::channel::{self as presence_channel, ChannelPresence};
 use crate::reason::{Disconnect, Notice, Refusal};
 use serde_json::json;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
-
-/// A join waiting for its verdicts (a private channel), its bindings' check or its keys'
-/// upload; its bindings are with the check.
-pub(super) struct PendingJoin {
-    pub(super) m: Inbound,
-    pub(super) config: JoinConfig,
-    pub(super) claims: Claims,
-    pub(super) who: Arc<Identity>,
-    pub(super) sub_topic: String,
-    /// Its topic and tables, listened to in the database before the join is answered.
-    pub(super) held: Held,
-    /// What its Postgres Changes bindings (with the check meanwhile) hold against the
-    /// connection's and the address's limits.
-    pub(super) bindings: Weight,
-}
 
 impl Channels {
     /// Counts a join against its address's, its blocks' and the sidecar's rates, or refuses
@@ -343,7 +327,7 @@ impl Channels {
             // was already sent, not before it; but before the first change the old channel
             // still held behind a pending check, which it dropped unsent with whatever
             // waited behind it (read after its gate closed, so nothing passes meanwhile).
-            let sent = old.history_gate.as_ref().and_then(|g| g.last_sent());
+            let sent = old.reach.last_sent();
             if let (Some(Ask::Resume { epoch, seq }), Some((e, s))) = (&mut ask, sent) {
                 if e == *epoch {
                     let s = unsent.map_or(s, |u| s.min(u - 1));
@@ -355,11 +339,11 @@ impl Channels {
         let write = (!config.private).then_some(true);
         let broadcast = broadcast::State::new(&config, read, write);
         let cfg = &self.shared.cfg;
-        let gate = ask
-            .as_ref()
-            .map(|_| Gate::new(cfg.max_outbound_frames, cfg.max_outbound_bytes));
-        let reach = self.link.reach(&m.topic, m.join_ref.as_deref());
-        broadcast.start(&self.shared.hub, &self.link, &reach, &key, gate.clone());
+        let mut reach = self.link.reach(&m.topic, m.join_ref.as_deref());
+        if ask.is_some() {
+            reach = reach.gated(cfg.max_outbound_frames, cfg.max_outbound_bytes);
+        }
+        broadcast.start(&self.shared.hub, &self.link, &reach, &key);
         self.shared.metrics.channels.increment(1.0);
         self.shared.metrics.joins_total.increment(1);
         let replied = postgres_changes::reply(&bindings);
@@ -369,18 +353,23 @@ impl Channels {
         // its live changes then wait behind the same gate, and the history checks its
         // changes for the identity it joined with (`history::fetch`).
         let positions = has_changes && config.change_positions;
-        let resumed_changes = (positions && gate.is_some()).then(|| history::fetch::Changes {
+        let resumed_changes = (positions && reach.is_gated()).then(|| history::fetch::Changes {
             bindings: bindings.clone(),
             role: claims.role.clone(),
             claims: claims.all.to_string(),
         });
         if has_changes {
+            // Changes the history does not resend do not wait for it.
+            let reach = if positions {
+                reach.clone()
+            } else {
+                reach.ungated()
+            };
             self.shared.changes.add(subscribers::Subscriber {
-                reach: reach.clone(),
+                reach,
                 bindings,
                 role: claims.role.clone(),
                 claims: claims.all.to_string(),
-                gate: if positions { gate.clone() } else { None },
                 positions,
             });
         }
@@ -407,14 +396,13 @@ impl Channels {
             let up = self.shared.metrics.db_up.load(Relaxed) == 1;
             self.push_notice(&reach, &Notice::ReplicationReady { up });
         }
-        if let (Some(ask), Some(gate)) = (ask, &gate) {
+        if let Some(ask) = ask {
             // After the reply (in `out`, written first), the history and then the held live
             // frames arrive through the outbound queue.
             let request = history::fetch::Request {
                 ask,
                 key: key.clone(),
                 reach: reach.clone(),
-                gate: gate.clone(),
                 carry: None,
                 changes: resumed_changes,
                 permit: None,
@@ -443,7 +431,6 @@ impl Channels {
             postgres_changes: has_changes,
             bindings: weight,
             _interest: held,
-            history_gate: gate,
             claims,
             who,
             checks: Checks {

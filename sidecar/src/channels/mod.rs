@@ -16,13 +16,15 @@
 
 mod channel;
 mod join;
+mod lifetime;
+mod pending_join;
 mod pushes;
 #[cfg(test)]
 mod tests;
 
 use crate::address::{AddressKey, Block};
 pub use channel::Channel;
-use join::PendingJoin;
+use pending_join::PendingJoin;
 
 use crate::authorizer::{Access, Identity, Verdict};
 use crate::command::{Command, Frame};
@@ -31,11 +33,11 @@ use crate::hub::ConnId;
 use crate::interest::{Held, NotReady};
 use crate::jwt::{self, Claims};
 use crate::metrics::Metrics;
-use crate::outbound;
+use crate::out;
+use crate::out::{Link, Reach};
 use crate::postgres_changes::bounds::Weight;
 use crate::postgres_changes::check::Checked;
 use crate::rate::Rate;
-use crate::reach::{Link, Reach};
 use crate::reason::{ChannelClosed, Disconnect, Notice, Refusal};
 use crate::state::Shared;
 use futures_util::future::BoxFuture;
@@ -133,7 +135,7 @@ impl Channels {
         vsn: Vsn,
         socket_claims: Claims,
         headers: String,
-        tx: outbound::Sender,
+        tx: out::Sender,
         address: Option<AddressKey>,
     ) -> Self {
         let id = NEXT_ID.fetch_add(1, Relaxed);

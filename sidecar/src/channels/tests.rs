@@ -17,7 +17,7 @@ use serde_json::Value;
 struct Conn {
     c: Channels,
     ready: std::collections::VecDeque<Answer>,
-    hub_rx: outbound::Receiver,
+    hub_rx: out::Receiver,
     be: Backends,
 }
 
@@ -44,7 +44,7 @@ fn conn() -> Conn {
 /// A connection of a sidecar started with `flags`.
 fn conn_with(flags: &[&str]) -> Conn {
     let (shared, be) = testing::shared(flags);
-    let (tx, hub_rx) = crate::outbound::channel(16);
+    let (tx, hub_rx) = crate::out::channel(16);
     let c = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx, local());
     Conn {
         c,
@@ -209,7 +209,7 @@ async fn a_resuming_join_holds_live_messages_until_its_history_is_sent() {
     assert!(t.got("room", &[11, 12]).is_empty());
     // The history went through 11: 12 follows it, once; 11 again (a drainer behind the
     // history) does not, 13 does.
-    req.gate.open(5, (11, vec![]), None, &req.reach);
+    req.reach.open_gate(5, (11, vec![]), None);
     assert_eq!(t.got("room", &[11, 13]), vec![12, 13]);
     // The same join again on this socket (realtime-js may send two on a reconnect,
     // both naming the older position): it resumes after what this socket was sent.
@@ -218,11 +218,11 @@ async fn a_resuming_join_holds_live_messages_until_its_history_is_sent() {
     assert_eq!(status(&t.written()[0].2), ("ok", ""));
     let again = t.be.history.try_recv().expect("a history request");
     assert_eq!(again.ask, history::ask::Ask::Resume { epoch: 5, seq: 13 });
-    assert!(req.gate.is_closed(), "the replaced channel's gate");
+    assert!(req.reach.gate_closed(), "the replaced channel's gate");
     // Leaving closes the gate: the history still being sent stops.
     t.send(json!(["1", "3", "realtime:room", "phx_leave", {}]))
         .unwrap();
-    assert!(again.gate.is_closed());
+    assert!(again.reach.gate_closed());
 }
 
 /// A second join resumed after the last message its channel passed to the socket, even when
@@ -237,13 +237,13 @@ async fn a_second_join_resumes_before_what_the_first_still_held_behind_a_pending
         .unwrap();
     assert_eq!(status(&t.written()[0].2), ("ok", ""));
     let req = t.be.history.try_recv().expect("a history request");
-    req.gate.open(5, (10, vec![]), None, &req.reach);
+    req.reach.open_gate(5, (10, vec![]), None);
     assert_eq!(t.got("room", &[11]), vec![11]);
     // Change 12 of the channel is being checked; broadcast 13 passes the gate and waits
     // behind it.
-    assert!(req.reach.hold_slot(1, 0, 12));
+    assert!(req.reach.slot(1, 0, 12));
     assert!(t.got("room", &[13]).is_empty(), "behind the pending change");
-    assert_eq!(req.gate.last_sent(), Some((5, 13)));
+    assert_eq!(req.reach.last_sent(), Some((5, 13)));
     t.send(json!(["1", "2", "realtime:room", "phx_join", resume]))
         .unwrap();
     assert_eq!(status(&t.written()[0].2), ("ok", ""));
@@ -416,7 +416,7 @@ async fn a_revoked_broadcast_read_stops_a_history_being_sent_though_presence_kee
     t.authorize(2, reader(true)).await;
     assert_eq!(status(&t.written()[0].2), ("ok", ""));
     let req = t.be.history.try_recv().expect("a history request");
-    assert!(!req.gate.is_closed());
+    assert!(!req.reach.gate_closed());
     t.c.recheck_all();
     t.authorize(2, |r| match r.extension {
         "presence" => Verdict::Allowed,
@@ -424,7 +424,7 @@ async fn a_revoked_broadcast_read_stops_a_history_being_sent_though_presence_kee
     })
     .await;
     assert!(t.c.get("realtime:room").is_some(), "presence read keeps it");
-    assert!(req.gate.is_closed(), "the history stops");
+    assert!(req.reach.gate_closed(), "the history stops");
     assert!(!t.delivered("room", true));
 }
 
@@ -755,7 +755,7 @@ async fn a_revoked_presence_read_stops_presence_and_the_sidecar_limit_refuses_th
 #[tokio::test]
 async fn too_many_joins_a_second_close_the_socket() {
     let (shared, _be) = testing::shared(&["--max-joins-per-second", "2"]);
-    let (tx, _hub_rx) = crate::outbound::channel(16);
+    let (tx, _hub_rx) = crate::out::channel(16);
     let mut c = Channels::new(shared, Vsn::V2, claims("u1"), "{}".into(), tx, local());
     let mut send = |topic: &str| {
         let f = command::from_text(

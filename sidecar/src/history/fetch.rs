@@ -26,14 +26,14 @@ use super::line::{Permit, Waiting};
 use crate::config::Config;
 use crate::db_worker;
 use crate::frame::{self, Vsn};
-use crate::gate::{Gate, Opened};
 use crate::hub::{Payload, QueueMessage, TopicKey};
 use crate::metrics::Metrics;
-use crate::outbound::Sent;
+use crate::out::Reach;
+use crate::out::Sent;
+use crate::out::{At, Opened};
 use crate::postgres_changes::deliver;
 use crate::postgres_changes::subscribers::{Subscriber, Subscribers};
 use crate::postgres_changes::Binding;
-use crate::reach::Reach;
 use crate::rows::{self, As, Columns, Entry};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -91,7 +91,6 @@ pub struct Request {
     pub ask: Ask,
     pub key: TopicKey,
     pub reach: Reach,
-    pub gate: Arc<Gate>,
     /// Set on a further pass (the gate overflowed while the last one was sent: `gate`).
     pub carry: Option<Carry>,
     /// The channel's Postgres Changes, when its position covers them.
@@ -892,15 +891,14 @@ async fn check_changes(
     // The channel as the stage sees it, reached through a queue of its own: what the stage
     // sends directly (a notice that a table's changes were withheld) is put in order with
     // the rest, behind the gate, instead of overtaking the history.
-    let (tx, notices) = crate::outbound::channel(1024);
-    let link = crate::reach::Link::new(r.reach.conn, r.reach.vsn, 0, tx);
+    let (tx, notices) = crate::out::channel(1024);
+    let link = crate::out::Link::new(r.reach.conn, r.reach.vsn, 0, tx);
     let only = Subscribers::default();
     only.add(Subscriber {
         reach: link.reach(&r.reach.topic, r.reach.join_ref()),
         bindings: c.bindings.clone(),
         role: c.role.clone(),
         claims: c.claims.clone(),
-        gate: None,
         positions: false,
     });
     let mut out = Vec::new();
@@ -1108,7 +1106,7 @@ impl Waiting for Request {
     }
 
     fn live(&self) -> bool {
-        !self.gate.is_closed() && !self.reach.is_closed()
+        !self.reach.gate_closed() && !self.reach.is_closed()
     }
 
     fn unavailable(self, why: Option<&str>, metrics: &Metrics) {
@@ -1170,14 +1168,14 @@ async fn send(
     let mut progress = Instant::now();
     for (seq, f) in frames {
         loop {
-            if r.gate.is_closed() || r.reach.is_closed() {
+            if r.reach.gate_closed() || r.reach.is_closed() {
                 return;
             }
             if r.reach.room() > room {
                 break;
             }
             if progress.elapsed() > STALL_LIMIT {
-                r.gate.close();
+                r.reach.close_gate();
                 r.reach.cut_off();
                 return;
             }
@@ -1186,7 +1184,7 @@ async fn send(
         let bytes = f.len();
         if r.reach.send(f) != Sent::Queued {
             // A full queue closes the connection as too slow (`outbound`).
-            r.gate.close();
+            r.reach.close_gate();
             return;
         }
         // Queued to the socket: the outbound queue's bound (MAX_OUTBOUND_BYTES) holds it now.
@@ -1195,12 +1193,12 @@ async fn send(
         }
         // A persisted message the ring no longer holds has no position (sequence 0).
         if seq > 0 {
-            r.gate.sent(epoch, seq);
+            r.reach.history_sent(At { epoch, seq });
         }
         progress = Instant::now();
     }
     let through = dedupe.0;
-    let dropped_from = match r.gate.open(epoch, dedupe, system, &r.reach) {
+    let dropped_from = match r.reach.open_gate(epoch, dedupe, system) {
         Opened::ReadAgain(first) => first,
         Opened::Yes | Opened::Closed => return,
     };
@@ -1212,7 +1210,7 @@ async fn send(
         dropped_from - 1
     };
     if carry.passes >= MAX_PASSES {
-        r.gate.close();
+        r.reach.close_gate();
         r.reach.cut_off();
         return;
     }
@@ -1225,7 +1223,7 @@ async fn send(
         let r = match e {
             mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
         };
-        r.gate.close();
+        r.reach.close_gate();
         r.reach.cut_off();
     }
 }

@@ -33,7 +33,7 @@
 use super::deliver::{self, Limits, Outgoing, TableSet};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::reach::Reach;
+use crate::out::{At, Fill, Reach};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -418,7 +418,7 @@ fn fill_shares(shares: Vec<Share>, frames: Vec<Vec<Outgoing>>, metrics: &Metrics
     let mut jobs: Vec<u64> = shares.iter().map(|s| s.id).collect();
     jobs.sort_unstable();
     let mut at: HashMap<usize, usize> = HashMap::new();
-    let mut by: Vec<(Reach, Vec<crate::change_hold::Filled>)> = Vec::new();
+    let mut by: Vec<(Reach, Vec<Fill>)> = Vec::new();
     for s in &shares {
         for r in &s.reaches {
             at.entry(r.hold_id()).or_insert_with(|| {
@@ -427,6 +427,8 @@ fn fill_shares(shares: Vec<Share>, frames: Vec<Vec<Outgoing>>, metrics: &Metrics
             });
         }
     }
+    // Changes with no place to pass a gate at always pass: counted here; the rest as they
+    // pass (`Reach::fill`).
     let (mut delivered, mut changes) = (0, 0);
     let mut frames = frames.into_iter();
     for s in shares {
@@ -436,27 +438,27 @@ fn fill_shares(shares: Vec<Share>, frames: Vec<Vec<Outgoing>>, metrics: &Metrics
                 let Some(&i) = at.get(&o.to.reach.hold_id()) else {
                     continue;
                 };
-                let frame = match (&o.to.gate, s.positions.get(change)) {
-                    (Some(gate), Some(&(epoch, seq))) if o.change => {
-                        gate.pass(epoch, seq, &o.frame)
-                    }
-                    _ => Some(o.frame),
+                let at = match s.positions.get(change) {
+                    Some(&(epoch, seq)) if o.change => Some(At { epoch, seq }),
+                    _ => None,
                 };
-                // None: held by the gate (let out when it opens) or already sent as
-                // history; the slot is filled with nothing here.
-                if let Some(frame) = frame {
-                    delivered += 1;
-                    changes += u64::from(o.change);
-                    by[i].1.push((s.id, change as u32, frame));
-                }
+                changes += u64::from(o.change && at.is_none());
+                by[i].1.push(Fill {
+                    job: s.id,
+                    change: change as u32,
+                    frame: o.frame,
+                    at,
+                });
             }
         }
     }
+    for (reach, frames) in by {
+        let (passed, placed) = reach.fill(&jobs, frames);
+        delivered += passed as u64;
+        changes += placed as u64;
+    }
     metrics.deliveries_total.increment(delivered);
     metrics.changes_delivered_total.increment(changes);
-    for (reach, frames) in by {
-        reach.fill_slots(&jobs, frames);
-    }
 }
 
 #[cfg(test)]
@@ -465,14 +467,13 @@ mod tests {
     use crate::postgres_changes::subscribers::Subscriber;
 
     fn candidate(conn: u64, claims: &str) -> deliver::Candidate {
-        let (tx, _rx) = crate::outbound::channel(4);
-        let link = crate::reach::Link::new(conn, crate::frame::Vsn::V1, conn as i64, tx);
+        let (tx, _rx) = crate::out::channel(4);
+        let link = crate::out::Link::new(conn, crate::frame::Vsn::V1, conn as i64, tx);
         let sub = Subscriber {
             reach: link.reach(&crate::frame::channel_topic(&format!("c{conn}")), None),
             bindings: Vec::new(),
             role: "authenticated".into(),
             claims: claims.into(),
-            gate: None,
             positions: false,
         };
         deliver::Candidate::for_test(0, Arc::new(sub))

@@ -20,7 +20,7 @@
 //!   own (`deliver::authorize`): patterns never spend the time that decides everyone
 //!   else's changes of the table.
 
-use crate::reach::ConnId;
+use crate::out::ConnId;
 use std::collections::HashSet;
 use std::time::Duration;
 

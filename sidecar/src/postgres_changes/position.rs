@@ -15,6 +15,7 @@
 use super::subscribers::Subscriber;
 use crate::hub::ConnId;
 use crate::metrics::Metrics;
+use crate::out::At;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,13 +50,9 @@ impl Positions {
                 .entry((r.vsn, r.topic.clone(), r.join_ref.clone()))
                 .or_insert_with(|| frame(&sub, epoch, seq))
                 .clone();
-            let frame = match &sub.gate {
-                None => Some(frame),
-                Some(gate) => gate.pass_position(epoch, seq, &frame),
-            };
-            if let Some(f) = frame {
-                // In the channel's order: behind its changes whose check is pending.
-                sub.reach.send_ordered(f);
+            // In the channel's order: behind its changes whose check is pending, and
+            // through its gate while its history is sent.
+            if sub.reach.live_position(At { epoch, seq }, &frame).is_some() {
                 metrics.change_positions_total.increment(1);
             }
         }
@@ -85,30 +82,28 @@ pub fn frame(sub: &Subscriber, epoch: i64, seq: i64) -> Message {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::Gate;
     use crate::postgres_changes::parse_bindings;
     use serde_json::Value;
 
-    fn sub(
-        conn: u64,
-        positions: bool,
-        gate: Option<Arc<Gate>>,
-    ) -> (Arc<Subscriber>, crate::outbound::Receiver) {
-        let (tx, rx) = crate::outbound::channel(16);
-        let link = crate::reach::Link::new(conn, crate::frame::Vsn::V1, conn as i64, tx);
+    fn sub(conn: u64, positions: bool, gated: bool) -> (Arc<Subscriber>, crate::out::Receiver) {
+        let (tx, rx) = crate::out::channel(16);
+        let link = crate::out::Link::new(conn, crate::frame::Vsn::V1, conn as i64, tx);
         let bindings = serde_json::json!([{"event": "*", "schema": "public", "table": "t"}]);
+        let mut reach = link.reach("realtime:tasks", Some("1"));
+        if gated {
+            reach = reach.gated(100, usize::MAX);
+        }
         let s = Subscriber {
-            reach: link.reach("realtime:tasks", Some("1")),
+            reach,
             bindings: parse_bindings(Some(&bindings)).unwrap(),
             role: "anon".into(),
             claims: "{}".into(),
-            gate,
             positions,
         };
         (Arc::new(s), rx)
     }
 
-    fn payloads(rx: &crate::outbound::Receiver) -> Vec<Value> {
+    fn payloads(rx: &crate::out::Receiver) -> Vec<Value> {
         std::iter::from_fn(|| rx.try_recv().ok())
             .map(|m| {
                 serde_json::from_str::<Value>(&m.into_text().unwrap()).unwrap()["payload"].clone()
@@ -119,10 +114,10 @@ mod tests {
     #[test]
     fn one_position_per_batch_only_to_channels_that_asked_and_were_sent_a_change() {
         let m = Metrics::default();
-        let (asked, asked_rx) = sub(1, true, None);
-        let (plain, plain_rx) = sub(2, false, None);
+        let (asked, asked_rx) = sub(1, true, false);
+        let (plain, plain_rx) = sub(2, false, false);
         // Channel 3 asked, but got no change of this batch (only a notice, or nothing).
-        let (_told_only, told_rx) = sub(3, true, None);
+        let (_told_only, told_rx) = sub(3, true, false);
         let mut p = Positions::default();
         for s in [&asked, &asked, &plain] {
             p.note_slot(s);
@@ -146,8 +141,7 @@ mod tests {
     fn a_position_waits_behind_the_gate_with_the_changes_and_is_dropped_if_the_history_covered_it()
     {
         let m = Metrics::default();
-        let gate = Gate::new(100, usize::MAX);
-        let (s, rx) = sub(1, true, Some(gate.clone()));
+        let (s, rx) = sub(1, true, true);
         let mut p = Positions::default();
         p.note_slot(&s);
         p.send(7, 10, &m);
@@ -157,8 +151,8 @@ mod tests {
         assert!(payloads(&rx).is_empty(), "held while the history is sent");
         // The history went through 15: the position at 10 was covered by it, 20 passes.
         assert_eq!(
-            gate.open(7, (15, vec![]), None, &s.reach),
-            crate::gate::Opened::Yes
+            s.reach.open_gate(7, (15, vec![]), None),
+            crate::out::Opened::Yes
         );
         let got = payloads(&rx);
         assert_eq!(got.len(), 1);
@@ -167,6 +161,6 @@ mod tests {
         // and a position names its batch's end while the batch's changes may still wait
         // for their checks (a loss if the second join dropped them); a duplicate is the
         // cost instead.
-        assert_eq!(gate.last_sent(), None);
+        assert_eq!(s.reach.last_sent(), None);
     }
 }

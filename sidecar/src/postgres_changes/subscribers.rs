@@ -9,9 +9,8 @@
 //! rooms cost 100 checks per change, not 1,000).
 
 use super::binding::{Binding, Op};
-use crate::gate::Gate;
 use crate::hub::ConnId;
-use crate::reach::Reach;
+use crate::out::Reach;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
@@ -22,9 +21,6 @@ pub struct Subscriber {
     /// The JWT's role and claims (JSON): the identity RLS checks the changes for.
     pub role: String,
     pub claims: String,
-    /// Set while the channel's history (its changes among it) is being sent: its live
-    /// changes wait behind the same gate as its broadcasts (`crate::gate`).
-    pub gate: Option<Arc<Gate>>,
     /// The channel asked for its position after each delivered batch (`position`).
     pub positions: bool,
 }
@@ -197,7 +193,6 @@ impl Subscribers {
                 claims: claims.to_owned(),
                 bindings: sub.bindings.clone(),
                 reach: sub.reach.clone(),
-                gate: sub.gate.clone(),
                 positions: sub.positions,
             };
             *sub = Arc::new(updated);
@@ -342,14 +337,13 @@ mod tests {
     use serde_json::json;
 
     fn sub(conn: ConnId, topic: &str, bindings: serde_json::Value) -> Subscriber {
-        let (tx, _) = crate::outbound::channel(1);
-        let link = crate::reach::Link::new(conn, crate::frame::Vsn::V2, conn as i64, tx);
+        let (tx, _) = crate::out::channel(1);
+        let link = crate::out::Link::new(conn, crate::frame::Vsn::V2, conn as i64, tx);
         Subscriber {
             reach: link.reach(topic, None),
             bindings: parse_bindings(Some(&bindings)).unwrap(),
             role: "authenticated".into(),
             claims: "{}".into(),
-            gate: None,
             positions: false,
         }
     }

@@ -7,7 +7,7 @@
 //! it holds at most one entry per channel.
 
 use crate::hub::{ConnId, TopicKey};
-use crate::reach::ReplyTo;
+use crate::out::ReplyTo;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use tokio::sync::Notify;
@@ -110,8 +110,8 @@ mod tests {
         }
     }
 
-    fn reply(tx: &crate::outbound::Sender, r: &str) -> Option<Reply> {
-        let link = crate::reach::Link::new(1, crate::frame::Vsn::V2, 1, tx.clone());
+    fn reply(tx: &crate::out::Sender, r: &str) -> Option<Reply> {
+        let link = crate::out::Link::new(1, crate::frame::Vsn::V2, 1, tx.clone());
         Some(Reply {
             reach: link.reach("realtime:room", Some("1")),
             reference: Some(r.into()),
@@ -121,7 +121,7 @@ mod tests {
     #[test]
     fn the_last_wish_wins_and_every_push_hears_its_outcome() {
         let m = Members::default();
-        let (tx, rx) = crate::outbound::channel(8);
+        let (tx, rx) = crate::out::channel(8);
         for (i, meta) in ["{\"x\":1}", "{\"x\":2}", "{\"x\":3}"].iter().enumerate() {
             let desired = Desired::Tracked {
                 key: "ann".into(),

@@ -32,8 +32,8 @@
 use crate::frame::Vsn;
 use crate::hub::{ConnId, TopicKey};
 use crate::metrics::Metrics;
-use crate::outbound::Sent;
-use crate::reach::Reach;
+use crate::out::Reach;
+use crate::out::Sent;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -498,7 +498,7 @@ pub async fn flusher(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbound;
+    use crate::out;
     use serde_json::json;
 
     fn key() -> TopicKey {
@@ -508,14 +508,14 @@ mod tests {
         }
     }
 
-    fn watcher(conn: ConnId) -> (Watcher, outbound::Receiver) {
-        let (tx, rx) = crate::outbound::channel(64);
-        let link = crate::reach::Link::new(conn, Vsn::V2, conn as i64, tx);
+    fn watcher(conn: ConnId) -> (Watcher, out::Receiver) {
+        let (tx, rx) = crate::out::channel(64);
+        let link = crate::out::Link::new(conn, Vsn::V2, conn as i64, tx);
         (link.reach("realtime:room", Some(&format!("j{conn}"))), rx)
     }
 
     /// The (event, payload) of every frame queued to a watcher.
-    fn frames(rx: &mut outbound::Receiver) -> Vec<(String, Value)> {
+    fn frames(rx: &mut out::Receiver) -> Vec<(String, Value)> {
         std::iter::from_fn(|| rx.try_recv().ok())
             .map(|m| {
                 let v: Value = serde_json::from_str(m.to_text().unwrap()).unwrap();
@@ -726,7 +726,7 @@ mod tests {
         let mut w5 = w5;
         w5.join_ref = Some("1".into());
         v.watch(&key(), w5);
-        let texts = |rx: &mut outbound::Receiver| -> Vec<Message> {
+        let texts = |rx: &mut out::Receiver| -> Vec<Message> {
             std::iter::from_fn(|| rx.try_recv().ok()).collect()
         };
         let (a, b, c) = (texts(&mut rxs[0]), texts(&mut rxs[1]), texts(&mut rxs[2]));

@@ -8,9 +8,10 @@
 //! outbound queue, which marks itself overflowed when full, and the socket loop closes the
 //! connection (`outbound`).
 
-use crate::change_hold::Hold;
+use super::gate::{Gate, Opened};
+use super::queue::{self, Sent};
+use super::slots::Hold;
 use crate::frame::{self, Inbound, Vsn};
-use crate::outbound::{self, Sent};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -24,11 +25,11 @@ pub struct Link {
     pub vsn: Vsn,
     /// The connection as `realtime.relay` origins name it.
     pub origin: i64,
-    out: outbound::Sender,
+    out: queue::Sender,
 }
 
 impl Link {
-    pub fn new(id: ConnId, vsn: Vsn, origin: i64, out: outbound::Sender) -> Self {
+    pub fn new(id: ConnId, vsn: Vsn, origin: i64, out: queue::Sender) -> Self {
         Link {
             id,
             vsn,
@@ -46,8 +47,27 @@ impl Link {
             join_ref: join_ref.map(Into::into),
             out: self.out.clone(),
             hold: Arc::default(),
+            gate: None,
         }
     }
+}
+
+/// Where a live frame stands in queue order: the queue's epoch and the message's sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct At {
+    pub epoch: i64,
+    pub seq: i64,
+}
+
+/// A frame a Postgres Changes check decided for one of the slots it left (`Reach::fill`).
+pub struct Fill {
+    pub job: u64,
+    /// The change's index in its check.
+    pub change: u32,
+    pub frame: Message,
+    /// The change's place, for a channel behind a gate; None for a frame that is not the
+    /// change itself (a notice that it was withheld) or when the caller has none to give.
+    pub at: Option<At>,
 }
 
 /// The way to one joined channel.
@@ -58,10 +78,13 @@ pub struct Reach {
     /// The channel's topic as the client named it: `realtime:` and the sub-topic.
     pub topic: Arc<str>,
     pub join_ref: Option<Arc<str>>,
-    out: outbound::Sender,
+    out: queue::Sender,
     /// What the drain hands this channel waits here behind its changes whose check is
-    /// pending (`change_hold`); shared by every clone of this channel's `Reach`.
+    /// pending (`slots`); shared by every clone of this channel's `Reach`.
     hold: Arc<Hold>,
+    /// While the channel's history is sent, its live frames wait here (`gate`); shared by
+    /// every clone made after `gated`.
+    gate: Option<Arc<Gate>>,
 }
 
 impl Reach {
@@ -74,33 +97,170 @@ impl Reach {
         self.join_ref.as_deref()
     }
 
-    /// Queues a frame made for this channel (or shared by many channels).
-    pub fn send(&self, m: Message) -> Sent {
-        self.out.send(m)
+    /// This channel's way with a gate that holds its live frames until its history is sent
+    /// (`open_gate`), holding at most `max_frames` frames and `max_bytes` bytes.
+    pub fn gated(mut self, max_frames: usize, max_bytes: usize) -> Reach {
+        self.gate = Some(Gate::new(max_frames, max_bytes));
+        self
     }
 
-    /// Queues a frame the drain hands out (a broadcast, a change, a drain's `system`
-    /// notice): in queue order behind this channel's changes whose check is pending.
-    pub fn send_ordered(&self, m: Message) -> Sent {
-        self.hold.send(m, &self.out)
+    /// The same way without the gate: for live frames the history does not resend (the
+    /// changes of a channel that does not resume them), which must not wait for it.
+    pub fn ungated(&self) -> Reach {
+        Reach {
+            gate: None,
+            ..self.clone()
+        }
     }
 
-    /// Leaves a slot for change `change` of check `job` in this channel's queue order
+    /// The channel's live frames wait behind a history's gate (open or not).
+    pub fn is_gated(&self) -> bool {
+        self.gate.is_some()
+    }
+
+    // 1. Live frames, handed out by the drain at their queue place: through the gate, then
+    //    behind the changes whose check is pending, then the queue or the socket.
+
+    /// A live frame at `at`: held by the gate while the history is sent (None), dropped if
+    /// the history already sent it (None), otherwise queued behind the pending slots.
+    pub fn live(&self, at: At, frame: &Message) -> Option<Sent> {
+        let frame = self.pass(at, frame, false)?;
+        Some(self.hold.send(frame, &self.out))
+    }
+
+    /// A message that tells the position `at` (Postgres Changes' `position`): as `live`,
+    /// but held it goes after every frame of that sequence, and it is not recorded as sent
+    /// (it names the end of its batch while the batch's changes may still be checked).
+    pub fn live_position(&self, at: At, frame: &Message) -> Option<Sent> {
+        let frame = self.pass(at, frame, true)?;
+        Some(self.hold.send(frame, &self.out))
+    }
+
+    /// A run of live frames in queue order, written to the socket at once when nothing
+    /// waits (`queue::Sender::send_batch`): how many were taken of those that passed the
+    /// gate, and why the rest were not.
+    pub fn live_run(&self, run: &[(At, Message)]) -> (usize, Sent) {
+        let passed: Vec<Message> = match &self.gate {
+            None => run.iter().map(|(_, f)| f.clone()).collect(),
+            Some(_) => run
+                .iter()
+                .filter_map(|(at, f)| self.pass(*at, f, false))
+                .collect(),
+        };
+        if passed.is_empty() {
+            return (0, Sent::Queued);
+        }
+        if !self.hold.is_clear() {
+            return self.each_in_order(&passed);
+        }
+        self.out.send_batch(&passed)
+    }
+
+    /// The hub's fast path: a run of frames encoded once for many channels
+    /// (`write::encode`). None for a channel behind a gate, whose frames pass it one by one
+    /// (`live_run`).
+    pub fn live_encoded(&self, frames: &[Message], encoded: &Bytes) -> Option<(usize, Sent)> {
+        if self.gate.is_some() {
+            return None;
+        }
+        if !self.hold.is_clear() {
+            return Some(self.each_in_order(frames));
+        }
+        Some(self.out.send_encoded(frames, encoded))
+    }
+
+    /// A frame the drain hands out with no queue place of its own (a notice about the
+    /// queue or a change): behind the pending slots, never held by the gate.
+    pub fn in_order(&self, frame: Message) -> Sent {
+        self.hold.send(frame, &self.out)
+    }
+
+    /// Leaves a slot for change `change` of check `job` at `seq` in this channel's order
     /// (`Hold::slot`); false if the channel was cut off for holding too much.
-    pub fn hold_slot(&self, job: u64, change: u32, seq: i64) -> bool {
+    pub fn slot(&self, job: u64, change: u32, seq: i64) -> bool {
         self.hold.slot(job, change, seq, &self.out)
     }
 
-    /// Puts the live frames a history's gate held among the channel's pending changes, by
-    /// their queue positions (`change_hold::Hold::merge`).
-    pub fn merge_held(&self, frames: Vec<((i64, bool), Message)>) -> Sent {
-        self.hold.merge(frames, &self.out)
+    /// Checks `jobs` decided: their slots here get `frames`, each through the gate at its
+    /// place (`Hold::fill`). Returns how many frames passed, and how many of those had a
+    /// place (were a change's own frame, not a notice).
+    pub fn fill(&self, jobs: &[u64], frames: Vec<Fill>) -> (usize, usize) {
+        let mut placed = 0;
+        let mut passed = Vec::with_capacity(frames.len());
+        for f in frames {
+            let frame = match (f.at, &self.gate) {
+                (Some(at), Some(_)) => self.pass(at, &f.frame, false),
+                _ => Some(f.frame),
+            };
+            // None: held by the gate (let out when it opens) or already sent as history;
+            // the slot is filled with nothing here.
+            if let Some(frame) = frame {
+                placed += usize::from(f.at.is_some());
+                passed.push((f.job, f.change, frame));
+            }
+        }
+        let n = passed.len();
+        self.hold.fill(jobs, passed, &self.out);
+        (n, placed)
     }
 
-    /// Checks `jobs` decided: their slots here get `frames` (`Hold::fill`).
-    pub fn fill_slots(&self, jobs: &[u64], frames: Vec<crate::change_hold::Filled>) {
-        self.hold.fill(jobs, frames, &self.out)
+    fn pass(&self, at: At, frame: &Message, position: bool) -> Option<Message> {
+        match &self.gate {
+            None => Some(frame.clone()),
+            Some(gate) if position => gate.pass_position(at.epoch, at.seq, frame),
+            Some(gate) => gate.pass(at.epoch, at.seq, frame),
+        }
     }
+
+    fn each_in_order(&self, frames: &[Message]) -> (usize, Sent) {
+        for (i, f) in frames.iter().enumerate() {
+            let sent = self.hold.send(f.clone(), &self.out);
+            if sent != Sent::Queued {
+                return (i, sent);
+            }
+        }
+        (frames.len(), Sent::Queued)
+    }
+
+    // 2. The history's side of the gate.
+
+    /// The history went through `through` (`dedupe`: and what else it sent): `first` (the
+    /// resume's system message), then the frames the gate held after it, go out in queue
+    /// order among the pending slots, under the gate's lock, so no later live frame
+    /// overtakes them (`Gate::open`). Without a gate: `Opened::Closed`.
+    pub fn open_gate(&self, epoch: i64, dedupe: (i64, Vec<i64>), first: Option<Message>) -> Opened {
+        let Some(gate) = &self.gate else {
+            return Opened::Closed;
+        };
+        gate.open(epoch, dedupe, first, |frames| {
+            self.hold.merge(frames, &self.out)
+        })
+    }
+
+    /// Records that the history queued the message at `at` to the socket.
+    pub fn history_sent(&self, at: At) {
+        if let Some(gate) = &self.gate {
+            gate.sent(at.epoch, at.seq);
+        }
+    }
+
+    /// The position of the last message queued to the socket through the gate.
+    pub fn last_sent(&self) -> Option<(i64, i64)> {
+        self.gate.as_ref().and_then(|g| g.last_sent())
+    }
+
+    /// The channel left: nothing more passes the gate, and its history still being sent
+    /// stops. Returns the sequence its history went through, if it was sent.
+    pub fn close_gate(&self) -> Option<i64> {
+        self.gate.as_ref().and_then(|g| g.close())
+    }
+
+    /// The gate was closed (the channel left, or the client fell too far behind).
+    pub fn gate_closed(&self) -> bool {
+        self.gate.as_ref().is_some_and(|g| g.is_closed())
+    }
+
+    // 3. Leaving, and what is not live.
 
     /// The channel left: nothing held or handed to it later reaches the socket.
     /// Returns where what it held began, past `after` (`Hold::close`).
@@ -113,33 +273,10 @@ impl Reach {
         Arc::as_ptr(&self.hold) as usize
     }
 
-    /// Sends a run of frames in order, written at once when nothing is waiting
-    /// (`outbound::Sender::send_batch`): how many were taken, and why the rest were not.
-    /// A channel with changes whose check is pending queues the run behind them instead
-    /// (`send_ordered`, frame by frame).
-    pub fn send_batch(&self, frames: &[Message]) -> (usize, Sent) {
-        if !self.hold.is_clear() {
-            return self.send_each_ordered(frames);
-        }
-        self.out.send_batch(frames)
-    }
-
-    /// `send_batch` with the frames encoded once for many channels (`wire::encode`).
-    pub fn send_encoded(&self, frames: &[Message], encoded: &Bytes) -> (usize, Sent) {
-        if !self.hold.is_clear() {
-            return self.send_each_ordered(frames);
-        }
-        self.out.send_encoded(frames, encoded)
-    }
-
-    fn send_each_ordered(&self, frames: &[Message]) -> (usize, Sent) {
-        for (i, f) in frames.iter().enumerate() {
-            let sent = self.send_ordered(f.clone());
-            if sent != Sent::Queued {
-                return (i, sent);
-            }
-        }
-        (frames.len(), Sent::Queued)
+    /// Queues a frame that is not live (a reply, presence, a history's resent frames):
+    /// never behind the gate or the slots.
+    pub fn send(&self, m: Message) -> Sent {
+        self.out.send(m)
     }
 
     /// Queues a text frame.
@@ -234,7 +371,7 @@ impl Reach {
         self.out.is_closed()
     }
 
-    /// Ends the connection as too slow (`outbound::Sender::cut_off`).
+    /// Ends the connection as too slow (`queue::Sender::cut_off`).
     pub fn cut_off(&self) {
         self.out.cut_off()
     }
@@ -291,7 +428,7 @@ mod tests {
 
     #[test]
     fn envelopes_carry_the_channel_and_answers_the_push() {
-        let (tx, rx) = outbound::channel(8);
+        let (tx, rx) = queue::channel(8);
         let link = Link::new(7, Vsn::V2, 70, tx);
         let reach = link.reach("realtime:room", Some("j1"));
         assert_eq!(reach.sub_topic(), "room");
@@ -314,7 +451,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_is_reported_by_every_reach_of_the_connection() {
-        let (tx, rx) = outbound::channel(1);
+        let (tx, rx) = queue::channel(1);
         let link = Link::new(1, Vsn::V1, 1, tx);
         let (a, b) = (
             link.reach("realtime:a", None),

@@ -18,8 +18,7 @@
 //! began, so the read covers it; the client catches up in passes and is never cut off for
 //! it.
 
-use crate::outbound::Sent;
-use crate::reach::Reach;
+use super::queue::Sent;
 use std::sync::{Arc, Mutex};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -150,7 +149,7 @@ impl Gate {
         epoch: i64,
         (through, skip): (i64, Vec<i64>),
         first: Option<Message>,
-        to: &Reach,
+        merge: impl FnOnce(Vec<(Place, Message)>) -> Sent,
     ) -> Opened {
         let mut state = self.state.lock().unwrap();
         match &mut *state {
@@ -179,7 +178,7 @@ impl Gate {
         let last = last.map(|((seq, _), _)| *seq);
         // The resume's system message tells of the history: after it, before anything live.
         let frames = first.map(|f| ((through, true), f)).into_iter().chain(held);
-        if to.merge_held(frames.collect()) != Sent::Queued {
+        if merge(frames.collect()) != Sent::Queued {
             // Over the connection's bounds: it closes as too slow (`outbound`).
             *state = State::Closed;
             return Opened::Closed;
@@ -201,146 +200,5 @@ impl Gate {
 
     pub fn is_closed(&self) -> bool {
         matches!(*self.state.lock().unwrap(), State::Closed)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::outbound;
-    use futures_util::FutureExt;
-
-    fn reach(tx: outbound::Sender) -> Reach {
-        crate::reach::Link::new(1, crate::frame::Vsn::V1, 1, tx).reach("realtime:t", None)
-    }
-
-    fn frame(n: i64) -> Message {
-        Message::text(n.to_string())
-    }
-
-    fn drain(rx: &mut outbound::Receiver) -> Vec<String> {
-        std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|m| m.into_text().unwrap().to_string())
-            .collect()
-    }
-
-    #[test]
-    fn held_frames_after_the_history_pass_once_and_in_order() {
-        let (tx, mut rx) = crate::outbound::channel(16);
-        let to = reach(tx);
-        let gate = Gate::new(100, usize::MAX);
-        // Live frames 5..=8 arrive while the history (through 6) is being read.
-        for n in 5..=8 {
-            assert!(gate.pass(1, n, &frame(n)).is_none());
-        }
-        assert_eq!(gate.last_sent(), None);
-        let system = Some(Message::text("system"));
-        assert_eq!(gate.open(1, (6, vec![]), system, &to), Opened::Yes);
-        assert_eq!(drain(&mut rx), vec!["system", "7", "8"]);
-        assert_eq!(gate.last_sent(), Some((1, 8)));
-        // A drainer behind the history re-dispatches 6: dropped; 9 passes.
-        assert!(gate.pass(1, 6, &frame(6)).is_none());
-        assert!(gate.pass(1, 9, &frame(9)).is_some());
-        assert_eq!(gate.last_sent(), Some((1, 9)));
-        gate.close();
-        assert!(gate.is_closed());
-        assert!(gate.pass(1, 10, &frame(10)).is_none());
-        assert!(rx.overflowed().now_or_never().is_none());
-    }
-
-    /// A change's frame reaches the gate when its check decides, after a broadcast
-    /// committed later may have; opening lets them out in queue order, and a frame after a
-    /// change of the channel whose check is still pending waits behind it, while one before
-    /// it goes out at once.
-    #[test]
-    fn a_change_checked_after_a_later_broadcast_is_let_out_before_it() {
-        let (tx, mut rx) = crate::outbound::channel(16);
-        let to = reach(tx);
-        let gate = Gate::new(100, usize::MAX);
-        assert!(gate.pass(1, 7, &frame(7)).is_none());
-        assert!(gate.pass(1, 5, &frame(5)).is_none());
-        assert!(gate.pass(1, 12, &frame(12)).is_none());
-        // Change 9 of the channel is still being checked when the history ends at 4.
-        assert!(to.hold_slot(1, 0, 9));
-        assert_eq!(gate.open(1, (4, vec![]), None, &to), Opened::Yes);
-        assert_eq!(drain(&mut rx), vec!["5", "7"], "up to the pending change");
-        to.fill_slots(&[1], vec![(1, 0, frame(9))]);
-        assert_eq!(drain(&mut rx), vec!["9", "12"]);
-    }
-
-    /// Regression: a position message reached the gate before the frame of the change at
-    /// its own sequence (which passes when its check decides), and sorting by sequence alone
-    /// let it out first: a socket lost between the two resumed after a change never sent.
-    #[test]
-    fn a_position_is_let_out_after_the_change_at_its_sequence() {
-        let (tx, mut rx) = crate::outbound::channel(16);
-        let to = reach(tx);
-        let gate = Gate::new(100, usize::MAX);
-        assert!(gate.pass_position(1, 9, &Message::text("at 9")).is_none());
-        assert!(gate.pass(1, 9, &frame(9)).is_none());
-        assert!(gate.pass(1, 8, &frame(8)).is_none());
-        assert_eq!(gate.open(1, (4, vec![]), None, &to), Opened::Yes);
-        assert_eq!(drain(&mut rx), vec!["8", "9", "at 9"]);
-    }
-
-    #[test]
-    fn holding_too_much_drops_it_and_asks_for_the_history_again() {
-        let (tx, mut rx) = crate::outbound::channel(16);
-        let to = reach(tx);
-        let gate = Gate::new(2, usize::MAX);
-        // A drainer far behind dispatches 1..=5 while the first read (through 0) is sent.
-        for n in 1..=5 {
-            gate.pass(1, n, &frame(n));
-        }
-        assert_eq!(gate.open(1, (0, vec![]), None, &to), Opened::ReadAgain(1));
-        assert!(
-            drain(&mut rx).is_empty(),
-            "nothing passes before the history"
-        );
-        // The second read went through 5 (it covers what was dropped); 6 came meanwhile.
-        gate.pass(1, 6, &frame(6));
-        assert_eq!(gate.open(1, (5, vec![]), None, &to), Opened::Yes);
-        assert_eq!(drain(&mut rx), vec!["6"]);
-        assert!(
-            rx.overflowed().now_or_never().is_none(),
-            "never cut off for it"
-        );
-        gate.close();
-        assert_eq!(gate.open(1, (9, vec![]), None, &to), Opened::Closed);
-    }
-
-    /// Held frames are bounded in bytes as well as in count: a few large live messages while
-    /// the history is read are dropped and read again from the history, as too many are.
-    #[test]
-    fn holding_too_many_bytes_drops_them_and_asks_for_the_history_again() {
-        let (tx, mut rx) = crate::outbound::channel(16);
-        let to = reach(tx);
-        let gate = Gate::new(100, 10);
-        gate.pass(1, 1, &Message::text("123456"));
-        gate.pass(1, 2, &Message::text("123456"));
-        assert_eq!(gate.open(1, (0, vec![]), None, &to), Opened::ReadAgain(1));
-        assert!(drain(&mut rx).is_empty());
-        // One frame larger than the bound is still taken when nothing is held.
-        let gate = Gate::new(100, 10);
-        gate.pass(1, 3, &Message::text("a frame of more than ten bytes"));
-        assert_eq!(gate.open(1, (2, vec![]), None, &to), Opened::Yes);
-        assert_eq!(drain(&mut rx), vec!["a frame of more than ten bytes"]);
-    }
-
-    /// Regression: a replay opened its gate at the end of its read like a resume does, so a
-    /// live message committed after the join but before the read, which the replay's
-    /// `since` filtered out, was dropped as if sent, and never reached the client.
-    #[test]
-    fn a_replay_skips_only_what_it_replayed() {
-        let (tx, mut rx) = crate::outbound::channel(16);
-        let to = reach(tx);
-        let gate = Gate::new(100, usize::MAX);
-        gate.pass(1, 30, &frame(30));
-        gate.pass(1, 31, &frame(31));
-        // The replay sent 30 (and older ones), not 31; its read went through 31.
-        assert_eq!(gate.open(1, (0, vec![30]), None, &to), Opened::Yes);
-        assert_eq!(drain(&mut rx), vec!["31"]);
-        assert!(gate.pass(1, 30, &frame(30)).is_none());
-        assert!(gate.pass(1, 32, &frame(32)).is_some());
     }
 }

@@ -34,7 +34,7 @@
 //! carries a queue position) go straight to the socket, and so does a history's resent
 //! frames, which precede every live frame the gate held.
 
-use crate::outbound::{Sender, Sent};
+use super::queue::{Sender, Sent};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -287,23 +287,24 @@ impl Hold {
         first
     }
 
-    /// Frames and slots held (for tests and metrics).
-    pub fn held(&self) -> usize {
+    /// Frames and slots held.
+    #[cfg(test)]
+    fn held(&self) -> usize {
         self.held.lock().unwrap().queue.len()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::queue;
     use super::*;
-    use crate::outbound;
     use futures_util::FutureExt;
 
     fn text(n: u32) -> Message {
         Message::text(n.to_string())
     }
 
-    fn got(rx: &outbound::Receiver) -> Vec<String> {
+    fn got(rx: &queue::Receiver) -> Vec<String> {
         std::iter::from_fn(|| rx.try_recv().ok())
             .map(|m| m.into_text().unwrap().to_string())
             .collect()
@@ -311,7 +312,7 @@ mod tests {
 
     #[test]
     fn frames_behind_a_pending_change_wait_and_go_out_in_queue_order() {
-        let (tx, rx) = outbound::channel(100);
+        let (tx, rx) = queue::channel(100);
         let hold = Hold::default();
         assert_eq!(hold.send(text(1), &tx), Sent::Queued);
         // Changes 0 and 1 of job 7 are pending; frame 3 comes between them.
@@ -340,7 +341,7 @@ mod tests {
     /// and leaves another table's job pending among them.
     #[test]
     fn one_fill_decides_every_slot_of_a_merged_check_s_jobs() {
-        let (tx, rx) = outbound::channel(100);
+        let (tx, rx) = queue::channel(100);
         let hold = Hold::default();
         assert!(hold.slot(3, 0, 1, &tx));
         assert!(hold.slot(3, 1, 2, &tx));
@@ -364,7 +365,7 @@ mod tests {
     /// broadcast drained after 9) waits for it.
     #[test]
     fn frames_a_gate_held_are_merged_among_the_pending_slots_by_position() {
-        let (tx, rx) = outbound::channel(100);
+        let (tx, rx) = queue::channel(100);
         let hold = Hold::default();
         assert!(hold.slot(1, 0, 9, &tx));
         let merged = vec![((5, false), text(5)), ((12, false), text(12))];
@@ -381,7 +382,7 @@ mod tests {
 
     #[test]
     fn a_channel_holding_more_than_its_connection_may_queue_is_cut_off() {
-        let (tx, rx) = outbound::channel(4);
+        let (tx, rx) = queue::channel(4);
         let hold = Hold::default();
         assert!(hold.slot(1, 0, 1, &tx));
         for n in 0..3 {
@@ -401,7 +402,7 @@ mod tests {
 
     #[test]
     fn a_channel_that_left_gets_nothing_more() {
-        let (tx, rx) = outbound::channel(100);
+        let (tx, rx) = queue::channel(100);
         let hold = Hold::default();
         assert!(hold.slot(1, 0, 1, &tx));
         assert_eq!(hold.send(text(1), &tx), Sent::Queued);
@@ -421,7 +422,7 @@ mod tests {
 
     #[test]
     fn held_bytes_count_against_the_connection_s_bytes() {
-        let (tx, rx) = outbound::bounded(100, 10);
+        let (tx, rx) = queue::bounded(100, 10);
         let hold = Hold::default();
         assert!(hold.slot(1, 0, 1, &tx));
         assert_eq!(hold.send(Message::text("12345678"), &tx), Sent::Queued);

@@ -2,7 +2,7 @@
 //! connection's outbound queue for what tungstenite itself writes (`wire` has why the sidecar
 //! writes frames itself).
 
-use crate::outbound;
+use super::queue;
 use bytes::Bytes;
 use std::io;
 use std::pin::Pin;
@@ -16,11 +16,11 @@ use tokio::net::tcp::OwnedReadHalf;
 pub struct Duplex {
     ahead: Bytes,
     read: OwnedReadHalf,
-    out: outbound::Raw,
+    out: queue::Raw,
 }
 
 impl Duplex {
-    pub fn new(ahead: Bytes, read: OwnedReadHalf, out: outbound::Raw) -> Self {
+    pub fn new(ahead: Bytes, read: OwnedReadHalf, out: queue::Raw) -> Self {
         Duplex { ahead, read, out }
     }
 }

@@ -138,6 +138,105 @@ pub fn socket(write: OwnedWriteHalf) -> Arc<dyn Socket> {
     Arc::new(write)
 }
 
+/// Frames per vectored write (two slices each: under any system's IOV_MAX).
+pub(super) const WRITE_FRAMES: usize = 64;
+
+/// Writes `frames` to `socket` in vectored calls until all are written or the socket takes
+/// no more; returns how many frames were written whole, and the unwritten tail of the one
+/// written in part, if any.
+pub(super) fn direct(
+    socket: &dyn Socket,
+    frames: &[Message],
+) -> io::Result<(usize, Option<Bytes>)> {
+    let mut done = 0;
+    while done < frames.len() {
+        let chunk = &frames[done..frames.len().min(done + WRITE_FRAMES)];
+        let mut headers = [None; WRITE_FRAMES];
+        for (h, m) in headers.iter_mut().zip(chunk) {
+            *h = parts(m).map(|(h, _)| h);
+        }
+        let mut slices = [IoSlice::new(&[]); WRITE_FRAMES * 2];
+        let mut n = 0;
+        let mut total = 0;
+        for (h, m) in headers.iter().zip(chunk) {
+            let (Some(h), Some((_, payload))) = (h, parts(m)) else {
+                continue;
+            };
+            slices[n] = IoSlice::new(h.as_slice());
+            slices[n + 1] = IoSlice::new(payload);
+            n += 2;
+            total += h.as_slice().len() + payload.len();
+        }
+        let written = match socket.try_write_vectored(&slices[..n]) {
+            Ok(w) => w,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((done, None)),
+            Err(e) => return Err(e),
+        };
+        // Whole frames written, then the tail of the one cut, if any.
+        let mut left = written;
+        for (h, m) in headers.iter().zip(chunk) {
+            let Some((_, payload)) = parts(m) else {
+                done += 1;
+                continue;
+            };
+            let len = h.map_or(0, |h| h.as_slice().len()) + payload.len();
+            if left >= len {
+                left -= len;
+                done += 1;
+                continue;
+            }
+            return Ok((done + 1, Some(tail(m, left))));
+        }
+        if written < total {
+            return Ok((done, None));
+        }
+    }
+    Ok((done, None))
+}
+
+/// Writes `encoded` (the frames `frames`, encoded back to back) in one call; returns as
+/// `direct` does.
+pub(super) fn encoded(
+    socket: &dyn Socket,
+    frames: &[Message],
+    encoded: &Bytes,
+) -> io::Result<(usize, Option<Bytes>)> {
+    let written = match socket.send_now(encoded) {
+        Ok(w) => w,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((0, None)),
+        Err(e) => return Err(e),
+    };
+    if written == encoded.len() {
+        return Ok((frames.len(), None));
+    }
+    let mut at = 0;
+    for (i, m) in frames.iter().enumerate() {
+        let end = at + encoded_len(m);
+        if written < end {
+            if written == at {
+                return Ok((i, None));
+            }
+            return Ok((i + 1, Some(encoded.slice(written..end))));
+        }
+        at = end;
+    }
+    Ok((frames.len(), None))
+}
+
+/// What is left of frame `m` after its first `written` bytes.
+fn tail(m: &Message, written: usize) -> Bytes {
+    let (h, _) = parts(m).expect("only frames with parts are written");
+    let h = h.as_slice();
+    let payload = payload_bytes(m);
+    if written < h.len() {
+        let mut b = h[written..].to_vec();
+        b.extend_from_slice(&payload);
+        Bytes::from(b)
+    } else {
+        payload.slice(written - h.len()..)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

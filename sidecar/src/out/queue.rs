@@ -30,16 +30,13 @@
 //! handling a client frame (`hold`) nothing is written directly: its replies are put ahead
 //! of what was queued meanwhile (`put_first`), as when the task wrote them first itself.
 
-use crate::wire::{self, Socket};
+use super::write::{self, Socket};
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;
-
-/// Frames per vectored write (two slices each: under any system's IOV_MAX).
-const WRITE_FRAMES: usize = 64;
 
 /// A buffer this large or smaller is kept when the queue empties; a larger one is freed.
 const KEEP: usize = 32;
@@ -102,99 +99,6 @@ impl State {
         self.bytes += n;
         self.frames.push_back(frame);
         true
-    }
-}
-
-/// Writes `frames` to `socket` in vectored calls until all are written or the socket takes
-/// no more; returns how many frames were written whole, and the unwritten tail of the one
-/// written in part, if any.
-fn write_direct(socket: &dyn Socket, frames: &[Message]) -> io::Result<(usize, Option<Bytes>)> {
-    let mut done = 0;
-    while done < frames.len() {
-        let chunk = &frames[done..frames.len().min(done + WRITE_FRAMES)];
-        let mut headers = [None; WRITE_FRAMES];
-        for (h, m) in headers.iter_mut().zip(chunk) {
-            *h = wire::parts(m).map(|(h, _)| h);
-        }
-        let mut slices = [IoSlice::new(&[]); WRITE_FRAMES * 2];
-        let mut n = 0;
-        let mut total = 0;
-        for (h, m) in headers.iter().zip(chunk) {
-            let (Some(h), Some((_, payload))) = (h, wire::parts(m)) else {
-                continue;
-            };
-            slices[n] = IoSlice::new(h.as_slice());
-            slices[n + 1] = IoSlice::new(payload);
-            n += 2;
-            total += h.as_slice().len() + payload.len();
-        }
-        let written = match socket.try_write_vectored(&slices[..n]) {
-            Ok(w) => w,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((done, None)),
-            Err(e) => return Err(e),
-        };
-        // Whole frames written, then the tail of the one cut, if any.
-        let mut left = written;
-        for (h, m) in headers.iter().zip(chunk) {
-            let Some((_, payload)) = wire::parts(m) else {
-                done += 1;
-                continue;
-            };
-            let len = h.map_or(0, |h| h.as_slice().len()) + payload.len();
-            if left >= len {
-                left -= len;
-                done += 1;
-                continue;
-            }
-            return Ok((done + 1, Some(tail(m, left))));
-        }
-        if written < total {
-            return Ok((done, None));
-        }
-    }
-    Ok((done, None))
-}
-
-/// Writes `encoded` (the frames `frames`, encoded back to back) in one call; returns as
-/// `write_direct` does.
-fn write_encoded(
-    socket: &dyn Socket,
-    frames: &[Message],
-    encoded: &Bytes,
-) -> io::Result<(usize, Option<Bytes>)> {
-    let written = match socket.send_now(encoded) {
-        Ok(w) => w,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok((0, None)),
-        Err(e) => return Err(e),
-    };
-    if written == encoded.len() {
-        return Ok((frames.len(), None));
-    }
-    let mut at = 0;
-    for (i, m) in frames.iter().enumerate() {
-        let end = at + wire::encoded_len(m);
-        if written < end {
-            if written == at {
-                return Ok((i, None));
-            }
-            return Ok((i + 1, Some(encoded.slice(written..end))));
-        }
-        at = end;
-    }
-    Ok((frames.len(), None))
-}
-
-/// What is left of frame `m` after its first `written` bytes.
-fn tail(m: &Message, written: usize) -> Bytes {
-    let (h, _) = wire::parts(m).expect("only frames with parts are written");
-    let h = h.as_slice();
-    let payload = wire::payload_bytes(m);
-    if written < h.len() {
-        let mut b = h[written..].to_vec();
-        b.extend_from_slice(&payload);
-        Bytes::from(b)
-    } else {
-        payload.slice(written - h.len()..)
     }
 }
 
@@ -312,7 +216,7 @@ impl Sender {
     }
 
     /// `send_batch` with the frames already encoded, back to back, as `encoded`
-    /// (`wire::encode`): the same bytes for every subscriber of a run, made once, and
+    /// (`write::encode`): the same bytes for every subscriber of a run, made once, and
     /// written in one piece.
     pub fn send_encoded(&self, frames: &[Message], encoded: &Bytes) -> (usize, Sent) {
         self.send_run(frames, Some(encoded))
@@ -333,8 +237,8 @@ impl Sender {
                 // An error other than a full socket is left to the connection's task, which
                 // meets it at its next write or read; the frames are queued meanwhile.
                 let written = match encoded {
-                    Some(bytes) => write_encoded(&*socket, frames, bytes),
-                    None => write_direct(&*socket, frames),
+                    Some(bytes) => write::encoded(&*socket, frames, bytes),
+                    None => write::direct(&*socket, frames),
                 };
                 if let Ok((done, cut)) = written {
                     start = done;
@@ -489,9 +393,9 @@ impl Receiver {
             if budget == 0 {
                 return Ok(Written::More);
             }
-            let n = s.frames.len().min(WRITE_FRAMES).min(budget);
+            let n = s.frames.len().min(write::WRITE_FRAMES).min(budget);
             budget -= n;
-            let (done, cut) = write_direct(&*socket, &s.frames.make_contiguous()[..n])?;
+            let (done, cut) = write::direct(&*socket, &s.frames.make_contiguous()[..n])?;
             let st = &mut *s;
             for m in st.frames.drain(..done) {
                 st.bytes -= m.len();
@@ -778,7 +682,7 @@ mod tests {
     #[test]
     fn what_the_socket_does_not_take_is_queued_and_written_after_in_order() {
         // Room for the first frame and 3 bytes of the second.
-        let first = wire::parts(&text("frame 0")).map(|(h, p)| h.as_slice().len() + p.len());
+        let first = write::parts(&text("frame 0")).map(|(h, p)| h.as_slice().len() + p.len());
         let (tx, rx, fake) = attached(100, 1 << 20, first.unwrap() + 3);
         assert_eq!(tx.send_batch(&texts(0..4)), (4, Sent::Queued));
         assert!(rx.pending().now_or_never().is_some(), "the task is woken");
@@ -829,14 +733,14 @@ mod tests {
                 "a loopback socket takes no more than a few MB"
             );
             let frames: Vec<Message> = (sent.len()..sent.len() + 4).map(frame).collect();
-            let encoded = wire::encode(&frames);
+            let encoded = write::encode(&frames);
             assert_eq!(tx.send_encoded(&frames, &encoded), (4, Sent::Queued));
             sent.extend(frames);
             runs += 1;
         }
         assert!(runs > 1, "the first run went out whole, without the task");
         // The client reads everything while the task writes what waits, as `socket.rs` does.
-        let expected: usize = sent.iter().map(wire::encoded_len).sum();
+        let expected: usize = sent.iter().map(write::encoded_len).sum();
         let reader = tokio::spawn(async move {
             let mut got = Vec::with_capacity(expected);
             let mut buf = vec![0u8; 1 << 16];
@@ -866,7 +770,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             got,
-            wire::encode(&sent).to_vec(),
+            write::encode(&sent).to_vec(),
             "every frame, once, in order"
         );
     }
@@ -896,7 +800,7 @@ mod tests {
         let (tx, rx, fake) = attached(100, 1 << 20, 3);
         assert_eq!(tx.send_batch(&texts(0..2)), (2, Sent::Queued));
         let pong_msg = Message::Pong(Bytes::from_static(b"p"));
-        let (h, p) = wire::parts(&pong_msg).unwrap();
+        let (h, p) = write::parts(&pong_msg).unwrap();
         let mut pong = h.as_slice().to_vec();
         pong.extend_from_slice(p);
         assert!(rx.raw().push(Bytes::from(pong)));
