@@ -188,7 +188,7 @@ pub fn bounded(capacity: usize, max_bytes: usize) -> (Sender, Receiver) {
 impl Sender {
     /// Queues `frame` unless the queue is full or its reader gone; never waits. A full
     /// queue is marked overflowed: the connection closes as too slow.
-    pub fn send(&self, frame: Message) -> Sent {
+    pub(super) fn send(&self, frame: Message) -> Sent {
         {
             let mut s = self.inner.state.lock().unwrap();
             if s.closed {
@@ -211,14 +211,14 @@ impl Sender {
     /// they are written to the attached socket at once (the connection's task is not woken
     /// for them), and only what the socket would not take is queued. Returns how many were
     /// taken (written or queued), and what became of the first one that was not.
-    pub fn send_batch(&self, frames: &[Message]) -> (usize, Sent) {
+    pub(super) fn send_batch(&self, frames: &[Message]) -> (usize, Sent) {
         self.send_run(frames, None)
     }
 
     /// `send_batch` with the frames already encoded, back to back, as `encoded`
     /// (`write::encode`): the same bytes for every subscriber of a run, made once, and
     /// written in one piece.
-    pub fn send_encoded(&self, frames: &[Message], encoded: &Bytes) -> (usize, Sent) {
+    pub(super) fn send_encoded(&self, frames: &[Message], encoded: &Bytes) -> (usize, Sent) {
         self.send_run(frames, Some(encoded))
     }
 
