@@ -72,7 +72,7 @@
 //! A join with `config.broadcast.replay` (Supabase's) or `config.broadcast.resume` (a
 //! position, `meta.epoch` and `meta.seq` of the last message the client saw) is answered and
 //! subscribed in the hub at once, behind a `gate` that holds its live frames. The
-//! `history::fetch` task reads the history of every waiting join in one `realtime.history`
+//! `history::worker` task reads the history of every waiting join in one `realtime.history`
 //! call (one walk of the queue's ring for all their topics), sends each join its share,
 //! paced, with a `system` message saying whether everything was recovered, then opens the
 //! gate at the sequence the history went through: held frames after it follow, the rest were
@@ -319,7 +319,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         metrics.clone(),
         shutdown.clone(),
     ));
-    let history = history_thread.spawn(history::fetch::run(
+    let history = history_thread.spawn(history::worker::run(
         cfg.clone(),
         history_rx,
         history_tx.clone(),

@@ -4,7 +4,7 @@
 //! `?persist=true` or `?persist[ttl]=N`). A kept message is relayed like any other and also
 //! written to `realtime.persisted_messages` with its expiry, in the same statement
 //! (`relay`), so Supabase's replay finds it for its ttl even after the queue's ring has
-//! moved on (`history::fetch`), and the queue marks it so that replay includes it while
+//! moved on (`history::worker`), and the queue marks it so that replay includes it while
 //! the ring still holds it.
 
 use crate::address::AddressKey;

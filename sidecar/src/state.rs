@@ -29,7 +29,7 @@ pub struct Shared {
     /// Postgres Changes bindings waiting for their join-time check.
     pub check: mpsc::Sender<CheckRequest>,
     /// Joins waiting for their replay or resume (`history`).
-    pub history: mpsc::Sender<crate::history::fetch::Request>,
+    pub history: mpsc::Sender<crate::history::Request>,
     /// The channels with Postgres Changes bindings, which the drainer serves.
     pub changes: Arc<Subscribers>,
     /// Presence: the views of watched topics and the channels' wishes (`presence`).
@@ -64,7 +64,7 @@ pub struct Shared {
     pub schema_wide_bindings: crate::tally::Amounts<()>,
     /// Histories read or sent per client address, and the lines the others wait in
     /// (MAX_RESUMES_PER_ADDRESS, `history::line`); joins reach `history` through it.
-    pub resumes: crate::history::line::Line<crate::history::fetch::Request>,
+    pub resumes: crate::history::line::Line<crate::history::Request>,
     /// Random per process: the high half of this sidecar's relay origins.
     pub instance: u32,
 }
@@ -113,7 +113,7 @@ pub mod testing {
         pub authorize: mpsc::Receiver<AuthRequest>,
         pub relay: mpsc::Receiver<relay::Broadcast>,
         pub check: mpsc::Receiver<CheckRequest>,
-        pub history: mpsc::Receiver<crate::history::fetch::Request>,
+        pub history: mpsc::Receiver<crate::history::Request>,
         /// Kept so that `shutdown` stays open.
         pub stop: watch::Sender<bool>,
     }

@@ -521,7 +521,7 @@ async fn one_address_s_resumes_wait_their_turn_and_past_its_line_go_live_told_wh
         &[
             ("MAX_RESUMES_PER_ADDRESS", "2"),
             ("MAX_RESUMES_WAITING_PER_ADDRESS", "2"),
-            // A history waits for its client once half of this is queued (`history::fetch`).
+            // A history waits for its client once half of this is queued (`history::worker`).
             ("MAX_OUTBOUND_BYTES", "1048576"),
         ],
     )

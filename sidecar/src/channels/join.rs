@@ -351,9 +351,9 @@ impl Channels {
         let weight = Weight::of(&bindings);
         // A channel whose position covers its changes resumes them with its broadcasts:
         // its live changes then wait behind the same gate, and the history checks its
-        // changes for the identity it joined with (`history::fetch`).
+        // changes for the identity it joined with (`history::worker`).
         let positions = has_changes && config.change_positions;
-        let resumed_changes = (positions && reach.is_gated()).then(|| history::fetch::Changes {
+        let resumed_changes = (positions && reach.is_gated()).then(|| history::Changes {
             bindings: bindings.clone(),
             role: claims.role.clone(),
             claims: claims.all.to_string(),
@@ -399,7 +399,7 @@ impl Channels {
         if let Some(ask) = ask {
             // After the reply (in `out`, written first), the history and then the held live
             // frames arrive through the outbound queue.
-            let request = history::fetch::Request {
+            let request = history::Request {
                 ask,
                 key: key.clone(),
                 reach: reach.clone(),

@@ -106,7 +106,7 @@ impl Channels {
         let read = access.broadcast_read.allowed();
         if !read {
             // Presence read keeps the channel, but a history still being sent is a
-            // broadcast read: it stops at its next frame (`history::fetch::send`).
+            // broadcast read: it stops at its next frame (`history::pace`).
             ch.reach.close_gate();
         }
         let hub = &self.shared.hub;

@@ -11,7 +11,7 @@
 //! - MAX_RESUME_BYTES_IN_FLIGHT: every history being sent, together.
 //!
 //! A history is cut to what fits, its newest messages kept, and a resume is told
-//! `recovered: false` with the positions not sent and the bound that cut them (`fetch`).
+//! `recovered: false` with the positions not sent and the bound that cut them (`resume`).
 //! What a history holds is taken when its frames are made (`Budget::take`) and given back
 //! frame by frame as they are queued to the socket (`Held::give_back`), the rest when it is
 //! dropped: a history that ends, is cut off or whose client leaves gives back at once.

@@ -28,7 +28,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
-/// What waits in a line: a join's history request (`fetch::Request`). The line gives it
+/// What waits in a line: a join's history request (`Request`). The line gives it
 /// its place, asks whether its channel is still there, and tells it when it cannot run.
 pub trait Waiting: Send + 'static {
     /// Holds its place while it runs (the place is given back when the request drops).

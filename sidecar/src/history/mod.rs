@@ -13,7 +13,7 @@
 //! `realtime.stats()` says how far back it reaches.
 //!
 //! The way: the join is answered and the channel subscribed in the hub behind a gate
-//! (`crate::gate`) that holds its live frames; `fetch` reads the history of every waiting
+//! (`crate::gate`) that holds its live frames; `worker` reads the history of every waiting
 //! join in one `realtime.history` call, sends each its share, paced, and opens its gate at
 //! the sequence the history went through. `ask` reads what the join asked for; `line` bounds
 //! the histories of one client address read or sent at once (MAX_RESUMES_PER_ADDRESS);
@@ -21,5 +21,14 @@
 
 pub mod ask;
 pub mod budget;
-pub mod fetch;
+mod changes;
+mod expire;
 pub mod line;
+mod pace;
+mod read;
+mod replay;
+mod request;
+mod resume;
+pub mod worker;
+
+pub use request::{Changes, Request};

@@ -275,7 +275,7 @@ mod tests {
     #[test]
     fn ordering_a_column_of_arrays_is_refused() {
         let (mut r, _) = request(&["todos"]);
-        r.bindings[0].filters[0].op = crate::postgres_changes::binding::Op::Gt;
+        r.bindings[0].filters[0].op = crate::postgres_changes::filter::Op::Gt;
         let rows = vec![(None, Some(vec![Some(vec![json!(["a", "b"])])]))];
         match verdict(r.bindings, rows) {
             Checked::Refused(e) => assert!(e.text().contains("only be compared with eq")),

@@ -30,8 +30,10 @@ pub mod bounds;
 pub mod check;
 pub mod checks;
 pub mod deliver;
+pub mod filter;
 pub mod pattern_calls;
 pub mod position;
 pub mod subscribers;
 
-pub use binding::{parse_bindings, reply, Binding, BindingError, Change};
+pub use binding::{parse_bindings, reply, Binding, BindingError};
+pub use filter::Change;

@@ -8,7 +8,8 @@
 //! of its row's values, not against every channel of the table (1,000 subscribers in 10
 //! rooms cost 100 checks per change, not 1,000).
 
-use super::binding::{Binding, Op};
+use super::binding::Binding;
+use super::filter::Op;
 use crate::hub::ConnId;
 use crate::out::Reach;
 use std::collections::{HashMap, HashSet};

@@ -1,7 +1,7 @@
 //! The first stage, on the drain's path with no database call: which channels each change
 //! of a batch matched, grouped by table into the sets the checks take.
 
-use super::super::binding::Change;
+use super::super::filter::Change;
 use super::super::subscribers::Subscribers;
 use super::outgoing::{withhold_failed, Candidate, Outgoing, Table};
 use crate::metrics::Metrics;
