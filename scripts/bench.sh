@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every benchmark of pgbench/RESULTS.md at full size, one after the other (never two at
+# Every benchmark of pgbench/README.md at full size, one after the other (never two at
 # once: they share 2 cores), from a fresh Debian 12 machine as root. Each table goes to
 # target/bench/<time>/<label>.md (with the runner's JSON lines beside it) and to stdout.
-# One run gives every row of RESULTS.md's goal table. About an hour (57 minutes on 2026-11-24).
+# One run gives every row of pgbench/README.md's goal table (its tables go to
+# pgbench/results/<date>.md). About an hour (57 minutes on 2026-11-24).
 # `scripts/bench.sh peers connections` runs only the runners named (a label such as
 # fanout:pinned names one run of a runner; the runner's name selects all of its runs).
 set -euo pipefail

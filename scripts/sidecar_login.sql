@@ -1,5 +1,5 @@
 -- The least-privilege login a sidecar connects as, in a database where pg_realtime is
--- installed (README, "The sidecar's role"); the test suite and the demo run their sidecars
+-- installed (sidecar/README.md, "Running it"); the test suite and the demo run their sidecars
 -- as it. Like PostgREST's authenticator it holds no privilege of its own: EXECUTE on the
 -- functions the sidecar calls, and membership in the roles its clients' JWTs may name (a
 -- Supabase database's anon, authenticated and service_role). realtime.authorize refuses any

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A throwaway PostgreSQL 15 cluster made like Supabase's image, holding a database Supabase
 # made (regress/fixtures/supabase) with pg_realtime installed into it the documented way
-# (README, "Moving a Supabase project to pg_realtime"): the end-to-end tests of
+# (extension/README.md, "Moving a Supabase project to pg_realtime"): the end-to-end tests of
 # sidecar/e2e/supabase_database.test.mjs run realtime-js against it.
 #   scripts/supabase-cluster.sh start DIR PORT   initdb as supabase_admin, start, load the
 #                                                fixture into database postgres, install

@@ -1,8 +1,8 @@
 -- Hand-written part of the pg_realtime extension script.
 
 -- realtime.check_privileges(): every right through which a role that is no superuser could
--- place code where pg_realtime runs it, and the role such code runs as (README, "Who runs
--- what"). pg_realtime has no SECURITY DEFINER function that runs anything another role
+-- place code where pg_realtime runs it, and the role such code runs as (extension/README.md,
+-- "Who runs what"). pg_realtime has no SECURITY DEFINER function that runs anything another role
 -- controls: each step that meets such code switches first to the role whose rights it
 -- needs. So no row here is a way to a superuser's rights; each says whose rights a trigger,
 -- an overload or a table's rows would get, and CREATE EXTENSION and the sidecar's start

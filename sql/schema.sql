@@ -112,7 +112,7 @@ $$;
 -- rolled back. Roles belong to the cluster: a second database, or a restore into a cluster
 -- that has it, finds it made; one that could log in or is a superuser is refused, since its
 -- rights would reach every probe. It stays after DROP EXTENSION (another database may use
--- it): README says how to drop it. The grants on the app's schema and table are recorded
+-- it): extension/README.md says how to drop it. The grants on the app's schema and table are recorded
 -- nowhere as initial privileges (pg_dump would then leave the objects' other grants out of
 -- a dump): they are dumped with them, and restored after CREATE EXTENSION made the role.
 DO $$
@@ -140,7 +140,7 @@ $$;
 -- the sidecar. Supabase's are kept as they are (the same oid, owner, grants and body) under
 -- the names supabase_send, supabase_send_binary and supabase_broadcast_changes, and
 -- realtime.restore_replaced_functions() renames them back after DROP EXTENSION pg_realtime:
--- the way back to a database Supabase Realtime can serve (README, "Leaving pg_realtime").
+-- the way back to a database Supabase Realtime can serve (extension/README.md, "The way back").
 -- Nothing is kept as SQL text to be executed later: text in a table is whatever the roles
 -- that may write the table made it. A function something depends on by oid (a view, a
 -- BEGIN ATOMIC body) is refused, as DROP FUNCTION would refuse it: renamed, it would go on

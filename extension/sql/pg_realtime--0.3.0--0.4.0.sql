@@ -1,5 +1,5 @@
 -- pg_realtime 0.3.0 -> 0.4.0: no role gains a superuser's rights through the extension
--- (README, "Who runs what"). Every change of the extension's SQL since 0.3.0 (frozen in
+-- (extension/README.md, "Who runs what"). Every change of the extension's SQL since 0.3.0 (frozen in
 -- extension/released/pg_realtime--0.3.0.sql) is written here as well; regress/sql/upgrade.sql
 -- proves the result equals a fresh install.
 

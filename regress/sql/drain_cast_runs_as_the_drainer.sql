@@ -1,4 +1,4 @@
--- Issue 39, L9, decided (README, "What a hostile client can still cost"): while a change is
+-- Issue 39, L9, decided (sidecar/README.md, "What a hostile client can still cost"): while a change is
 -- decoded, a column whose type has a cast to json is rendered by that cast, as Supabase's
 -- to_jsonb renders it, in the drain's own call: so as the role that drains, the sidecar's
 -- login. Whoever may publish a table of such a type runs code as that login; this holds

@@ -1,6 +1,6 @@
 // History at a join with the official realtime-js: Supabase's replay on a private channel,
 // and resume after a position, which an app adds to its join payload with
-// `updateJoinPayload` so that realtime-js's automatic rejoin carries it (README, "Resume").
+// `updateJoinPayload` so that realtime-js's automatic rejoin carries it (sidecar/README.md, "Replay and resume").
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -22,7 +22,7 @@ after(async () => {
 
 const client = (port) => new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: WebSocket, params: { apikey } });
 
-/// What the README tells apps to do: after each message, move the join payload's
+/// What sidecar/README.md tells apps to do: after each message, move the join payload's
 /// `config.broadcast.resume` to its position, so a rejoin (automatic or not) resumes there.
 function remember(channel, meta) {
   const { config } = channel.joinPush.payload();

@@ -1,6 +1,6 @@
 // Postgres Changes resume with the official realtime-js, on both serializers: a channel
 // whose `config.broadcast.resume` says `changes: true` is told its position in a `system`
-// message after each batch of changes, keeps it in its join payload (README, "Resume after a
+// message after each batch of changes, keeps it in its join payload (sidecar/README.md, "Resume after a
 // position"), and a rejoin from it gets every change committed since, checked as the
 // subscriber may read it at the rejoin, then live ones, none twice.
 // Absence is proven by order: a channel gets its changes in commit order, so once it has a
@@ -58,7 +58,7 @@ function client(vsn, sockets = []) {
   return new RealtimeClient(`ws://127.0.0.1:${port}/realtime/v1`, { transport: Tracked, params: { apikey }, vsn });
 }
 
-/// What the README tells apps to do: keep the position of each `system` message that
+/// What sidecar/README.md tells apps to do: keep the position of each `system` message that
 /// carries one in the join payload, so a rejoin (automatic or not) resumes there.
 function remember(channel, systems) {
   channel.on('system', {}, (s) => {

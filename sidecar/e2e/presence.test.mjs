@@ -11,7 +11,7 @@ import { anonClaims, close, database, jwt, startSidecar, subscribed, waitFor, wi
 
 const SECRET = 'test-secret-with-at-least-32-characters';
 const apikey = jwt(SECRET, anonClaims());
-/// How soon a killed sidecar's members leave the others' views (README, "Presence").
+/// How soon a killed sidecar's members leave the others' views (sidecar/README.md, "Presence").
 const DEAD_SIDECAR_BOUND_MS = 5000;
 
 let one;

@@ -29,7 +29,7 @@ let directPort;
 let ca;
 let db;
 
-/// The nginx configuration an operator needs (README, "Behind a proxy"), with this test's
+/// The nginx configuration an operator needs (sidecar/README.md, "Behind a proxy"), with this test's
 /// ports, files and short timeout.
 function nginxConf(listen, upstream) {
   return `
