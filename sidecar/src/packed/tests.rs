@@ -1,4 +1,5 @@
 use super::*;
+use realtime_packed::{KIND_FILTERED, KIND_GAP, KIND_MESSAGE, MAGIC};
 
 const HOW: As = As {
     epoch: 77,
