@@ -45,6 +45,9 @@ def main():
     ap.add_argument("--clients", type=int, default=15000)
     ap.add_argument("--pg-port", type=int, default=24380)
     ap.add_argument("--http-port", type=int, default=24381)
+    ap.add_argument("--sidecars", help="LABEL=BINARY,... sidecar builds to run in turn, each on a fresh sidecar "
+                    "with its own warm-up (default: this tree's)")
+    ap.add_argument("--rounds", type=int, default=1, help="how many times each build runs every kind of join")
     a = ap.parse_args()
     harness.build()
     rows = []
@@ -54,35 +57,39 @@ def main():
         # Postgres Changes joins: client i binds INSERTs of bench_changes, filter k=eq.<room>.
         pg.psql("-v", f"users={a.clients}", "-v", "rooms=1000", "-f", f"{HERE}/changes_setup.sql")
         server_log = f"{pg.dir}/pg/server.log"
-        with harness.Sidecar(a.http_port, pg.dsn, "joins", SECRET, MAX_JOINS_PER_SECOND="100000") as sidecar:
-            # The first round warms the sidecar up (its first thousands of tasks and buffers)
-            # and is not reported.
-            public = ["--topic-prefix", "joins"]
-            for label, extra in [("warm-up", public), ("public", public),
-                                 ("private (RLS)", ["--private", "--topics", 1000, "--topic-prefix", "room:"]),
-                                 # Each join's bindings are checked (realtime.subscribable), and
-                                 # only then is its table listened to: one more upload round
-                                 # when the table is new to the sidecar (here, the first joins').
-                                 ("postgres changes", ["--postgres-changes", "--topics", 1000,
-                                                       "--topic-prefix", "pc:"])]:
-                log_from = os.path.getsize(server_log)
-                b0 = sidecar.metric("realtime_auth_batches_total")
-                r0 = sidecar.metric("realtime_auth_requests_total")
-                r = harness.loadgen(f"ws://127.0.0.1:{a.http_port}", pg.dsn, SECRET, "--clients", a.clients,
-                                    "--rate", 0, "--seconds", 0, "--label", label, *extra,
-                                    timeout=300)
-                r["auth_calls"] = sidecar.metric("realtime_auth_batches_total") - b0
-                r["auth_verdicts"] = sidecar.metric("realtime_auth_requests_total") - r0
-                r["auth_busy_ms"], r["auth_gap_ms"] = calls_in(read_from(server_log, log_from))
-                if label != "warm-up":
-                    rows.append(r)
+        builds = [b.split("=", 1) for b in a.sidecars.split(",")] if a.sidecars else [("", harness.SIDECAR_BIN)]
+        for rnd, (build, binary) in [(rnd, b) for rnd in range(a.rounds) for b in builds]:
+            with harness.Sidecar(a.http_port, pg.dsn, "joins", SECRET, binary=binary,
+                                 MAX_JOINS_PER_SECOND="100000") as sidecar:
+                # The first round warms the sidecar up (its first thousands of tasks and buffers)
+                # and is not reported.
+                public = ["--topic-prefix", "joins"]
+                for label, extra in [("warm-up", public), ("public", public),
+                                     ("private (RLS)", ["--private", "--topics", 1000, "--topic-prefix", "room:"]),
+                                     # Each join's bindings are checked (realtime.subscribable), and
+                                     # only then is its table listened to: one more upload round
+                                     # when the table is new to the sidecar (here, the first joins').
+                                     ("postgres changes", ["--postgres-changes", "--topics", 1000,
+                                                           "--topic-prefix", "pc:"])]:
+                    log_from = os.path.getsize(server_log)
+                    b0 = sidecar.metric("realtime_auth_batches_total")
+                    r0 = sidecar.metric("realtime_auth_requests_total")
+                    r = harness.loadgen(f"ws://127.0.0.1:{a.http_port}", pg.dsn, SECRET, "--clients", a.clients,
+                                        "--rate", 0, "--seconds", 0, "--label", label, *extra,
+                                        timeout=300)
+                    r["auth_calls"] = sidecar.metric("realtime_auth_batches_total") - b0
+                    r["auth_verdicts"] = sidecar.metric("realtime_auth_requests_total") - r0
+                    r["auth_busy_ms"], r["auth_gap_ms"] = calls_in(read_from(server_log, log_from))
+                    r["build"], r["round"] = build, rnd + 1
+                    if label != "warm-up":
+                        rows.append(r)
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; {a.clients:,} clients connecting and "
           f"joining at once; 100,000 memberships; sidecar, Postgres and the load generator on the same 2 cores.\n")
-    print("| channels | joined | refused | failed conns | connecting (s) | joining (s) | joins/s | authorize calls | verdicts "
-          "| database time in the calls (ms) | longest gap between calls (ms) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| build | round | channels | joined | refused | failed conns | connecting (s) | joining (s) | joins/s | "
+          "authorize calls | verdicts | database time in the calls (ms) | longest gap between calls (ms) |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['label']} | {r['joined']:,} | {r['join_errors']:,} | {r['failed_connections']} | {r['connect_seconds']:.2f} | "
+        print(f"| {r['build'] or '-'} | {r['round']} | {r['label']} | {r['joined']:,} | {r['join_errors']:,} | {r['failed_connections']} | {r['connect_seconds']:.2f} | "
               f"{r['join_seconds']:.2f} | {r['joins_per_second']:,.0f} | {r['auth_calls']:,.0f} | {r['auth_verdicts']:,.0f} | "
               f"{r['auth_busy_ms']:,.0f} | {r['auth_gap_ms']:,.0f} |")
 
