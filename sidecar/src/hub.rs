@@ -480,7 +480,7 @@ mod tests {
     }
 
     /// The hub's batched write to an idle socket must not overtake a change of the channel
-    /// whose check is pending (`change_hold`): the run waits behind it.
+    /// whose check is pending (`crate::out`, its slots): the run waits behind it.
     #[test]
     fn a_batch_waits_behind_a_change_whose_check_is_pending() {
         let hub = Hub::new(Arc::new(Metrics::default()));

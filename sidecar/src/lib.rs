@@ -22,22 +22,34 @@
 //!    A gap the queue
 //!    reports (messages evicted before they were read), an outage and a restart (a new
 //!    epoch) each reach every subscriber as a `system` message.
-//! 2. Each row becomes a `hub::QueueMessage`; `Hub::dispatch` looks its topic up under one
-//!    read lock, encodes the frame at most once per serializer and `try_send`s the same
-//!    bytes into each subscriber's bounded outbound queue. The hub never waits on a socket:
-//!    a queue that is full marks itself overflowed, and its connection closes as too slow
-//!    (the rule lives in `outbound` and the socket loop alone).
-//! 3. `socket` (one task per connection) writes what is queued, up to 256 frames a flush.
+//! 2. The batch is read in place (`packed`, `rows::Entry`); its consecutive broadcasts become
+//!    one run of `hub::QueueMessage`s. `Hub::dispatch_batch` looks each topic up under one
+//!    read lock, encodes each frame at most once per serializer, and hands every subscriber
+//!    its frames of the run at once through the channel's `out::Reach`, the one door to a
+//!    socket. When nothing waits at that socket, the frames are written from the drainer's
+//!    own task, in one `send(2)`, without waking the connection's task. The hub never waits
+//!    on a socket: a queue that is full marks itself overflowed, and its connection closes
+//!    as too slow (the rule lives in `out` and the socket loop alone).
+//! 3. `socket` (one task per connection) writes what the socket did not take, and anything
+//!    queued while something waited, from the queue's head (`out::Receiver::write_some`).
+//!
+//! `out/mod.rs` tells a live frame's whole way out: a rejoining channel's gate, the Postgres
+//! Changes slots, the queue, the write; what may drop or cut off at each step; its locks.
 //!
 //! Captured row changes (Postgres Changes, `extension/src/capture.rs`) come through the
 //! same drain as rows of kind `change`, in Supabase's JSON for the tables some channel
 //! listens to (the drain is told which; a channel that joined during a drain makes the
-//! drainer drain again from its table's first undecoded change). Before a batch is
-//! handed out, `postgres_changes::deliver` finds the channels whose bindings match each
-//! change and asks the database, in one call per changed table, which of them may see the
-//! row under RLS and which columns their role may read; then the batch goes out in queue
-//! order, broadcasts to the hub and changes straight to their channels' queues. A change
-//! is never dispatched as a broadcast.
+//! drainer drain again from its table's first undecoded change). On the drain's path, with
+//! no database call, `postgres_changes::deliver::matched` finds the channels whose bindings
+//! match each change; the drainer leaves a slot at the change's place in each such
+//! channel's order (`out::Reach::slot`), hands a job per changed table to the check pool
+//! (`postgres_changes::pool`) and hands out the rest of the batch at once. The pool asks
+//! the database beside the drain, on connections of its own, in one call per changed table,
+//! which channels may see each row under RLS and which columns their role may read, then
+//! fills each slot with that channel's frame (or a notice, or nothing), which lets out what
+//! waited behind it. A channel's frames thus keep the queue's order, and one slow table's
+//! check never holds the drain or another channel. A change is never dispatched as a
+//! broadcast.
 //!
 //! # A private join's way: socket → channels → authorizer → channels
 //!
@@ -55,7 +67,7 @@
 //! is never a denial. Verdicts are checked again every
 //! AUTHORIZATION_TTL_SECS and on a new token; a read no longer allowed closes the channel.
 //! A join with `postgres_changes` bindings (private or public) waits the same way for
-//! `postgres_changes::check`, which checks the bindings of every waiting join in one
+//! `postgres_changes::subscribable`, which checks the bindings of every waiting join in one
 //! `realtime.subscribable` call; the channel is registered before it is answered.
 //!
 //! # A client broadcast's way: socket → relay → queue → every sidecar
@@ -71,7 +83,8 @@
 //!
 //! A join with `config.broadcast.replay` (Supabase's) or `config.broadcast.resume` (a
 //! position, `meta.epoch` and `meta.seq` of the last message the client saw) is answered and
-//! subscribed in the hub at once, behind a `gate` that holds its live frames. The
+//! subscribed in the hub at once, behind a gate (its `out::Reach`'s) that holds its live
+//! frames. The
 //! `history::worker` task reads the history of every waiting join in one `realtime.history`
 //! call (one walk of the queue's ring for all their topics), sends each join its share,
 //! paced, with a `system` message saying whether everything was recovered, then opens the
@@ -95,7 +108,8 @@
 //!
 //! One task each for the listener (`server`), the drainer, the interest worker, the
 //! authorizer, the relay, the bindings' check, the history, the presence worker, lease and
-//! flusher, and one per connection. The authorizer, the interest worker and the lease,
+//! flusher, CHANGES_CHECK_CONNECTIONS for the Postgres Changes check pool, and one per
+//! connection. The authorizer, the interest worker and the lease,
 //! whose round trips joins and presence wait on, run on a thread of their own
 //! (`db_thread`), so a storm of ready connection tasks never holds them up; the history
 //! worker and its sending tasks on another, so reading and framing a long history never
@@ -110,33 +124,36 @@
 //!
 //! Locks are std locks held for a few instructions and never across an `.await`. The
 //! order, where two are held at once: a registry (the hub, the Postgres Changes
-//! listeners, presence's views), then a rejoining channel's `gate`, then a connection's
-//! `outbound` queue. Never two registries at once. On SIGTERM the listener stops, every socket is sent
+//! listeners, presence's views), then a rejoining channel's gate, then its Postgres Changes
+//! slots, then its connection's queue (`out`). Never two registries at once. On SIGTERM the listener stops, every socket is sent
 //! a close frame with its reason (`reason::Disconnect`) and the drainer confirms its
 //! position, so a restarted sidecar resumes where this one stopped (`shutdown`).
 //!
-//! # Files
+//! # Files, by wing
 //!
-//! `server` listener, HTTP and upgrades · `url` query and path decoding · `rest` the REST broadcast · `rest_limits` its bounds · `cors` CORS of its routes · `address` who a client is on the network (trusted proxies) · `tally` per-key rates and counts in flight · `socket` one
-//! connection's loop · `command` a client frame parsed into what it asks · `client_text` the
-//! rules for client strings that reach SQL (NUL, length, a binary push's JSON) · `frame` the wire
-//! format of both serializers · `channels/` the channel lifecycle (the registry, a join's
-//! checks and admission, one channel, its pushes) · `held` pushes held behind a verdict · `join_config` what a
-//! join asks for · `broadcast` the broadcast extension · `postgres_changes/` the Postgres
-//! Changes extension (bindings, their bounds, the join-time check, who listens, delivery and
-//! the order of its pattern calls) · `history/` replay and resume (what a join asks, the
-//! batched read, the per-address line, the bytes histories hold) · `presence/` presence (a
-//! channel's pushes, wishes, the worker, the views) · `gate` a rejoining channel's
-//! live frames held until its history is sent · `hub` topics and fan-out · `reach` the one way to a
-//! joined channel's socket, held by every registry · `outbound` a connection's outbound queue ·
-//! `drainer` the queue side · `rows` a drain or history row read once into what it is · `interest` the topics this process drains · `authorizer` batched `realtime.authorize` · `verdict_queue` the line its requests wait in, per client address, taken in turn · `relay` batched
-//! `realtime.relay` · `persist` client broadcasts kept for replay (and whose quota they count
-//! against) · `persist_full` the persist quotas just found full · `db_worker` what the
-//! database workers share (a connection kept up with backoff; the batched-worker shape of
-//! the authorizer, the check and the relay) · `db_thread` the thread the round trips joins wait on run on · `reason`
-//! every reason a client can be given · `rate` the per-second limits · `jwt` · `metrics` ·
-//! `metrics_auth` who may read `/metrics` · `privileges` the rights that reach the
-//! extension's code, logged at start · `config` · `state` · `shutdown`.
+//! - **The edge**: `server` (the listener, HTTP routes, upgrades), `url`, `cors`, `address`
+//!   (who a client is on the network, trusted proxies), `tally` (per-key rates and counts in
+//!   flight), `rate`, `rest`, `rest_body` and `rest_limits` (the REST broadcast, its body and
+//!   its bounds), `metrics_auth`, `jwt`.
+//! - **A connection**: `socket` (its loop), `command` (a client frame parsed into what it
+//!   asks), `frame` (both serializers' wire format), `client_text` (the rules for client
+//!   strings that reach SQL), `channels/` (the channel lifecycle: the registry, a join,
+//!   one channel, its lifetime, its pushes), `held` (pushes held behind a verdict),
+//!   `join_config`, `broadcast`.
+//! - **The way out**: `out/` (a channel's `Reach`, the gate, the slots, the queue, the
+//!   writes), `hub` (topics and fan-out).
+//! - **The queue side**: `drainer`, `packed` and `rows` (a drained batch read once),
+//!   `interest` (the topics and tables this process drains).
+//! - **Features**: `postgres_changes/` (bindings and filters, their bounds, the join-time
+//!   check, who listens, the check pool, delivery by stage, positions), `history/` (replay
+//!   and resume: the worker and its stages, the per-address line, the bytes in flight),
+//!   `presence/`, `relay`, `persist` and `persist_full` (client broadcasts kept, and their
+//!   quotas).
+//! - **The database workers**: `db_worker` (a connection kept up; the batched-worker shape),
+//!   `db_thread`, `authorizer` and `verdict_queue` (batched verdicts, a line per address),
+//!   `privileges` (the rights that reach the extension's code, logged at start).
+//! - **Vocabulary and plumbing**: `config/`, `state`, `reason` (every reason a client can be
+//!   given), `metrics`, `shutdown`, `fuzz` (tests).
 
 pub mod address;
 pub mod authorizer;
@@ -251,8 +268,8 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let db_thread = db_thread::DbThread::start()?;
     // Histories: a resume reads and frames up to MAX_RESUME_MESSAGES at once.
     let history_thread = db_thread::DbThread::start_named("history")?;
-    // The Postgres Changes checks, beside the drain (`postgres_changes::checks`).
-    let checks = postgres_changes::checks::Checks::new(&cfg);
+    // The Postgres Changes checks, beside the drain (`postgres_changes::pool`).
+    let checks = postgres_changes::pool::Checks::new(&cfg);
     let check_workers = checks.start(cfg.clone(), metrics.clone(), shutdown.clone());
     let drainer = tokio::spawn(drainer::run(
         cfg.clone(),
@@ -313,7 +330,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         metrics.clone(),
         shutdown.clone(),
     ));
-    let checker = tokio::spawn(postgres_changes::check::run(
+    let checker = tokio::spawn(postgres_changes::subscribable::run(
         cfg.clone(),
         check_rx,
         metrics.clone(),

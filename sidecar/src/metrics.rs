@@ -57,7 +57,7 @@ pub struct Metrics {
     pub postgres_changes_checks_total: Counter,
     pub changes_delivered_total: Counter,
     /// Checks of changed tables' changes run (one covers every batch of its table that
-    /// waited for it: `postgres_changes::checks`).
+    /// waited for it: `postgres_changes::pool`).
     pub changes_checks_total: Counter,
     pub changes_withheld_total: Counter,
     pub change_check_failures_total: Counter,

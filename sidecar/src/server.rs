@@ -389,7 +389,7 @@ fn upgrade(
         let _from_address = from_address;
         let _in_blocks = in_blocks;
         match on_upgrade.await {
-            // The sidecar writes the socket itself (`wire`): the upgraded connection is the
+            // The sidecar writes the socket itself (`crate::out`): the upgraded connection is the
             // TcpStream it accepted, with what the HTTP server read past the request.
             Ok(upgraded) => match upgraded.downcast::<TokioIo<tokio::net::TcpStream>>() {
                 Ok(parts) => {

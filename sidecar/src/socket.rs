@@ -5,7 +5,7 @@
 //! buffer; those replies are put ahead of anything queued meanwhile (so a reply always
 //! precedes broadcasts on the channel it opened). Everything else comes through the bounded
 //! outbound queue, which the hub's fan-out writes to the socket itself while nothing is
-//! waiting (`outbound`, `wire`); the task writes what the socket would not take, when it
+//! waiting (`crate::out`); the task writes what the socket would not take, when it
 //! becomes writable, and whatever other pushers queued, in one vectored write per pass.
 //! The loop ends on close, error, idle timeout, a full queue (the client is too slow), a
 //! join rate limit, or server shutdown, each with a close reason (`reason::Disconnect`),

@@ -4,7 +4,7 @@ use crate::config::Config;
 use crate::hub::Hub;
 use crate::jwt::Verifier;
 use crate::metrics::Metrics;
-use crate::postgres_changes::check::CheckRequest;
+use crate::postgres_changes::subscribable::CheckRequest;
 use crate::postgres_changes::subscribers::Subscribers;
 use crate::reason::Refusal;
 use crate::relay;

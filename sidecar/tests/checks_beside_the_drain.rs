@@ -1,5 +1,5 @@
-//! Postgres Changes checks run beside the drain (`postgres_changes::checks`): a table whose
-//! check is slow holds only the channels waiting for its changes (`change_hold`), each in
+//! Postgres Changes checks run beside the drain (`postgres_changes::pool`): a table whose
+//! check is slow holds only the channels waiting for its changes (`out`, its slots), each in
 //! its queue order, and nothing else.
 //!
 //! Each test's table has a SELECT policy that sleeps, and CHANGES_CHECK_TIMEOUT_MS is high,

@@ -397,3 +397,31 @@ fn a_circle_through_a_reexport_is_found() {
         "{found:?}"
     );
 }
+
+/// `lib.rs`'s map names every module of the library: a file added without a place in the
+/// map is a room a newcomer cannot find (five were, on 2026-11-28).
+#[test]
+fn lib_rs_names_every_module_in_its_map() {
+    let lib = std::fs::read_to_string(workspace().join("sidecar/src/lib.rs")).unwrap();
+    let map = lib
+        .split("//! # Files")
+        .nth(1)
+        .expect("lib.rs has a `# Files` section")
+        .split("\n\n")
+        .next()
+        .unwrap();
+    let file = syn::parse_file(&lib).unwrap();
+    let mut unnamed = Vec::new();
+    for item in &file.items {
+        if let syn::Item::Mod(m) = item {
+            let name = m.ident.to_string();
+            if !map.contains(&format!("`{name}`")) && !map.contains(&format!("`{name}/`")) {
+                unnamed.push(name);
+            }
+        }
+    }
+    assert!(
+        unnamed.is_empty(),
+        "modules lib.rs's `# Files` does not name: {unnamed:?}"
+    );
+}

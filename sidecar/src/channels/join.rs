@@ -19,7 +19,7 @@ use crate::join_config::{self, JoinConfig};
 use crate::jwt::{self, JwtError};
 use crate::postgres_changes::binding::pattern_over;
 use crate::postgres_changes::bounds::{Bounds, Weight};
-use crate::postgres_changes::check::{self, Checked};
+use crate::postgres_changes::subscribable::{self, Checked};
 use crate::postgres_changes::{self, subscribers, Binding, BindingError};
 use crate::presence::channel::{self as presence_channel, ChannelPresence};
 use crate::reason::{Disconnect, Notice, Refusal};
@@ -239,7 +239,7 @@ impl Channels {
                     if bindings.is_empty() {
                         Checked::Ok(bindings)
                     } else {
-                        check::check(&checker, &who.role, bindings).await
+                        subscribable::check(&checker, &who.role, bindings).await
                     }
                 };
                 let listening = async {

@@ -12,7 +12,7 @@ use std::time::Duration;
 impl Channels {
     /// Stops everything the channel receives, makes its member leave and gives back its
     /// place in the counts. Returns the queue position of the first change it held behind a
-    /// pending check, which was never sent (`change_hold`), if any.
+    /// pending check, which was never sent (`crate::out`, its slots), if any.
     pub(super) fn unsubscribe(&self, topic: &str, ch: &mut Channel) -> Option<i64> {
         // First: nothing passes the gate (and counts as sent) once what is held is counted.
         let through = ch.reach.close_gate();
@@ -20,7 +20,7 @@ impl Channels {
         if ch.postgres_changes {
             self.shared.changes.remove(self.link.id, topic);
         }
-        // What it holds behind a pending check is the left channel's (`change_hold`).
+        // What it holds behind a pending check is the left channel's (`crate::out`, its slots).
         let unsent = ch.reach.close_hold(through.unwrap_or(i64::MIN));
         ch.presence.stop(&self.shared.presence, &ch.reach, &ch.key);
         self.shared.metrics.channels.decrement(1.0);

@@ -36,7 +36,7 @@ use crate::metrics::Metrics;
 use crate::out;
 use crate::out::{Link, Reach};
 use crate::postgres_changes::bounds::Weight;
-use crate::postgres_changes::check::Checked;
+use crate::postgres_changes::subscribable::Checked;
 use crate::rate::Rate;
 use crate::reason::{ChannelClosed, Disconnect, Notice, Refusal};
 use crate::state::Shared;

@@ -226,7 +226,7 @@ async fn a_resuming_join_holds_live_messages_until_its_history_is_sent() {
 }
 
 /// A second join resumed after the last message its channel passed to the socket, even when
-/// that message still waited behind a change whose check was running (`change_hold`): the
+/// that message still waited behind a change whose check was running (`crate::out`, its slots): the
 /// old channel's hold was dropped with both, and neither was ever sent. It resumes before
 /// the first change the old channel held now.
 #[tokio::test]

@@ -115,7 +115,7 @@ pub(super) async fn send(
         }
         let bytes = f.len();
         if r.reach.send(f) != Sent::Queued {
-            // A full queue closes the connection as too slow (`outbound`).
+            // A full queue closes the connection as too slow (`crate::out`).
             r.reach.close_gate();
             return;
         }

@@ -16,7 +16,7 @@ pub struct Request {
     pub ask: Ask,
     pub key: TopicKey,
     pub reach: Reach,
-    /// Set on a further pass (the gate overflowed while the last one was sent: `gate`).
+    /// Set on a further pass (the gate overflowed while the last one was sent: `crate::out`).
     pub carry: Option<Carry>,
     /// The channel's Postgres Changes, when its position covers them.
     pub changes: Option<Changes>,

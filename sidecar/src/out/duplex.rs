@@ -1,5 +1,5 @@
 //! The stream tungstenite is given for a connection: the socket's read half, and the
-//! connection's outbound queue for what tungstenite itself writes (`wire` has why the sidecar
+//! connection's outbound queue for what tungstenite itself writes (`write` has why the sidecar
 //! writes frames itself).
 
 use super::queue;

@@ -140,7 +140,7 @@ impl Gate {
     /// Opens the gate after the history went through `through`: `first` (the resume's
     /// system message), then the held frames after `through`, go to the channel in queue
     /// order, under the lock, so no later live frame overtakes them. They are merged among
-    /// the channel's changes whose check is still pending by position (`change_hold`): one
+    /// the channel's changes whose check is still pending by position (`slots`): one
     /// before such a change goes out now, one after it waits for it. `epoch` is the
     /// queue's, which held frames are of. If held frames were dropped meanwhile, the gate
     /// stays shut and says to read the history again.
@@ -168,7 +168,7 @@ impl Gate {
             unreachable!("matched above");
         };
         // In queue order: a change's frame reaches the gate when its check decides
-        // (`postgres_changes::checks`), after broadcasts committed later may have.
+        // (`postgres_changes::pool`), after broadcasts committed later may have.
         let mut held: Vec<(Place, Message)> = held
             .into_iter()
             .filter(|((seq, _), _)| *seq > through && !skip.contains(seq))
@@ -179,7 +179,7 @@ impl Gate {
         // The resume's system message tells of the history: after it, before anything live.
         let frames = first.map(|f| ((through, true), f)).into_iter().chain(held);
         if merge(frames.collect()) != Sent::Queued {
-            // Over the connection's bounds: it closes as too slow (`outbound`).
+            // Over the connection's bounds: it closes as too slow (`queue`).
             *state = State::Closed;
             return Opened::Closed;
         }

@@ -289,7 +289,7 @@ impl Sender {
         self.inner.capacity
     }
 
-    /// The queue's bound in bytes (a channel's hold counts against it too: `change_hold`).
+    /// The queue's bound in bytes (a channel's hold counts against it too: `slots`).
     pub fn max_bytes(&self) -> usize {
         self.inner.max_bytes
     }

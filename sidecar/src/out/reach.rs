@@ -6,7 +6,7 @@
 //!
 //! A `Reach` never decides that its client is too slow: `send` hands the frame to the
 //! outbound queue, which marks itself overflowed when full, and the socket loop closes the
-//! connection (`outbound`).
+//! connection (`queue`).
 
 use super::gate::{Gate, Opened};
 use super::queue::{self, Sent};

@@ -5,7 +5,7 @@
 //! Why: a table's check (`postgres_changes::deliver`, up to CHANGES_CHECK_TIMEOUT_MS) used
 //! to run on the drain's path, so one bulk write into a table with a costly policy delayed
 //! every broadcast of every channel by that long (the soak in `pgbench/RESULTS.md`). The
-//! checks now run beside the drain (`postgres_changes::checks`); the drain hands out the
+//! checks now run beside the drain (`postgres_changes::pool`); the drain hands out the
 //! rest of the batch at once. But a channel's resume position (epoch, seq) means
 //! "everything up to seq was sent on this channel": a change of that channel must not be
 //! overtaken by a broadcast committed after it. So when the drain hands out a change whose

@@ -11,7 +11,7 @@
 //! subscriber shares: written as `[header, payload]` slices, nothing is copied.
 //!
 //! tungstenite still reads and parses the client's frames, and answers pings and closes;
-//! what it writes (`crate::duplex::Duplex`) joins the connection's outbound queue at a frame
+//! what it writes (`duplex::Duplex`) joins the connection's outbound queue at a frame
 //! boundary, so it never lands inside a frame of ours.
 
 use bytes::Bytes;

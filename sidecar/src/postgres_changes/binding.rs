@@ -10,7 +10,7 @@
 //! and matching a drained change (`kind = 'change'`, `extension/src/change.rs`) by schema,
 //! table, event and filter. Filters are evaluated here, on the change's record, before the
 //! RLS check, as Supabase evaluates them; their values are those the join's check rendered
-//! as the column's type renders them (`check`), so a record's value and a filter's compare
+//! as the column's type renders them (`subscribable`), so a record's value and a filter's compare
 //! as the same JSON. The patterns of `like`, `ilike`, `match` and `imatch` are the
 //! exception: they mean what Postgres's `LIKE`, `ILIKE`, `~` and `~*` make of them (case
 //! folding by the database's locale, POSIX regular expressions in Postgres's flavour), which
@@ -81,7 +81,7 @@ pub enum BindingError {
         chars: usize,
         limit: usize,
     },
-    /// The database's check refused it (`check`): no such table, not published, a column
+    /// The database's check refused it (`subscribable`): no such table, not published, a column
     /// the role may not read, a value of the wrong type...
     Rejected {
         at: usize,

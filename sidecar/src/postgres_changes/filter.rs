@@ -1,6 +1,6 @@
 //! A binding's filters (`column=op.value`, Supabase's operators) and the change they judge:
 //! evaluated on the change's record before the RLS check, as Supabase evaluates them, their
-//! values those the join's check rendered as the column's type renders them (`check`), so a
+//! values those the join's check rendered as the column's type renders them (`subscribable`), so a
 //! record's value and a filter's compare as the same JSON. Parsing them is `binding`'s.
 
 use serde_json::{Map, Value};
@@ -16,7 +16,7 @@ pub struct Filter {
     pub negate: bool,
     /// One value, or the list of `in.(a,b)`, as the client wrote them (unquoted).
     pub values: Vec<String>,
-    /// The same values as the column's type renders them in a record (`check`), for the
+    /// The same values as the column's type renders them in a record (`subscribable`), for the
     /// comparison operators; None for a binding on a whole schema, whose column's type is
     /// known only change by change, and for like, ilike and is, whose value is no value of
     /// the column.

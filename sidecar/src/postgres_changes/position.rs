@@ -29,7 +29,7 @@ pub struct Positions {
 
 impl Positions {
     /// Notes a channel that was left a slot for a change of this batch (its check runs
-    /// beside the drain, `change_hold`): its position follows the batch behind the slot. A
+    /// beside the drain, `crate::out`): its position follows the batch behind the slot. A
     /// channel only told that changes were withheld (no slot) is not noted.
     pub fn note_slot(&mut self, sub: &Arc<Subscriber>) {
         if sub.positions {

@@ -91,7 +91,7 @@ pub(super) const VISIBLE_CURRENT_SQL: &str = "SELECT identity, record, error \
 pub(super) const PATTERNS_SQL: &str = "SELECT pattern, subject, matched, error \
      FROM realtime.match_patterns($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4)";
 
-/// The lookups on a check connection (`checks`; statements prepared on first use). Each
+/// The lookups on a check connection (`pool`; statements prepared on first use). Each
 /// call runs under the server's statement_timeout of its budget, so the server ends a check
 /// that runs long; the client gives up `grace` later, for a server that does not answer at
 /// all.

@@ -34,9 +34,9 @@
 //! nothing unchecked is ever sent. A lost connection withholds the same way.
 //!
 //! The drainer runs the stage in two parts: `matched` (the matching, no database call) in
-//! its loop, then `check` per table on the check pool (`checks`, connections of its own),
+//! its loop, then `check` per table on the check pool (`pool`, connections of its own),
 //! off the drain's path; the channels waiting for a check hold their later frames in queue
-//! order (`change_hold`). `prepare` runs both for one set of changes at once, on any
+//! order (`crate::out`, its slots). `prepare` runs both for one set of changes at once, on any
 //! `Lookup`.
 
 mod authorize;
@@ -67,7 +67,7 @@ use tokio_tungstenite::tungstenite::Message;
 /// among the frames, at the first change withheld from them); when it found the connection
 /// lost, `lost` says so and the other tables' checks are not tried (their changes are
 /// withheld the same way). The drain runs the same steps apart (`matched`, then `check` per
-/// table on the pool, `checks`); this whole is for one set of changes checked at once (a
+/// table on the pool, `pool`); this whole is for one set of changes checked at once (a
 /// rejoining channel's resumed changes) and the stage's tests.
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) async fn prepare(

@@ -6,7 +6,7 @@
 //! other table's change of the batch, and of every batch behind it, that long: in the soak
 //! one bulk writer took ordinary subscribers' p99 from 5 ms to 2.2 s. Now the drain matches
 //! a batch's changes to channels (no database call), hands a job per changed table to this
-//! pool, leaves a slot in each matched channel's hold (`change_hold`) and hands out the
+//! pool, leaves a slot in each matched channel's hold (`crate::out`, its slots) and hands out the
 //! rest of the batch at once; the channels with a slot pending wait, each in its own queue
 //! order, until the check fills it.
 //!
