@@ -217,11 +217,11 @@ impl Hub {
     /// straight to its socket when nothing is waiting there; through its gate while its
     /// history is sent); stops at the first not taken (a full queue closes the connection;
     /// a closing one unsubscribes itself).
-    fn deliver_batch(&self, sub: &Subscriber, frames: &[(At, Message)]) {
+    fn deliver_batch(&self, sub: &Subscriber, frames: &[Message], at: &[At]) {
         if frames.is_empty() {
             return;
         }
-        let (taken, _) = sub.reach.live_run(frames);
+        let (taken, _) = sub.reach.live_run(frames, at);
         self.metrics.deliveries_total.increment(taken as u64);
     }
 
@@ -256,6 +256,7 @@ impl Hub {
             // written to each socket as they are.
             let mut shared: [Option<Shared>; 2] = [None, None];
             let mut mine = Vec::with_capacity(msgs.len());
+            let mut mine_at = Vec::with_capacity(msgs.len());
             for sub in &subs.list {
                 let plain = !sub.reach.is_gated()
                     && (sub.self_broadcast || msgs.iter().all(|m| m.origin != Some(sub.origin)));
@@ -275,17 +276,21 @@ impl Hub {
                     }
                 }
                 mine.clear();
+                mine_at.clear();
                 for (m, f) in msgs.iter().zip(&frames) {
-                    mine.extend(f.for_subscriber(sub, m));
+                    if let Some((at, frame)) = f.for_subscriber(sub, m) {
+                        mine_at.push(at);
+                        mine.push(frame);
+                    }
                 }
-                self.deliver_batch(sub, &mine);
+                self.deliver_batch(sub, &mine, &mine_at);
             }
             return;
         }
         // Several topics: connections in the order they first get a frame, each with its
         // frames in order.
         let mut at: HashMap<ConnId, usize> = HashMap::new();
-        let mut pending: Vec<(&Subscriber, Vec<(At, Message)>)> = Vec::new();
+        let mut pending: Vec<(&Subscriber, Vec<Message>, Vec<At>)> = Vec::new();
         for (m, f) in msgs.iter().zip(&frames) {
             let Some(subs) = topics.get(&key(m)) else {
                 continue;
@@ -295,14 +300,16 @@ impl Hub {
                     continue;
                 };
                 let i = *at.entry(sub.reach.conn).or_insert_with(|| {
-                    pending.push((sub, Vec::new()));
+                    pending.push((sub, Vec::new(), Vec::new()));
                     pending.len() - 1
                 });
+                let (at, frame) = frame;
                 pending[i].1.push(frame);
+                pending[i].2.push(at);
             }
         }
-        for (sub, frames) in pending {
-            self.deliver_batch(sub, &frames);
+        for (sub, frames, at) in pending {
+            self.deliver_batch(sub, &frames, &at);
         }
     }
 

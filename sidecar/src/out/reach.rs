@@ -136,24 +136,30 @@ impl Reach {
         Some(self.hold.send(frame, &self.out))
     }
 
-    /// A run of live frames in queue order, written to the socket at once when nothing
-    /// waits (`queue::Sender::send_batch`): how many were taken of those that passed the
-    /// gate, and why the rest were not.
-    pub fn live_run(&self, run: &[(At, Message)]) -> (usize, Sent) {
-        let passed: Vec<Message> = match &self.gate {
-            None => run.iter().map(|(_, f)| f.clone()).collect(),
-            Some(_) => run
-                .iter()
-                .filter_map(|(at, f)| self.pass(*at, f, false))
-                .collect(),
+    /// A run of live frames in queue order (`at[i]` is `frames[i]`'s place), written to the
+    /// socket at once when nothing waits (`queue::Sender::send_batch`): how many were taken
+    /// of those that passed the gate, and why the rest were not.
+    pub fn live_run(&self, frames: &[Message], at: &[At]) -> (usize, Sent) {
+        debug_assert_eq!(frames.len(), at.len());
+        let passed: Vec<Message>;
+        let frames = match &self.gate {
+            None => frames,
+            Some(_) => {
+                passed = frames
+                    .iter()
+                    .zip(at)
+                    .filter_map(|(f, at)| self.pass(*at, f, false))
+                    .collect();
+                &passed
+            }
         };
-        if passed.is_empty() {
+        if frames.is_empty() {
             return (0, Sent::Queued);
         }
         if !self.hold.is_clear() {
-            return self.each_in_order(&passed);
+            return self.each_in_order(frames);
         }
-        self.out.send_batch(&passed)
+        self.out.send_batch(frames)
     }
 
     /// The hub's fast path: a run of frames encoded once for many channels
@@ -186,19 +192,20 @@ impl Reach {
     /// place (were a change's own frame, not a notice).
     pub fn fill(&self, jobs: &[u64], frames: Vec<Fill>) -> (usize, usize) {
         let mut placed = 0;
-        let mut passed = Vec::with_capacity(frames.len());
-        for f in frames {
-            let frame = match (f.at, &self.gate) {
-                (Some(at), Some(_)) => self.pass(at, &f.frame, false),
-                _ => Some(f.frame),
-            };
-            // None: held by the gate (let out when it opens) or already sent as history;
-            // the slot is filled with nothing here.
-            if let Some(frame) = frame {
+        // Collected in place: the frames' own allocation is reused.
+        let passed: Vec<_> = frames
+            .into_iter()
+            .filter_map(|f| {
+                let frame = match (f.at, &self.gate) {
+                    (Some(at), Some(_)) => self.pass(at, &f.frame, false)?,
+                    _ => f.frame,
+                };
+                // None above: held by the gate (let out when it opens) or already sent as
+                // history; the slot is filled with nothing here.
                 placed += usize::from(f.at.is_some());
-                passed.push((f.job, f.change, frame));
-            }
-        }
+                Some((f.job, f.change, frame))
+            })
+            .collect();
         let n = passed.len();
         self.hold.fill(jobs, passed, &self.out);
         (n, placed)
