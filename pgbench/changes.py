@@ -13,7 +13,7 @@ machine, before any of its other work. Prints a markdown table (the loadgen's JS
 scripts/install-extension.sh; builds the sidecar and the load generator (release).
 
 `--sidecars before=BIN,after=BIN --rounds 2` compares builds in one run, on one cluster: each
-rate is run once per build per round, the builds alternating, and each row gives the sidecar's
+rate is run once per build per round, the builds alternating in ABBA order, and each row gives the sidecar's
 and Postgres' CPU per delivered change, so a change's effect is told apart from the machine's
 speed, which moves about 2x between runs here."""
 
@@ -47,7 +47,10 @@ def main():
     with harness.Cluster(a.pg_port, "max_connections = 50") as pg:
         pg.psql("-v", f"users={a.users}", "-v", f"rooms={a.rooms}", "-f", f"{HERE}/changes_setup.sql")
         builds = [b.split("=", 1) for b in a.sidecars.split(",")] if a.sidecars else [("", harness.SIDECAR_BIN)]
-        runs = [(rnd, rate, b) for rnd in range(a.rounds) for rate in map(int, a.rates.split(",")) for b in builds]
+        # ABBA: every other round runs the builds in the other order, so a drift over the run
+        # (the table grows, the machine warms) does not favour the build that runs first.
+        runs = [(rnd, rate, b) for rnd in range(a.rounds) for rate in map(int, a.rates.split(","))
+                for b in (builds if rnd % 2 == 0 else builds[::-1])]
         for rnd, rate, (build, binary) in runs:
             # A fresh sidecar per run: each build starts from the same state.
             with harness.Sidecar(a.http_port, pg.dsn, "changes", SECRET, binary=binary) as sidecar:

@@ -5,7 +5,7 @@ Prints a markdown table (and the loadgen's JSON lines on stderr). Run as root af
 scripts/install-extension.sh; builds the sidecar and the load generator (release).
 
 `--sidecars before=BIN,after=BIN --rounds 2` compares builds in one run: each scenario runs
-once per build per round, the builds alternating, each on a fresh sidecar, and each row gives
+once per build per round, the builds alternating, each on a fresh sidecar, in ABBA order, and each row gives
 the sidecar's CPU per delivery."""
 
 import argparse
@@ -39,7 +39,10 @@ def main():
         scenarios = [("latency, 1 subscriber", 1, 1000)] + [
             (f"fan-out, {a.subscribers} subscribers", a.subscribers, int(r)) for r in a.rates.split(",")]
         builds = [b.split("=", 1) for b in a.sidecars.split(",")] if a.sidecars else [("", harness.SIDECAR_BIN)]
-        runs = [(rnd, sc, b) for rnd in range(a.rounds) for sc in scenarios for b in builds]
+        # ABBA: every other round runs the builds in the other order, so a drift over the run
+        # does not favour the build that runs first.
+        runs = [(rnd, sc, b) for rnd in range(a.rounds) for sc in scenarios
+                for b in (builds if rnd % 2 == 0 else builds[::-1])]
         for rnd, (label, subs, rate), (build, binary) in runs:
             with harness.Sidecar(a.http_port, pg.dsn, "fanout", SECRET, binary=binary) as sidecar:
                 if a.pin:

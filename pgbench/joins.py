@@ -10,6 +10,7 @@ Run as root after scripts/install-extension.sh."""
 import argparse
 import datetime
 import os
+import sys
 import re
 
 import harness
@@ -45,7 +46,7 @@ def main():
     ap.add_argument("--clients", type=int, default=15000)
     ap.add_argument("--pg-port", type=int, default=24380)
     ap.add_argument("--http-port", type=int, default=24381)
-    ap.add_argument("--sidecars", help="LABEL=BINARY,... sidecar builds to run in turn, each on a fresh sidecar "
+    ap.add_argument("--sidecars", help="LABEL=BINARY,... sidecar builds to run in turn, each on a fresh sidecar, in ABBA order "
                     "with its own warm-up (default: this tree's)")
     ap.add_argument("--rounds", type=int, default=1, help="how many times each build runs every kind of join")
     a = ap.parse_args()
@@ -58,9 +59,14 @@ def main():
         pg.psql("-v", f"users={a.clients}", "-v", "rooms=1000", "-f", f"{HERE}/changes_setup.sql")
         server_log = f"{pg.dir}/pg/server.log"
         builds = [b.split("=", 1) for b in a.sidecars.split(",")] if a.sidecars else [("", harness.SIDECAR_BIN)]
-        for rnd, (build, binary) in [(rnd, b) for rnd in range(a.rounds) for b in builds]:
+        # ABBA: every other round runs the builds in the other order.
+        for rnd, (build, binary) in [(rnd, b) for rnd in range(a.rounds)
+                                     for b in (builds if rnd % 2 == 0 else builds[::-1])]:
+            # 15,000 clients connect at once: past the default MAX_CONNECTIONS less its
+            # backend reserve (14,745) and MAX_HTTP_CONNECTIONS (8,192 mid-upgrade).
             with harness.Sidecar(a.http_port, pg.dsn, "joins", SECRET, binary=binary,
-                                 MAX_JOINS_PER_SECOND="100000") as sidecar:
+                                 MAX_JOINS_PER_SECOND="100000", MAX_CONNECTIONS="19000",
+                                 MAX_HTTP_CONNECTIONS="19000") as sidecar:
                 # The first round warms the sidecar up (its first thousands of tasks and buffers)
                 # and is not reported.
                 public = ["--topic-prefix", "joins"]
@@ -81,6 +87,10 @@ def main():
                     r["auth_verdicts"] = sidecar.metric("realtime_auth_requests_total") - r0
                     r["auth_busy_ms"], r["auth_gap_ms"] = calls_in(read_from(server_log, log_from))
                     r["build"], r["round"] = build, rnd + 1
+                    # A refused join measures the refusal, not a join: the table would lie.
+                    if r["failed_connections"] or r["join_errors"] or r["joined"] != a.clients:
+                        sys.exit(f"{label}: {r['joined']:,} of {a.clients:,} joined, {r['join_errors']:,} refused, "
+                                 f"{r['failed_connections']:,} connections failed")
                     if label != "warm-up":
                         rows.append(r)
     print(f"Machine: {harness.machine()}; {datetime.date.today()}; {a.clients:,} clients connecting and "

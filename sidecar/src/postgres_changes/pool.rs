@@ -414,17 +414,18 @@ fn merge(jobs: Vec<Job>) -> (TableSet, Vec<Share>) {
 /// them. A change frame to a channel whose history is being sent passes its gate first
 /// (each change's (epoch, seq) in its share's `positions`), as its broadcasts do in the
 /// hub: held there until the history is sent, or dropped if the history sent it.
-fn fill_shares(shares: Vec<Share>, frames: Vec<Vec<Outgoing>>, metrics: &Metrics) {
+fn fill_shares(mut shares: Vec<Share>, frames: Vec<Vec<Outgoing>>, metrics: &Metrics) {
     let mut jobs: Vec<u64> = shares.iter().map(|s| s.id).collect();
     jobs.sort_unstable();
     let mut at: HashMap<usize, usize> = HashMap::new();
     let mut by: Vec<(Reach, Vec<Fill>)> = Vec::new();
-    for s in &shares {
-        for r in &s.reaches {
-            at.entry(r.hold_id()).or_insert_with(|| {
-                by.push((r.clone(), Vec::new()));
-                by.len() - 1
-            });
+    for s in &mut shares {
+        // Taken, not cloned: the shares need them no more.
+        for r in std::mem::take(&mut s.reaches) {
+            if let std::collections::hash_map::Entry::Vacant(v) = at.entry(r.hold_id()) {
+                v.insert(by.len());
+                by.push((r, Vec::new()));
+            }
         }
     }
     // Changes with no place to pass a gate at always pass: counted here; the rest as they
