@@ -1,5 +1,12 @@
 //! One read of the queue's history for every waiting join (`realtime.history`), and the
 //! persisted messages merged into it (`realtime.persisted_history`).
+//!
+//! A read is never cut short by size, so a resume's `recovered: true` means everything was
+//! sent: it was once read in pages cut at 64 MB, and 80 messages of 1 MB came back as
+//! `resent: 68, recovered: true` (now `resent: 80`, measured against a 256 MB queue;
+//! `sidecar/tests/history.rs` sends 80 of 250 KB, what the suite's 32 MB queue holds). What
+//! bounds a resume is its count and bytes (`resume`, `budget`), and the decoded bytes of a
+//! table's changes per call (`realtime.drain_max_decoded_size`).
 
 use super::request::Request;
 use crate::config::Config;
