@@ -143,7 +143,8 @@
 //! - **The way out**: `out/` (a channel's `Reach`, the gate, the slots, the queue, the
 //!   writes), `hub` (topics and fan-out).
 //! - **The queue side**: `drainer`, `packed` and `rows` (a drained batch read once),
-//!   `interest` (the topics and tables this process drains).
+//!   `interest/` (the topics and tables this process drains, and the worker that
+//!   uploads them).
 //! - **Features**: `postgres_changes/` (bindings and filters, their bounds, the join-time
 //!   check, who listens, the check pool, delivery by stage, positions), `history/` (replay
 //!   and resume: the worker and its stages, the per-address line, the bytes in flight),
@@ -343,7 +344,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         metrics.clone(),
         shutdown.clone(),
     ));
-    let interest_worker = db_thread.spawn(interest::worker(
+    let interest_worker = db_thread.spawn(interest::upload::worker(
         cfg.clone(),
         interest,
         metrics.clone(),

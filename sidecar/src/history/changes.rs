@@ -97,10 +97,12 @@ pub(super) async fn check_changes(
     (limits, resume_check_timeout): (&deliver::Limits, Duration),
     metrics: &Metrics,
 ) -> Checked {
-    // The channel as the stage sees it, reached through a queue of its own: what the stage
-    // sends directly (a notice that a table's changes were withheld) is put in order with
-    // the rest, behind the gate, instead of overtaking the history.
-    let (tx, notices) = crate::out::channel(1024);
+    // The channel as the stage sees it: its frames are made for this channel's topic,
+    // join_ref and serializer. The stage returns everything it has for the channel, notices
+    // included, and sends nothing itself (`deliver`'s test
+    // `prepare_sends_nothing_itself_every_notice_is_returned`), so the queue behind this
+    // `Reach` never receives a frame.
+    let (tx, _unused) = crate::out::channel(1);
     let link = crate::out::Link::new(r.reach.conn, r.reach.vsn, 0, tx);
     let only = Subscribers::default();
     only.add(Subscriber {
@@ -123,11 +125,6 @@ pub(super) async fn check_changes(
         let datas: Vec<&str> = chunk.iter().map(|c| c.data.as_str()).collect();
         let p = deliver::prepare(db, &only, &datas, limits, metrics).await;
         asked |= p.asked;
-        let first = chunk.first().map_or(0, |c| c.seq);
-        while let Ok(notice) = notices.try_recv() {
-            withheld += 1;
-            out.push((first, notice, false));
-        }
         if let Some(why) = p.lost {
             return Checked::Lost(why);
         }

@@ -380,6 +380,44 @@ async fn a_failed_check_withholds_and_tells_the_channel_and_a_table_without_rls_
     assert_eq!(m.value("realtime_change_check_failures_total"), Some(1.0));
 }
 
+/// `prepare` sends nothing itself: whatever a failed, cancelled or lost check tells a
+/// channel comes back among the frames it returns, so a resume's check (`history::changes`)
+/// needs no queue of its own to catch notices.
+#[tokio::test]
+async fn prepare_sends_nothing_itself_every_notice_is_returned() {
+    for (fail_visible, visible_takes) in [(true, Duration::ZERO), (false, Duration::from_secs(1))] {
+        let subs = Subscribers::default();
+        let (s, rx) = sub(
+            1,
+            "authenticated",
+            r#"{"sub":"u1"}"#,
+            json!([{"event": "*", "schema": "public"}]),
+        );
+        subs.add(s);
+        let db = Fake {
+            fail_visible,
+            visible_takes,
+            ..Fake::default()
+        };
+        let datas = [change("todos", "INSERT", 1)];
+        let datas: Vec<&str> = datas.iter().map(String::as_str).collect();
+        let limits = Limits {
+            check_timeout: Duration::from_millis(100),
+            ..limits()
+        };
+        let out = prepare(&db, &subs, &datas, &limits, &Metrics::default()).await;
+        assert_eq!(
+            notices(&out.frames).len(),
+            1,
+            "the channel is told, among the frames"
+        );
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing reached the channel's queue itself"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_change_lost_to_a_dropped_table_is_told_to_its_table_s_channels_not_counted_as_delivered()
 {
