@@ -17,8 +17,7 @@ use crate::message::MessageView;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use realtime_packed::{
-    Entry, Record, Writer, F_BINARY, F_ID, F_ORIGIN, F_PAYLOAD, F_PRIVATE, KIND_CHANGE,
-    KIND_MESSAGE, KIND_PRESENCE,
+    Entry, Record, Writer, F_BINARY, F_PRIVATE, KIND_CHANGE, KIND_MESSAGE, KIND_PRESENCE,
 };
 
 /// Microseconds from the Unix epoch to Postgres's (2000-01-01).
@@ -194,39 +193,27 @@ fn unpack(packed: &[u8]) -> Result<Vec<DrainRow>, String> {
                 row
             }
             Entry::Filtered { seq } => crate::consumer::marker_row(seq as u64, "filtered"),
-            Entry::Record {
-                kind,
-                flags,
-                seq,
-                committed_us,
-                id,
-                origin,
-                topic,
-                event,
-                payload,
-            } => {
-                let payload = (flags & F_PAYLOAD != 0).then_some(payload);
-                let (json, binary) = match payload {
-                    Some(p) if flags & F_BINARY != 0 => (None, Some(p.to_vec())),
+            Entry::Record(r) => {
+                let (json, binary) = match r.payload() {
+                    Some(p) if r.binary() => (None, Some(p.to_vec())),
                     Some(p) => (Some(utf8(p)?.to_owned()), None),
                     None => (None, None),
                 };
-                let change = kind == KIND_CHANGE;
                 (
-                    seq,
-                    match kind {
+                    r.seq,
+                    match r.kind {
                         KIND_MESSAGE => "message",
                         KIND_PRESENCE => "presence",
                         _ => "change",
                     },
-                    Some(utf8(topic)?.to_owned()),
-                    Some(utf8(event)?.to_owned()),
+                    Some(utf8(r.topic)?.to_owned()),
+                    Some(utf8(r.event)?.to_owned()),
                     json,
                     binary,
-                    (!change).then_some(flags & F_PRIVATE != 0),
-                    TimestampWithTimeZone::try_from(committed_us - PG_EPOCH_UNIX_US).ok(),
-                    (flags & F_ID != 0).then(|| pgrx::Uuid::from_bytes(*id)),
-                    (flags & F_ORIGIN != 0).then_some(origin),
+                    (r.kind != KIND_CHANGE).then_some(r.private()),
+                    TimestampWithTimeZone::try_from(r.committed_us - PG_EPOCH_UNIX_US).ok(),
+                    r.id().map(|id| pgrx::Uuid::from_bytes(*id)),
+                    r.origin(),
                     None,
                     None,
                 )

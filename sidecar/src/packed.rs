@@ -14,10 +14,7 @@
 use crate::hub::{Payload, QueueMessage, TopicKey};
 use crate::rows::{As, Entry, Read};
 use bytes::Bytes;
-use realtime_packed::{
-    Entry as Packed, ReadError, F_BINARY, F_ID, F_ORIGIN, F_PAYLOAD, F_PRIVATE, KIND_CHANGE,
-    KIND_PRESENCE,
-};
+use realtime_packed::{Entry as Packed, ReadError, KIND_CHANGE, KIND_PRESENCE};
 
 /// Reads a packed batch. Err says what is wrong and where.
 pub fn read(value: &[u8], how: As) -> Result<Vec<Read<'_>>, String> {
@@ -46,52 +43,40 @@ fn read_entries(value: &[u8], how: As) -> Result<Vec<Read<'_>>, String> {
         let entry = match raw {
             Packed::Gap { first, last, .. } => Entry::Gap { first, last },
             Packed::Filtered { .. } => Entry::Filtered,
-            Packed::Record {
-                kind,
-                flags,
-                committed_us,
-                id,
-                origin,
-                topic,
-                event,
-                payload,
-                ..
-            } => {
-                let topic = utf8(topic)?;
-                let event = utf8(event)?;
-                let payload = (flags & F_PAYLOAD != 0).then_some(payload);
-                let private = flags & F_PRIVATE != 0;
-                match kind {
+            Packed::Record(r) => {
+                let topic = utf8(r.topic)?;
+                let payload = r.payload();
+                match r.kind {
                     KIND_CHANGE => Entry::Change {
-                        committed_us,
+                        committed_us: r.committed_us,
                         table: Some(topic),
                         data: payload.map(utf8).transpose()?,
                     },
                     KIND_PRESENCE => Entry::Presence {
-                        committed_us,
+                        committed_us: r.committed_us,
                         key: TopicKey {
                             topic: topic.to_owned(),
-                            private,
+                            private: r.private(),
                         },
                         diff: payload.map(utf8).transpose()?,
                     },
                     _ => {
-                        let origin = (flags & F_ORIGIN != 0).then_some(origin);
-                        let keeps_id = flags & F_ID != 0 && (origin.is_none() || how.client_ids);
+                        let origin = r.origin();
+                        let id = r.id().filter(|_| origin.is_none() || how.client_ids);
                         Entry::Message {
-                            committed_us,
+                            committed_us: r.committed_us,
                             message: QueueMessage {
                                 topic: topic.to_owned(),
-                                event: event.to_owned(),
+                                event: utf8(r.event)?.to_owned(),
                                 payload: match payload {
-                                    Some(p) if flags & F_BINARY != 0 => {
+                                    Some(p) if r.binary() => {
                                         Payload::Binary(Bytes::copy_from_slice(p))
                                     }
                                     Some(p) => Payload::Json(utf8(p)?.to_owned()),
                                     None => Payload::Json("null".into()),
                                 },
-                                private,
-                                id: keeps_id.then(|| uuid_text(id)),
+                                private: r.private(),
+                                id: id.map(|id| uuid_text(id)),
                                 origin,
                                 epoch: how.epoch,
                                 seq,

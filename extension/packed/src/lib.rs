@@ -45,18 +45,8 @@ pub const F_ORIGIN: u8 = 16;
 /// One entry as it is in the value, its text borrowed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry<'a> {
-    /// A message, a presence diff or a change (`kind`), with its `flags`.
-    Record {
-        kind: u8,
-        flags: u8,
-        seq: i64,
-        committed_us: i64,
-        id: &'a [u8; 16],
-        origin: i64,
-        topic: &'a [u8],
-        event: &'a [u8],
-        payload: &'a [u8],
-    },
+    /// A message, a presence diff or a change.
+    Record(Found<'a>),
     /// Messages evicted before they were read.
     Gap { seq: i64, first: i64, last: i64 },
     /// Messages for topics this consumer does not listen to, read through up to `seq`.
@@ -66,8 +56,46 @@ pub enum Entry<'a> {
 impl Entry<'_> {
     pub fn seq(&self) -> i64 {
         match self {
-            Entry::Record { seq, .. } | Entry::Gap { seq, .. } | Entry::Filtered { seq } => *seq,
+            Entry::Record(r) => r.seq,
+            Entry::Gap { seq, .. } | Entry::Filtered { seq } => *seq,
         }
+    }
+}
+
+/// A message, presence diff or change as read. Its flags are read here, once for both
+/// readers: what a flag says is absent is None.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found<'a> {
+    /// `KIND_MESSAGE`, `KIND_PRESENCE` or `KIND_CHANGE`.
+    pub kind: u8,
+    pub flags: u8,
+    pub seq: i64,
+    pub committed_us: i64,
+    id: &'a [u8; 16],
+    origin: i64,
+    pub topic: &'a [u8],
+    pub event: &'a [u8],
+    payload: &'a [u8],
+}
+
+impl<'a> Found<'a> {
+    pub fn private(&self) -> bool {
+        self.flags & F_PRIVATE != 0
+    }
+    /// The payload is bytes, not JSON text.
+    pub fn binary(&self) -> bool {
+        self.flags & F_BINARY != 0
+    }
+    /// The payload (a change's `data`; None: NULL, a change whose table was not asked for).
+    pub fn payload(&self) -> Option<&'a [u8]> {
+        (self.flags & F_PAYLOAD != 0).then_some(self.payload)
+    }
+    pub fn id(&self) -> Option<&'a [u8; 16]> {
+        (self.flags & F_ID != 0).then_some(self.id)
+    }
+    /// The connection a client broadcast came from.
+    pub fn origin(&self) -> Option<i64> {
+        (self.flags & F_ORIGIN != 0).then_some(self.origin)
     }
 }
 
@@ -128,7 +156,7 @@ pub fn read(value: &[u8]) -> Result<Vec<Entry<'_>>, ReadError> {
                 last: r.i64()?,
             },
             KIND_FILTERED => Entry::Filtered { seq },
-            KIND_MESSAGE | KIND_PRESENCE | KIND_CHANGE => Entry::Record {
+            KIND_MESSAGE | KIND_PRESENCE | KIND_CHANGE => Entry::Record(Found {
                 kind,
                 flags,
                 seq,
@@ -138,7 +166,7 @@ pub fn read(value: &[u8]) -> Result<Vec<Entry<'_>>, ReadError> {
                 topic: r.str()?,
                 event: r.str()?,
                 payload: r.str()?,
-            },
+            }),
             kind => {
                 return Err(ReadError::UnknownKind {
                     entry: i + 1,
@@ -339,33 +367,29 @@ mod tests {
         let value = w.finish();
         let got = read(&value).unwrap();
         assert_eq!(got.len(), 5);
+        let Entry::Record(m) = &got[0] else {
+            panic!("{:?}", got[0])
+        };
         assert_eq!(
-            got[0],
-            Entry::Record {
-                kind: KIND_MESSAGE,
-                flags: F_PRIVATE | F_ID | F_ORIGIN | F_PAYLOAD,
-                seq: 1,
-                committed_us: 1_700_000_000_000_000,
-                id: &id,
-                origin: 42,
-                topic: b"room:1",
-                event: b"chat",
-                payload: br#"{"a":1}"#,
-            }
+            (m.kind, m.seq, m.committed_us),
+            (KIND_MESSAGE, 1, 1_700_000_000_000_000)
         );
-        assert!(
-            matches!(got[1], Entry::Record { flags, payload: &[0, 255, 1], .. }
-            if flags == F_BINARY | F_PAYLOAD)
-        );
-        assert!(matches!(
-            got[2],
-            Entry::Record {
-                kind: KIND_CHANGE,
-                flags: 0,
-                payload: &[],
-                ..
-            }
-        ));
+        assert_eq!((m.topic, m.event), (&b"room:1"[..], &b"chat"[..]));
+        assert!(m.private() && !m.binary());
+        assert_eq!(m.id(), Some(&id));
+        assert_eq!(m.origin(), Some(42));
+        assert_eq!(m.payload(), Some(&br#"{"a":1}"#[..]));
+        let Entry::Record(bin) = &got[1] else {
+            panic!("{:?}", got[1])
+        };
+        assert!(bin.binary() && !bin.private());
+        assert_eq!((bin.id(), bin.origin()), (None, None));
+        assert_eq!(bin.payload(), Some(&[0, 255, 1][..]));
+        let Entry::Record(change) = &got[2] else {
+            panic!("{:?}", got[2])
+        };
+        assert_eq!((change.kind, change.flags), (KIND_CHANGE, 0));
+        assert_eq!(change.payload(), None, "absent, not empty");
         assert_eq!(
             got[3],
             Entry::Gap {

@@ -1,5 +1,8 @@
 use super::*;
-use realtime_packed::{KIND_FILTERED, KIND_GAP, KIND_MESSAGE, MAGIC};
+use realtime_packed::{
+    F_BINARY, F_ID, F_ORIGIN, F_PAYLOAD, F_PRIVATE, KIND_CHANGE, KIND_FILTERED, KIND_GAP,
+    KIND_MESSAGE, KIND_PRESENCE, MAGIC,
+};
 
 const HOW: As = As {
     epoch: 77,
