@@ -258,8 +258,9 @@ impl Hub {
             let mut mine = Vec::with_capacity(msgs.len());
             let mut mine_at = Vec::with_capacity(msgs.len());
             for sub in &subs.list {
-                let plain = !sub.reach.is_gated()
-                    && (sub.self_broadcast || msgs.iter().all(|m| m.origin != Some(sub.origin)));
+                // Its own broadcasts left out of the run, or a gate (`live_encoded` says None),
+                // make a subscriber's frames its own.
+                let plain = sub.self_broadcast || msgs.iter().all(|m| m.origin != Some(sub.origin));
                 if plain {
                     let vsn = sub.reach.vsn;
                     let at = match vsn {

@@ -86,18 +86,18 @@ impl Gate {
     }
 
     /// What the hub does with a live frame at (`epoch`, `seq`): Some to send it now.
-    pub fn pass(&self, epoch: i64, seq: i64, frame: &Message) -> Option<Message> {
+    pub fn pass(&self, epoch: i64, seq: i64, frame: Message) -> Option<Message> {
         self.pass_at(epoch, (seq, false), frame)
     }
 
     /// `pass` for a message that tells the position (`epoch`, `seq`): held, it goes after
     /// every frame of that sequence. It is not recorded as sent (`last_sent`): it names the
     /// end of its batch while the batch's changes may still wait for their checks.
-    pub fn pass_position(&self, epoch: i64, seq: i64, frame: &Message) -> Option<Message> {
+    pub fn pass_position(&self, epoch: i64, seq: i64, frame: Message) -> Option<Message> {
         self.pass_at(epoch, (seq, true), frame)
     }
 
-    fn pass_at(&self, epoch: i64, (seq, after): Place, frame: &Message) -> Option<Message> {
+    fn pass_at(&self, epoch: i64, (seq, after): Place, frame: Message) -> Option<Message> {
         let mut state = self.state.lock().unwrap();
         match &mut *state {
             State::Holding {
@@ -114,14 +114,14 @@ impl Gate {
                     *bytes = 0;
                 }
                 *bytes += n;
-                held.push(((seq, after), frame.clone()));
+                held.push(((seq, after), frame));
                 None
             }
             State::Open { through, skip } if seq > *through && !skip.contains(&seq) => {
                 if !after {
                     self.sent(epoch, seq);
                 }
-                Some(frame.clone())
+                Some(frame)
             }
             State::Open { .. } | State::Closed => None,
         }

@@ -121,17 +121,12 @@ impl Reach {
     // 1. Live frames, handed out by the drain at their queue place: through the gate, then
     //    behind the changes whose check is pending, then the queue or the socket.
 
-    /// A live frame at `at`: held by the gate while the history is sent (None), dropped if
-    /// the history already sent it (None), otherwise queued behind the pending slots.
-    pub fn live(&self, at: At, frame: &Message) -> Option<Sent> {
-        let frame = self.pass(at, frame, false)?;
-        Some(self.hold.send(frame, &self.out))
-    }
-
-    /// A message that tells the position `at` (Postgres Changes' `position`): as `live`,
-    /// but held it goes after every frame of that sequence, and it is not recorded as sent
-    /// (it names the end of its batch while the batch's changes may still be checked).
-    pub fn live_position(&self, at: At, frame: &Message) -> Option<Sent> {
+    /// A message that tells the position `at` (Postgres Changes' `position`): held by the
+    /// gate while the history is sent, where it goes after every frame of that sequence
+    /// (None), dropped if the history went past it (None), otherwise queued behind the
+    /// pending slots. It is not recorded as sent: it names the end of its batch while the
+    /// batch's changes may still be checked.
+    pub fn live_position(&self, at: At, frame: Message) -> Option<Sent> {
         let frame = self.pass(at, frame, true)?;
         Some(self.hold.send(frame, &self.out))
     }
@@ -148,7 +143,7 @@ impl Reach {
                 passed = frames
                     .iter()
                     .zip(at)
-                    .filter_map(|(f, at)| self.pass(*at, f, false))
+                    .filter_map(|(f, at)| self.pass(*at, f.clone(), false))
                     .collect();
                 &passed
             }
@@ -197,7 +192,7 @@ impl Reach {
             .into_iter()
             .filter_map(|f| {
                 let frame = match (f.at, &self.gate) {
-                    (Some(at), Some(_)) => self.pass(at, &f.frame, false)?,
+                    (Some(at), Some(_)) => self.pass(at, f.frame, false)?,
                     _ => f.frame,
                 };
                 // None above: held by the gate (let out when it opens) or already sent as
@@ -211,9 +206,9 @@ impl Reach {
         (n, placed)
     }
 
-    fn pass(&self, at: At, frame: &Message, position: bool) -> Option<Message> {
+    fn pass(&self, at: At, frame: Message, position: bool) -> Option<Message> {
         match &self.gate {
-            None => Some(frame.clone()),
+            None => Some(frame),
             Some(gate) if position => gate.pass_position(at.epoch, at.seq, frame),
             Some(gate) => gate.pass(at.epoch, at.seq, frame),
         }

@@ -52,7 +52,7 @@ impl Positions {
                 .clone();
             // In the channel's order: behind its changes whose check is pending, and
             // through its gate while its history is sent.
-            if sub.reach.live_position(At { epoch, seq }, &frame).is_some() {
+            if sub.reach.live_position(At { epoch, seq }, frame).is_some() {
                 metrics.change_positions_total.increment(1);
             }
         }

@@ -266,7 +266,7 @@ mod tests {
         stage.hand_out(step, 5, &metrics);
         // A broadcast handed out after the change, while its check runs.
         let later = Message::text(r#"{"later": true}"#);
-        reach.live(At { epoch: 1, seq: 6 }, &later);
+        reach.live_run(&[later], &[At { epoch: 1, seq: 6 }]);
         stage.finish(&pool, 1, 6, &metrics);
         assert!(frames(&rx).is_empty(), "everything waits behind the slot");
         assert_eq!(*pool.submitted.lock().unwrap(), vec![(7, 1, 1)]);
@@ -313,7 +313,7 @@ mod tests {
         );
         assert!(pool.submitted.lock().unwrap().is_empty());
         // No slot was left: what comes next is not held.
-        reach.live(At { epoch: 1, seq: 6 }, &Message::text("{}"));
+        reach.live_run(&[Message::text("{}")], &[At { epoch: 1, seq: 6 }]);
         assert_eq!(frames(&rx).len(), 1);
     }
 
