@@ -8,6 +8,7 @@
 //! the ring still holds it.
 
 use crate::address::AddressKey;
+use crate::client_text;
 use serde_json::Value;
 
 /// Supabase keeps replayable messages 72 hours; that is the longest ttl here, and the
@@ -79,7 +80,7 @@ pub fn sender(sub: Option<&str>, address: Option<AddressKey>, backend: bool) -> 
     }
     // A subject that could not be a text parameter (a NUL) or is longer than a key should
     // be is not a name to count by: its address is.
-    let sub = sub.filter(|s| !s.contains('\0') && s.len() <= MAX_SENDER_BYTES);
+    let sub = sub.filter(|s| client_text::text("token subject", s, MAX_SENDER_BYTES).is_ok());
     match (sub, address) {
         (Some(sub), _) => Some(format!("user {sub}")),
         (None, Some(a)) => Some(format!("address {a}")),
