@@ -46,11 +46,7 @@ def main():
     rows = []
     with harness.Cluster(a.pg_port, "max_connections = 50") as pg:
         pg.psql("-v", f"users={a.users}", "-v", f"rooms={a.rooms}", "-f", f"{HERE}/changes_setup.sql")
-        builds = [b.split("=", 1) for b in a.sidecars.split(",")] if a.sidecars else [("", harness.SIDECAR_BIN)]
-        # ABBA: every other round runs the builds in the other order, so a drift over the run
-        # (the table grows, the machine warms) does not favour the build that runs first.
-        runs = [(rnd, rate, b) for rnd in range(a.rounds) for rate in map(int, a.rates.split(","))
-                for b in (builds if rnd % 2 == 0 else builds[::-1])]
+        runs = harness.abba(a.rounds, [int(r) for r in a.rates.split(",")], harness.builds(a.sidecars))
         for rnd, rate, (build, binary) in runs:
             # A fresh sidecar per run: each build starts from the same state.
             with harness.Sidecar(a.http_port, pg.dsn, "changes", SECRET, binary=binary) as sidecar:

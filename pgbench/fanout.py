@@ -38,11 +38,7 @@ def main():
         pg.psql("-c", "CREATE EXTENSION pg_realtime")
         scenarios = [("latency, 1 subscriber", 1, 1000)] + [
             (f"fan-out, {a.subscribers} subscribers", a.subscribers, int(r)) for r in a.rates.split(",")]
-        builds = [b.split("=", 1) for b in a.sidecars.split(",")] if a.sidecars else [("", harness.SIDECAR_BIN)]
-        # ABBA: every other round runs the builds in the other order, so a drift over the run
-        # does not favour the build that runs first.
-        runs = [(rnd, sc, b) for rnd in range(a.rounds) for sc in scenarios
-                for b in (builds if rnd % 2 == 0 else builds[::-1])]
+        runs = harness.abba(a.rounds, scenarios, harness.builds(a.sidecars))
         for rnd, (label, subs, rate), (build, binary) in runs:
             with harness.Sidecar(a.http_port, pg.dsn, "fanout", SECRET, binary=binary) as sidecar:
                 if a.pin:

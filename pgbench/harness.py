@@ -122,6 +122,20 @@ def metric(port, name):
 
 # The load generators are thousands of clients from one or a few loopback addresses: the
 # per-address limits, which stop one real address from taking a sidecar, would refuse them.
+def builds(spec):
+    """`--sidecars LABEL=BINARY,...` as [(label, binary)]; this tree's release build, unlabelled,
+    when not given."""
+    return [tuple(b.split("=", 1)) for b in spec.split(",")] if spec else [("", SIDECAR_BIN)]
+
+
+def abba(rounds, items, builds):
+    """(round, item, build) for each round, each item, each build: every other round runs the
+    builds in the other order (ABBA), so a drift over the run (a table that grows, a machine
+    that warms) does not favour the build that runs first."""
+    return [(rnd, item, b) for rnd in range(rounds) for item in items
+            for b in (builds if rnd % 2 == 0 else builds[::-1])]
+
+
 ONE_ADDRESS = {"MAX_CONNECTIONS_PER_ADDRESS": "10000000", "MAX_PRESENCE_EVENTS_PER_SECOND_PER_ADDRESS": "10000000",
                "MAX_BINDINGS_PER_ADDRESS": "100000000", "MAX_RESUMES_PER_ADDRESS": "1000000",
                "MAX_RESUMES_WAITING_PER_ADDRESS": "1000000",

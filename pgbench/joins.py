@@ -58,10 +58,7 @@ def main():
         # Postgres Changes joins: client i binds INSERTs of bench_changes, filter k=eq.<room>.
         pg.psql("-v", f"users={a.clients}", "-v", "rooms=1000", "-f", f"{HERE}/changes_setup.sql")
         server_log = f"{pg.dir}/pg/server.log"
-        builds = [b.split("=", 1) for b in a.sidecars.split(",")] if a.sidecars else [("", harness.SIDECAR_BIN)]
-        # ABBA: every other round runs the builds in the other order.
-        for rnd, (build, binary) in [(rnd, b) for rnd in range(a.rounds)
-                                     for b in (builds if rnd % 2 == 0 else builds[::-1])]:
+        for rnd, _, (build, binary) in harness.abba(a.rounds, [None], harness.builds(a.sidecars)):
             # 15,000 clients connect at once: past the default MAX_CONNECTIONS less its
             # backend reserve (14,745) and MAX_HTTP_CONNECTIONS (8,192 mid-upgrade).
             with harness.Sidecar(a.http_port, pg.dsn, "joins", SECRET, binary=binary,

@@ -226,7 +226,7 @@ def consumers(a):
               "its switches per call |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         # Each linger once per sidecar build named by --sidecars, the builds alternating.
-        builds = [b.split("=", 1) for b in a.sidecars.split(",")] if a.sidecars else [("", harness.SIDECAR_BIN)]
+        builds = harness.builds(a.sidecars)
         for linger, (label, binary) in [(int(x), b) for x in a.lingers.split(",") for b in builds]:
             harness.SIDECAR_BIN = binary
             with harness.Sidecar(a.http_port, pg.dsn, "bench", SECRET, DRAIN_LINGER_MS=str(linger),
