@@ -29,6 +29,9 @@ mod read;
 mod replay;
 mod request;
 mod resume;
+mod source;
+#[cfg(test)]
+mod tests;
 pub mod worker;
 
 pub use request::{Changes, Request};

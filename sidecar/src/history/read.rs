@@ -138,25 +138,39 @@ pub(super) async fn add_persisted(
     Ok(())
 }
 
-/// Reads the history after `from` for `keys`: the newest `newest` messages of each topic,
-/// in one call that walks to the end of what the queue has published (the extension keeps
-/// at most `newest` per topic as it walks, so a call is never cut short by its size and the
-/// `end` row is the queue's end: everything up to it was considered). What a request may
-/// ask for is bounded by `newest`, so a resume from position 0 copies at most that many
-/// messages of its topic, never the topic's whole retained history.
-#[allow(clippy::too_many_arguments)]
+/// One walk of the queue's history: the newest `newest` messages of each topic of `keys`
+/// after `from` (committed at `since_ms` or later, when given), client broadcasts only when
+/// `relayed`, and the captured changes of `tables`.
+pub(super) struct Walk<'a> {
+    pub(super) from: i64,
+    pub(super) keys: &'a [TopicKey],
+    pub(super) since_ms: Option<i64>,
+    pub(super) newest: i32,
+    pub(super) relayed: bool,
+    pub(super) tables: Option<&'a [u32]>,
+}
+
+/// Reads the history of `walk`: the newest `walk.newest` messages of each topic, in one
+/// call that walks to the end of what the queue has published (the extension keeps at most
+/// `newest` per topic as it walks, so a call is never cut short by its size and the `end`
+/// row is the queue's end: everything up to it was considered). What a request may ask for
+/// is bounded by `newest`, so a resume from position 0 copies at most that many messages of
+/// its topic, never the topic's whole retained history.
 pub(super) async fn read(
     client: &Client,
     cfg: &Config,
-    from: i64,
-    keys: &[TopicKey],
-    since_ms: Option<i64>,
-    newest: i32,
-    relayed: bool,
+    walk: Walk<'_>,
     epoch: i64,
-    tables: Option<&[u32]>,
     metrics: &Metrics,
 ) -> Result<Read, String> {
+    let Walk {
+        from,
+        keys,
+        since_ms,
+        newest,
+        relayed,
+        tables,
+    } = walk;
     let topics: Vec<&str> = keys.iter().map(|k| k.topic.as_str()).collect();
     let private: Vec<bool> = keys.iter().map(|k| k.private).collect();
     let since = since_ms.map(|s| s as f64);

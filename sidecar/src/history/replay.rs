@@ -2,25 +2,19 @@
 //! with `meta.replayed`.
 
 use super::ask::Ask;
-use super::budget::{self, Budget};
+use super::budget;
 use super::pace::send;
-use super::read::{add_persisted, by_topic, distinct_keys, of_topic, read, Found};
-use super::request::{Carry, Request, Served};
-use crate::config::Config;
-use crate::metrics::Metrics;
-use tokio::sync::mpsc;
-use tokio_postgres::Client;
+use super::read::{by_topic, distinct_keys, of_topic, Found, Walk};
+use super::request::{Carry, Request, Served, With};
+use super::source::Source;
 use tokio_tungstenite::tungstenite::Message;
 
 pub(super) async fn serve_replays(
-    client: &Client,
-    cfg: &Config,
-    epoch: i64,
+    source: &impl Source,
     requests: Vec<Request>,
-    again: &mpsc::Sender<Request>,
-    metrics: &Metrics,
-    budget: &Budget,
+    (again, metrics, budget): With<'_>,
 ) -> Served {
+    let epoch = source.epoch();
     let since = |r: &Request| match r.ask {
         Ask::Replay { since_ms, .. } => since_ms,
         _ => 0,
@@ -28,24 +22,19 @@ pub(super) async fn serve_replays(
     let min_since = requests.iter().map(since).min().unwrap_or(0);
     let keys = distinct_keys(&requests);
     let newest = super::ask::MAX_REPLAY as i32;
-    let mut read = match read(
-        client,
-        cfg,
-        0,
-        &keys,
-        Some(min_since),
+    let walk = Walk {
+        from: 0,
+        keys: &keys,
+        since_ms: Some(min_since),
         newest,
-        false,
-        epoch,
-        None,
-        metrics,
-    )
-    .await
-    {
+        relayed: false,
+        tables: None,
+    };
+    let mut read = match source.read(walk).await {
         Ok(r) => r,
         Err(e) => return Err((e, requests)),
     };
-    if let Err(e) = add_persisted(client, cfg, &keys, min_since, epoch, &mut read).await {
+    if let Err(e) = source.add_persisted(&keys, min_since, &mut read).await {
         return Err((e, requests));
     }
     let index = by_topic(&read);

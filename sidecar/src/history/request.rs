@@ -7,7 +7,6 @@ use super::line::Permit;
 use crate::hub::TopicKey;
 use crate::metrics::Metrics;
 use crate::out::Reach;
-use crate::postgres_changes::deliver;
 use crate::postgres_changes::Binding;
 use tokio::sync::mpsc;
 
@@ -75,11 +74,8 @@ pub enum CutBy {
 /// Passes at most before a client that cannot catch up is cut off as too slow.
 pub(super) const MAX_PASSES: u32 = 100;
 
-pub(super) type With<'a> = (
-    &'a mpsc::Sender<Request>,
-    &'a Metrics,
-    &'a deliver::Statements,
-    &'a Budget,
-);
+/// What serving a batch sends with: the worker's queue for further passes, the metrics and
+/// the histories' bytes.
+pub(super) type With<'a> = (&'a mpsc::Sender<Request>, &'a Metrics, &'a Budget);
 
 pub(super) type Served = Result<(), (String, Vec<Request>)>;

@@ -3,26 +3,24 @@
 
 use super::ask::Ask;
 use super::budget;
-use super::changes::{change_tables, check_changes, places, wanted, Checked};
+use super::changes::{places, wanted, Checked};
 use super::pace::{send, system_frame};
-use super::read::{by_topic, distinct_keys, of_topic, read, Found, FoundChange};
+use super::read::{by_topic, distinct_keys, of_topic, Found, FoundChange, Walk};
 use super::request::{Carry, CutBy, Request, Served, With};
+use super::source::Source;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::postgres_changes::deliver;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::time::Duration;
-use tokio_postgres::Client;
 use tokio_tungstenite::tungstenite::Message;
 
 pub(super) async fn serve_resumes(
-    client: &Client,
+    source: &impl Source,
     cfg: &Config,
-    epoch: i64,
     requests: Vec<Request>,
-    (again, metrics, statements, budget): With<'_>,
+    (again, metrics, budget): With<'_>,
 ) -> Served {
+    let epoch = source.epoch();
     // A position of another epoch (the database restarted since): everything this epoch
     // still holds is sent, after a word that what came before is lost.
     let after = |r: &Request| match r.ask {
@@ -35,24 +33,19 @@ pub(super) async fn serve_resumes(
     // more.
     let limit = cfg.max_resume_messages as usize;
     let newest = (limit + 1).min(i32::MAX as usize) as i32;
-    let tables = match change_tables(client, cfg, &requests).await {
+    let tables = match source.change_tables(&requests).await {
         Ok(t) => t,
         Err(e) => return Err((e, requests)),
     };
-    let read = match read(
-        client,
-        cfg,
+    let walk = Walk {
         from,
-        &keys,
-        None,
+        keys: &keys,
+        since_ms: None,
         newest,
-        true,
-        epoch,
-        tables.as_deref(),
-        metrics,
-    )
-    .await
-    {
+        relayed: true,
+        tables: tables.as_deref(),
+    };
+    let read = match source.read(walk).await {
         Ok(r) => r,
         Err(e) => return Err((e, requests)),
     };
@@ -65,14 +58,6 @@ pub(super) async fn serve_resumes(
             .or_insert((0, c.seq));
         e.0 += 1;
     }
-    let db = deliver::Db {
-        client,
-        grace: Duration::from_secs(5),
-        pattern_budget_ms: cfg.filter_pattern_timeout_ms as i32,
-        statements,
-    };
-    let limits = deliver::Limits::of(cfg);
-    let mut asked = false;
     let mut pending = requests.into_iter();
     while let Some(r) = pending.next() {
         let Ask::Resume {
@@ -134,11 +119,11 @@ pub(super) async fn serve_resumes(
         let mut checked: Vec<(i64, Message, bool)> = Vec::new();
         let mut withheld = 0;
         if let Some(c) = &r.changes {
-            let budgets = (&limits, Duration::from_millis(cfg.resume_check_timeout_ms));
-            match check_changes(&db, &r, c, &changes, budgets, metrics).await {
+            match source.check(&r, c, &changes).await {
                 Checked::Lost(e) => {
                     // The connection is gone: this request and the rest are served again on
                     // the next one.
+                    source.finish().await;
                     let mut rest = vec![r];
                     rest.extend(pending);
                     return Err((e, rest));
@@ -146,9 +131,8 @@ pub(super) async fn serve_resumes(
                 Checked::Done {
                     frames,
                     withheld: w,
-                    asked: a,
+                    ..
                 } => {
-                    asked |= a;
                     checked = frames;
                     withheld = w;
                 }
@@ -269,16 +253,7 @@ pub(super) async fn serve_resumes(
             again.clone(),
         ));
     }
-    if asked {
-        // The checks set their statement_timeout; this connection's other calls are bounded
-        // by the client's deadline instead.
-        let reset = client.batch_execute("RESET statement_timeout");
-        match tokio::time::timeout(cfg.db_call_deadline(), reset).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "RESET statement_timeout failed"),
-            Err(_) => tracing::warn!("RESET statement_timeout did not answer in time"),
-        }
-    }
+    source.finish().await;
     Ok(())
 }
 

@@ -7,10 +7,12 @@
 //! connection's other channels keep their room, and a long catch-up is not taken for a
 //! slow client), and finally its gate opens (`crate::out`).
 //!
-//! The worker's rooms: `request` (what it is asked), `read` (one `realtime.history` call and
-//! the persisted messages merged in), `resume` and `replay` (each join's share), `changes`
-//! (a resume's Postgres Changes checked), `pace` (the paced send and the gate's opening),
-//! `expire` (persisted messages past their retention).
+//! The worker's rooms: `request` (what it is asked), `source` (the read seam: what serving
+//! asks of the database, `Database` this worker's connection), `read` (one
+//! `realtime.history` call and the persisted messages merged in), `resume` and `replay`
+//! (each join's share, decided from what a `Source` answers and unit-tested from memory in
+//! `tests`), `changes` (a resume's Postgres Changes checked), `pace` (the paced send and the
+//! gate's opening), `expire` (persisted messages past their retention).
 //!
 //! A resume whose position covers its Postgres Changes (`ask::change_positions`) also gets
 //! the changes of its bindings' tables after its position, read in the same walk (decoded
@@ -32,6 +34,7 @@ use super::pace::unavailable;
 use super::replay::serve_replays;
 use super::request::Request;
 use super::resume::serve_resumes;
+use super::source::Database;
 use crate::config::Config;
 use crate::db_worker;
 use crate::metrics::Metrics;
@@ -82,8 +85,15 @@ pub async fn run(
                 continue;
             }
         };
-        // The checks of resumed changes prepare their statements once per connection.
         let statements = deliver::Statements::default();
+        let source = Database {
+            client: &client,
+            cfg: &cfg,
+            epoch,
+            metrics: &metrics,
+            statements: &statements,
+            asked: Default::default(),
+        };
         let budget = &budget;
         let mut expire = tokio::time::interval(EXPIRE_EVERY);
         let mut retried = std::mem::take(&mut retry);
@@ -118,12 +128,11 @@ pub async fn run(
                     retry.extend(group);
                     continue;
                 }
+                let with = (&again, &*metrics, budget);
                 let served = if resume {
-                    let group = fair(group);
-                    let with = (&again, &*metrics, &statements, budget);
-                    serve_resumes(&client, &cfg, epoch, group, with).await
+                    serve_resumes(&source, &cfg, fair(group), with).await
                 } else {
-                    serve_replays(&client, &cfg, epoch, group, &again, &metrics, budget).await
+                    serve_replays(&source, group, with).await
                 };
                 if let Err((e, group)) = served {
                     tracing::warn!(error = %e, "realtime.history failed");
