@@ -235,6 +235,28 @@ def jwt_hs256(claims, secret):
     return head + "." + b64(hmac.new(secret.encode(), head.encode(), hashlib.sha256).digest())
 
 
+def ec_signing_key(directory, kid):
+    """A new P-256 key for ES256 tokens, as Supabase's JWT signing keys make them: the private
+    key written to `directory` (PEM, for the load generator's --jwt-ec-pem) and the public key
+    as a JWKS (for the sidecar's API_JWT_JWKS). Returns (pem path, JWKS text)."""
+    import base64
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    path = os.path.join(directory, "es256.pem")
+    with open(path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    numbers = key.public_key().public_numbers()
+
+    def b64(n):
+        return base64.urlsafe_b64encode(n.to_bytes(32, "big")).rstrip(b"=").decode()
+    jwk = {"kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256", "use": "sig",
+           "x": b64(numbers.x), "y": b64(numbers.y)}
+    return path, json.dumps({"keys": [jwk]})
+
+
 LOADGEN = f"{ROOT}/target/release/realtime-loadgen"
 
 

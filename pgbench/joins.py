@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Channel joins per second through the sidecar, public, private (authorized by RLS in
-batched realtime.authorize calls) and Postgres Changes (bindings checked in batched
+batched realtime.authorize calls; with HS256 tokens, and with ES256 tokens verified against
+a JWKS) and Postgres Changes (bindings checked in batched
 realtime.subscribable calls, then the table listened to), in one run: N WebSocket clients connect; once all are
 connected they send their joins at once; joins/s = joined / time from the go to the last
 reply (connecting is timed apart). Prints a markdown table, with the time the database spent
@@ -49,6 +50,8 @@ def main():
     ap.add_argument("--sidecars", help="LABEL=BINARY,... sidecar builds to run in turn, each on a fresh sidecar, in ABBA order "
                     "with its own warm-up (default: this tree's)")
     ap.add_argument("--rounds", type=int, default=1, help="how many times each build runs every kind of join")
+    ap.add_argument("--es256", action=argparse.BooleanOptionalAction, default=True,
+                    help="also the private joins with ES256 tokens (--no-es256 for a build that has no API_JWT_JWKS)")
     a = ap.parse_args()
     harness.build()
     rows = []
@@ -58,17 +61,25 @@ def main():
         # Postgres Changes joins: client i binds INSERTs of bench_changes, filter k=eq.<room>.
         pg.psql("-v", f"users={a.clients}", "-v", "rooms=1000", "-f", f"{HERE}/changes_setup.sql")
         server_log = f"{pg.dir}/pg/server.log"
+        # The ES256 joins' key: the same private joins, with tokens as asymmetric projects sign them.
+        pem, jwks = harness.ec_signing_key(pg.dir, "bench-ec")
+        es256 = ["--jwt-ec-pem", pem, "--jwt-kid", "bench-ec"]
         for rnd, _, (build, binary) in harness.abba(a.rounds, [None], harness.builds(a.sidecars)):
             # 15,000 clients connect at once: past the default MAX_CONNECTIONS less its
             # backend reserve (14,745) and MAX_HTTP_CONNECTIONS (8,192 mid-upgrade).
             with harness.Sidecar(a.http_port, pg.dsn, "joins", SECRET, binary=binary,
                                  MAX_JOINS_PER_SECOND="100000", MAX_CONNECTIONS="19000",
-                                 MAX_HTTP_CONNECTIONS="19000") as sidecar:
+                                 MAX_HTTP_CONNECTIONS="19000", API_JWT_JWKS=jwks) as sidecar:
                 # The first round warms the sidecar up (its first thousands of tasks and buffers)
                 # and is not reported.
                 public = ["--topic-prefix", "joins"]
                 for label, extra in [("warm-up", public), ("public", public),
                                      ("private (RLS)", ["--private", "--topics", 1000, "--topic-prefix", "room:"]),
+                                     # Every client's apikey and join token ES256 (verified with
+                                     # the JWKS's P-256 key), against the HS256 row above.
+                                     *([("private (RLS), ES256", ["--private", "--topics", 1000,
+                                                                 "--topic-prefix", "room:", *es256])]
+                                       if a.es256 else []),
                                      # Each join's bindings are checked (realtime.subscribable), and
                                      # only then is its table listened to: one more upload round
                                      # when the table is new to the sidecar (here, the first joins').

@@ -14,6 +14,8 @@ packages+=(linux-perf)
 # The supabase-py client tests run in a venv of Debian's Python; the TLS proxy test puts
 # Debian's nginx in front of the sidecar, with a certificate openssl makes.
 packages+=(python3-venv nginx openssl)
+# pgbench/joins.py makes the P-256 key of its ES256 joins with Debian's cryptography.
+packages+=(python3-cryptography)
 
 missing=()
 for p in "${packages[@]}"; do

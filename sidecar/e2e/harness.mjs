@@ -37,14 +37,18 @@ export async function freePort() {
 }
 
 /// Starts the sidecar (SIDECAR_BIN) and waits until it is healthy; returns { process, port }.
-/// With `port`, on that port (a sidecar started again where a killed one was).
+/// With `port`, on that port (a sidecar started again where a killed one was); `secret` null
+/// for none.
 export async function startSidecar(secret, consumer, env = {}, port = undefined) {
   // Sidecars connect as the least-privilege login (scripts/sidecar_login.sql), not the superuser.
   const dsn = process.env.PG_REALTIME_SIDECAR_DSN;
   assert.ok(dsn && process.env.SIDECAR_BIN, 'SIDECAR_BIN and PG_REALTIME_SIDECAR_DSN must be set');
   port ??= await freePort();
+  const vars = { ...process.env, PORT: String(port), API_JWT_SECRET: secret, DATABASE_URL: dsn, CONSUMER_NAME: consumer, LOG_LEVEL: 'warn', ...env };
+  // No secret: a sidecar that verifies with API_JWT_JWKS alone.
+  if (secret == null) delete vars.API_JWT_SECRET;
   const child = spawn(process.env.SIDECAR_BIN, [], {
-    env: { ...process.env, PORT: String(port), API_JWT_SECRET: secret, DATABASE_URL: dsn, CONSUMER_NAME: consumer, LOG_LEVEL: 'warn', ...env },
+    env: vars,
     stdio: ['ignore', 'inherit', 'inherit'],
   });
   const deadline = Date.now() + 15000;

@@ -134,7 +134,8 @@
 //! - **The edge**: `server` (the listener, HTTP routes, upgrades), `url`, `cors`, `address`
 //!   (who a client is on the network, trusted proxies), `tally` (per-key rates and counts in
 //!   flight), `rate`, `rest`, `rest_body` and `rest_limits` (the REST broadcast, its body and
-//!   its bounds), `metrics_auth`, `jwt`.
+//!   its bounds), `metrics_auth`, `jwt/` (tokens as Supabase verifies them: cleaning, the key
+//!   an `alg` and `kid` choose from API_JWT_SECRET and API_JWT_JWKS, the claims).
 //! - **A connection**: `socket` (its loop), `command` (a client frame parsed into what it
 //!   asks), `frame` (both serializers' wire format), `client_text` (the rules for client
 //!   strings that reach SQL), `channels/` (the channel lifecycle: the registry, a join,
@@ -208,6 +209,9 @@ use std::time::Duration;
 /// Serves until `stop` completes, then shuts down gracefully.
 pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io::Result<()> {
     let cfg = Arc::new(cfg);
+    let verifier = cfg
+        .verifier(|why| tracing::warn!("API_JWT_JWKS: {why}"))
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let addr = SocketAddr::new(cfg.bind, cfg.port);
     let listener = server::bind(addr)?;
     let (trigger, shutdown) = tokio::sync::watch::channel(false);
@@ -228,7 +232,7 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
         interest: interest.clone(),
         cfg: cfg.clone(),
         hub: hub.clone(),
-        verifier: jwt::Verifier::new(&cfg.jwt_secret),
+        verifier,
         metrics_auth: metrics_auth::MetricsAuth::new(cfg.metrics_jwt_secret.as_deref()),
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),

@@ -278,13 +278,19 @@ fn upgrade(
         return refuse(StatusCode::BAD_REQUEST, "Expected a WebSocket upgrade");
     };
     let params = url::query_params(&req);
-    let header_key = ["apikey", "x-api-key"].iter().find_map(|h| {
+    let header = |h: &str| {
         req.headers()
-            .get(*h)
+            .get(h)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
-    });
-    let Some(apikey) = header_key.or_else(|| params.get("apikey").cloned()) else {
+    };
+    // As Supabase reads it: `x-api-key` (where Kong puts the JWT it swapped an `sb_` key
+    // for) before the `apikey` query parameter (which may still hold the `sb_` key); an
+    // `apikey` header, which Supabase does not read, last.
+    let apikey = header("x-api-key")
+        .or_else(|| params.get("apikey").cloned())
+        .or_else(|| header("apikey"));
+    let Some(apikey) = apikey else {
         return refuse(StatusCode::UNAUTHORIZED, &Refusal::MissingApiKey.text());
     };
     let Some(vsn) = Vsn::parse(params.get("vsn").map(String::as_str)) else {

@@ -166,7 +166,7 @@ pub mod testing {
             joins_by_block: crate::tally::RateTally::new(1024),
             joins_total: crate::tally::RateTally::new(1),
             hub: Arc::new(Hub::new(metrics.clone())),
-            verifier: Verifier::new(SECRET),
+            verifier: Verifier::with_secret(SECRET),
             metrics_auth: crate::metrics_auth::MetricsAuth::new(None),
             cfg,
             metrics,

@@ -17,6 +17,13 @@ pub struct Args {
     /// HMAC secret the server verifies tokens with.
     #[arg(long)]
     pub jwt_secret: String,
+    /// Sign tokens ES256 with this P-256 private key (PEM) instead, as asymmetric
+    /// Supabase projects do; the server has its public key in API_JWT_JWKS.
+    #[arg(long)]
+    pub jwt_ec_pem: Option<String>,
+    /// The `kid` of ES256 tokens.
+    #[arg(long)]
+    pub jwt_kid: Option<String>,
     /// Postgres connection string; the database publishers write there.
     #[arg(long)]
     pub dsn: String,

@@ -12,6 +12,7 @@ mod protocol;
 mod publisher;
 mod report;
 mod subscriber;
+mod token;
 
 use args::{Args, Protocol, Publisher};
 use clap::Parser;
@@ -54,12 +55,7 @@ async fn main() {
         Protocol::Supabase => json!({"role": "anon", "exp": now_us() / 1_000_000 + 3600}),
         Protocol::Centrifugo => json!({"sub": "loadgen", "exp": now_us() / 1_000_000 + 3600}),
     };
-    let token = jsonwebtoken::encode(
-        &jsonwebtoken::Header::default(),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(args.jwt_secret.as_bytes()),
-    )
-    .unwrap();
+    let token = token::sign(&args, &claims);
     let totals = Arc::new(Totals::new(args.topics.max(1)));
     let (go_tx, go) = tokio::sync::watch::channel(false);
     let (send_tx, send) = tokio::sync::watch::channel(false);

@@ -98,13 +98,9 @@ async fn connect(
 }
 
 fn member_token(args: &Args, client: usize) -> String {
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::default(),
-        &json!({"role": "authenticated", "sub": plan::member_uuid(client as u64 + 1),
-                "exp": now_us() / 1_000_000 + 3600}),
-        &jsonwebtoken::EncodingKey::from_secret(args.jwt_secret.as_bytes()),
-    )
-    .unwrap()
+    let claims = json!({"role": "authenticated", "sub": plan::member_uuid(client as u64 + 1),
+                        "exp": now_us() / 1_000_000 + 3600});
+    crate::token::sign(args, &claims)
 }
 
 pub async fn run(ctx: Arc<Ctx>, client: usize) {
@@ -122,15 +118,16 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
         return;
     };
     totals.connected.fetch_add(1, Relaxed);
-    let (mut go, mut send, mut stop) = (ctx.go.clone(), ctx.send.clone(), ctx.stop.clone());
-    if go.wait_for(|&g| g).await.is_err() {
-        return;
-    }
+    // Signed before the go: the join is timed, not this generator's signing.
     let token = if args.private || args.postgres_changes {
         member_token(args, client)
     } else {
         ctx.token.clone()
     };
+    let (mut go, mut send, mut stop) = (ctx.go.clone(), ctx.send.clone(), ctx.stop.clone());
+    if go.wait_for(|&g| g).await.is_err() {
+        return;
+    }
     let echo = args.publisher == Publisher::Clients;
     let frames = if args.postgres_changes {
         ctx.wire

@@ -54,10 +54,11 @@ def free_port():
 class Sidecar:
     """One sidecar process on a port of its own; `kill()` and `start()` again keep the port."""
 
-    def __init__(self, consumer):
+    def __init__(self, consumer, env=None):
         for var in ("SIDECAR_BIN", "PG_REALTIME_SIDECAR_DSN"):
             assert os.environ.get(var), f"{var} must be set (scripts/test.sh sets it)"
         self.consumer = consumer
+        self.env = env or {}
         self.port = free_port()
         self.process = None
 
@@ -68,7 +69,7 @@ class Sidecar:
     def start(self):
         env = dict(os.environ, PORT=str(self.port), API_JWT_SECRET=SECRET,
                    DATABASE_URL=os.environ["PG_REALTIME_SIDECAR_DSN"], CONSUMER_NAME=self.consumer,
-                   LOG_LEVEL="warn")
+                   LOG_LEVEL="warn", **self.env)
         self.process = subprocess.Popen([os.environ["SIDECAR_BIN"]], env=env, stdout=sys.stderr)
         harness.wait_healthy(f"http://127.0.0.1:{self.port}/healthz", self.process, "the sidecar", 15)
 
@@ -118,10 +119,10 @@ def load_private_policies(db):
 
 
 @asynccontextmanager
-async def connected(sidecar, access_token=None):
+async def connected(sidecar, access_token=None, apikey=APIKEY):
     """A client of the sidecar as supabase-py makes one (apikey in the URL), with
     `access_token` set before any join; every channel left and the socket closed after."""
-    client = AsyncRealtimeClient(sidecar.url, token=APIKEY)
+    client = AsyncRealtimeClient(sidecar.url, token=apikey)
     if access_token:
         await client.set_auth(access_token)
     await client.connect()

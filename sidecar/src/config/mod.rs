@@ -19,9 +19,19 @@ pub struct Config {
     /// Port for WebSocket and HTTP. Several processes may share it (SO_REUSEPORT).
     #[arg(long, env = "PORT", default_value_t = 4000)]
     pub port: u16,
-    /// Secret that client JWTs (apikey and access tokens) are signed with (HS256/384/512).
+    /// Secret that client JWTs (apikey and access tokens) are signed with (HS256/384/512);
+    /// optional when API_JWT_JWKS is given.
     #[arg(long, env = "API_JWT_SECRET", hide_env_values = true)]
-    pub jwt_secret: String,
+    pub jwt_secret: Option<String>,
+    /// Supabase's static JWKS (`{"keys": [...]}`: its `JWT_JWKS`): asymmetric tokens
+    /// (RS256/384/512, ES256/384, EdDSA) and `oct` keys, chosen by the `alg`'s key type and
+    /// the token's `kid` (`jwt::keys`).
+    #[arg(long, env = "API_JWT_JWKS", hide_env_values = true)]
+    pub jwt_jwks: Option<String>,
+    /// Supabase's: a JSON object of claims a token must hold these values of when it has
+    /// them (`{"iss": "supabase"}`).
+    #[arg(long, env = "JWT_CLAIM_VALIDATORS")]
+    pub jwt_claim_validators: Option<String>,
     /// Supabase's: when set, `/metrics` wants `Authorization: Bearer <JWT signed with it>`
     /// and answers 403 otherwise; unset, `/metrics` is open to whoever reaches the port.
     #[arg(long, env = "METRICS_JWT_SECRET", hide_env_values = true)]
@@ -558,8 +568,8 @@ impl std::error::Error for InvalidConfig {}
 /// refused, REST requests may hold half of it (`rest_limits`, MAX_REST_MESSAGES_PER_REQUEST).
 pub const RELAY_QUEUE: usize = 10_000;
 
-/// The shortest `API_JWT_SECRET` accepted: HS256 wants a key of at least 256 bits.
-pub const MIN_SECRET_BYTES: usize = 32;
+/// The shortest secret accepted (API_JWT_SECRET, METRICS_JWT_SECRET, an `oct` key).
+pub use crate::jwt::MIN_SECRET_BYTES;
 
 impl Config {
     /// The limit of connections of `block` (MAX_CONNECTIONS_PER_IPV6_56 and friends).
@@ -667,3 +677,24 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
+
+impl Config {
+    /// The verifier of client tokens these settings make (API_JWT_SECRET, API_JWT_JWKS,
+    /// JWT_CLAIM_VALIDATORS); `unusable` is told each key of the set no token will be
+    /// verified with.
+    pub fn verifier(
+        &self,
+        unusable: impl FnMut(String),
+    ) -> Result<crate::jwt::Verifier, InvalidConfig> {
+        use crate::jwt::{Keys, Validators, Verifier};
+        let keys = Keys::new(
+            self.jwt_secret.as_deref(),
+            self.jwt_jwks.as_deref(),
+            unusable,
+        )
+        .map_err(InvalidConfig)?;
+        let validators =
+            Validators::parse(self.jwt_claim_validators.as_deref()).map_err(InvalidConfig)?;
+        Ok(Verifier::new(keys, validators))
+    }
+}

@@ -37,6 +37,31 @@ fn bad_configuration_is_refused_at_startup() {
         .starts_with("API_JWT_SECRET must be at least 32 bytes"));
     let empty = Config::try_parse_from(["realtime-sidecar", "--jwt-secret", ""]).unwrap();
     assert!(empty.validate().is_err());
+    // A JWKS alone will do; nothing at all will not.
+    let none = Config::try_parse_from(["realtime-sidecar"]).unwrap();
+    assert!(none
+        .validate()
+        .unwrap_err()
+        .0
+        .contains("API_JWT_SECRET or API_JWT_JWKS"));
+    let ec = r#"{"keys": [{"kty": "EC", "kid": "k", "crv": "P-256",
+        "x": "zvCd1zNpAiuxmC3S2ORy9Ueqx8l1QQrm8-5wzA976NM",
+        "y": "nsYYs2yMa4-qLnYwbHdXb2i184e5PSsK8bwec8CpTdY"}]}"#;
+    let jwks = Config::try_parse_from(["realtime-sidecar", "--jwt-jwks", ec]).unwrap();
+    assert_eq!(jwks.validate(), Ok(()));
+    let short_oct = r#"{"keys": [{"kty": "oct", "kid": "k", "k": "c2hvcnQ"}]}"#;
+    let short = Config::try_parse_from(["realtime-sidecar", "--jwt-jwks", short_oct]).unwrap();
+    assert!(short
+        .validate()
+        .unwrap_err()
+        .0
+        .contains("an oct key must be at least 32"));
+    let validators = parse(&["--jwt-claim-validators", "[]"]);
+    assert!(validators
+        .validate()
+        .unwrap_err()
+        .0
+        .starts_with("JWT_CLAIM_VALIDATORS"));
     for (flag, value, name) in [
         ("--drain-batch", "0", "DRAIN_BATCH"),
         ("--drain-linger-ms", "20000", "DRAIN_LINGER_MS"),

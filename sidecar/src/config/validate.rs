@@ -7,12 +7,8 @@ impl Config {
     /// Refuses settings that would fail later (or never make sense), with a message naming
     /// the setting.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
-        if self.jwt_secret.len() < MIN_SECRET_BYTES {
-            return Err(InvalidConfig(format!(
-                "API_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes long (it has {})",
-                self.jwt_secret.len()
-            )));
-        }
+        // API_JWT_SECRET's length, API_JWT_JWKS's keys, JWT_CLAIM_VALIDATORS' form.
+        self.verifier(|_| {})?;
         if let Some(s) = &self.metrics_jwt_secret {
             if s.len() < MIN_SECRET_BYTES {
                 return Err(InvalidConfig(format!(
