@@ -299,7 +299,9 @@ fn upgrade(
             "Unsupported vsn: use 1.0.0 or 2.0.0",
         );
     };
-    let claims = match shared.verifier.verify(&apikey) {
+    // A browser's upgrade carries its page's Origin: a secret key is refused there.
+    let from_browser = req.headers().contains_key(hyper::header::ORIGIN);
+    let claims = match shared.verifier.verify_key(&apikey, from_browser) {
         Ok(c) => c,
         Err(e) => return refuse(StatusCode::UNAUTHORIZED, &e.reason()),
     };

@@ -32,6 +32,15 @@ pub struct Config {
     /// them (`{"iss": "supabase"}`).
     #[arg(long, env = "JWT_CLAIM_VALIDATORS")]
     pub jwt_claim_validators: Option<String>,
+    /// Supabase's opaque publishable keys (`sb_publishable_...`, one or a comma-separated
+    /// list): each stands for the claims of the anon key, `{"role": "anon", "iss":
+    /// "supabase"}`, where no gateway swaps it for a JWT (`jwt::api_keys`).
+    #[arg(long, env = "SUPABASE_PUBLISHABLE_KEY", hide_env_values = true)]
+    pub supabase_publishable_key: Option<String>,
+    /// Supabase's opaque secret keys (`sb_secret_...`): each stands for the service_role's
+    /// claims; refused from a browser.
+    #[arg(long, env = "SUPABASE_SECRET_KEY", hide_env_values = true)]
+    pub supabase_secret_key: Option<String>,
     /// Supabase's: when set, `/metrics` wants `Authorization: Bearer <JWT signed with it>`
     /// and answers 403 otherwise; unset, `/metrics` is open to whoever reaches the port.
     #[arg(long, env = "METRICS_JWT_SECRET", hide_env_values = true)]
@@ -686,7 +695,7 @@ impl Config {
         &self,
         unusable: impl FnMut(String),
     ) -> Result<crate::jwt::Verifier, InvalidConfig> {
-        use crate::jwt::{Keys, Validators, Verifier};
+        use crate::jwt::{ApiKeys, Keys, Validators, Verifier};
         let keys = Keys::new(
             self.jwt_secret.as_deref(),
             self.jwt_jwks.as_deref(),
@@ -695,6 +704,11 @@ impl Config {
         .map_err(InvalidConfig)?;
         let validators =
             Validators::parse(self.jwt_claim_validators.as_deref()).map_err(InvalidConfig)?;
-        Ok(Verifier::new(keys, validators))
+        let api_keys = ApiKeys::new(
+            self.supabase_publishable_key.as_deref(),
+            self.supabase_secret_key.as_deref(),
+        )
+        .map_err(InvalidConfig)?;
+        Ok(Verifier::new(keys, validators, api_keys))
     }
 }

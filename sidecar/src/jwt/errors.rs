@@ -23,6 +23,10 @@ pub enum JwtError {
     /// A claim that is present but not what it must be: `exp` or `iat` not a number, or a
     /// claim other than JWT_CLAIM_VALIDATORS requires.
     InvalidClaim(String),
+    /// An `sb_` key that is none of SUPABASE_PUBLISHABLE_KEY and SUPABASE_SECRET_KEY.
+    UnknownApiKey,
+    /// An `sb_secret_` key sent by a browser (the request has an `Origin` header).
+    SecretKeyInBrowser,
 }
 
 impl JwtError {
@@ -59,6 +63,10 @@ impl JwtError {
             JwtError::InvalidClaim(claim) => {
                 format!("InvalidJWTToken: Claim `{claim}` is not valid")
             }
+            JwtError::UnknownApiKey => {
+                "InvalidAPIKey: The API key provided is not a key of this project".into()
+            }
+            JwtError::SecretKeyInBrowser => "InvalidAPIKey: A secret API key (sb_secret_) cannot be used from a browser (the request has an Origin header); use the publishable key".into(),
         }
     }
 }

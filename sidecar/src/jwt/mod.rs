@@ -7,11 +7,13 @@
 //! jsonwebtoken with that one algorithm, and its claims judged (`claims`: `exp`, `iat`,
 //! JWT_CLAIM_VALIDATORS, `role`, `nbf`). Every refusal is a `JwtError` (`errors`).
 
+mod api_keys;
 mod claims;
 mod errors;
 mod keys;
 mod token;
 
+pub use api_keys::{ApiKeys, PUBLISHABLE_PREFIX, SECRET_PREFIX};
 pub use claims::{Claims, Validators, NBF_LEEWAY};
 pub use errors::JwtError;
 pub use keys::{Keys, MIN_SECRET_BYTES};
@@ -28,21 +30,38 @@ pub fn now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// Verifies tokens with the project's keys and judges their claims.
+/// Verifies tokens with the project's keys and judges their claims; maps its opaque API
+/// keys to their claims.
 pub struct Verifier {
     keys: Keys,
     validators: Validators,
+    api_keys: ApiKeys,
 }
 
 impl Verifier {
-    pub fn new(keys: Keys, validators: Validators) -> Self {
-        Verifier { keys, validators }
+    pub fn new(keys: Keys, validators: Validators, api_keys: ApiKeys) -> Self {
+        Verifier {
+            keys,
+            validators,
+            api_keys,
+        }
     }
 
     /// A verifier of HS* tokens signed with `secret` alone (tests, fuzzing).
     pub fn with_secret(secret: &str) -> Self {
         let keys = Keys::new(Some(secret), None, |_| {}).expect("a secret of 32 bytes or more");
-        Verifier::new(keys, Validators::default())
+        Verifier::new(keys, Validators::default(), ApiKeys::default())
+    }
+
+    /// A project's key, as a socket's `apikey` or REST's `apikey` or `Bearer` carry it: an
+    /// opaque `sb_` key (`api_keys`) or a JWT. `from_browser`: the request has an `Origin`
+    /// header (a secret key is refused there).
+    pub fn verify_key(&self, key: &str, from_browser: bool) -> Result<Claims, JwtError> {
+        let key = key.trim();
+        if key.starts_with("sb_") {
+            return self.api_keys.claims(key, from_browser, now());
+        }
+        self.verify(key)
     }
 
     pub fn verify(&self, token: &str) -> Result<Claims, JwtError> {

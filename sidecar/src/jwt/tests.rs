@@ -38,7 +38,11 @@ fn jwks() -> String {
 
 fn verifier(secret: Option<&str>, validators: Option<&str>) -> Verifier {
     let keys = Keys::new(secret, Some(&jwks()), |_| {}).unwrap();
-    Verifier::new(keys, Validators::parse(validators).unwrap())
+    Verifier::new(
+        keys,
+        Validators::parse(validators).unwrap(),
+        ApiKeys::default(),
+    )
 }
 
 fn good() -> serde_json::Value {
@@ -318,4 +322,46 @@ fn keys_that_cannot_serve_refuse_the_start_or_are_named() {
     assert!(Keys::new(None, Some(&ed448), |why| named.push(why)).is_ok());
     assert_eq!(named.len(), 1, "{named:?}");
     assert!(named[0].contains("x448"));
+}
+
+#[test]
+fn opaque_keys_stand_for_their_role_and_refuse_the_start_when_misconfigured() {
+    let publishable = "sb_publishable_0123456789abcdefghij";
+    let secret = "sb_secret_0123456789abcdefghijklmn";
+    let keys = ApiKeys::new(Some(&format!(" {publishable} ,")), Some(secret)).unwrap();
+    let v = Verifier::new(
+        Keys::new(Some(SECRET), None, |_| {}).unwrap(),
+        Validators::default(),
+        keys,
+    );
+    let anon = v.verify_key(publishable, true).unwrap();
+    assert_eq!(
+        (anon.role.as_str(), &anon.all["iss"]),
+        ("anon", &json!("supabase"))
+    );
+    assert!(anon.exp > now() + 3600);
+    assert!(v.verify_key(secret, false).unwrap().is_backend());
+    assert_eq!(
+        v.verify_key(secret, true),
+        Err(JwtError::SecretKeyInBrowser)
+    );
+    assert_eq!(
+        v.verify_key("sb_publishable_0123456789abcdefghiX", false),
+        Err(JwtError::UnknownApiKey)
+    );
+    // JWTs still go to the verifier.
+    assert!(v.verify_key(&hs(None, SECRET, good()), true).is_ok());
+    // Without keys, an sb_ key is what Supabase's Realtime calls it without its gateway.
+    let bare = Verifier::with_secret(SECRET);
+    assert_eq!(
+        bare.verify_key(publishable, false),
+        Err(JwtError::Malformed)
+    );
+    let err = |p: Option<&str>, s: Option<&str>| ApiKeys::new(p, s).err().unwrap_or_default();
+    assert!(err(Some("sb_secret_0123456789abcdefghij"), None)
+        .contains("does not start with sb_publishable_"));
+    assert!(err(None, Some("sb_secret_short")).contains("fewer than 16 characters"));
+    // A key in both lists: the publishable one in the secret list refuses the start.
+    let both = format!("{secret},{publishable}");
+    assert!(err(Some(publishable), Some(&both)).contains("does not start with sb_secret_"));
 }
