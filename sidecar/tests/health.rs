@@ -73,7 +73,7 @@ async fn bad_configuration_is_refused_at_startup() {
 /// resumes once the database answers again.
 #[tokio::test]
 async fn healthz_reports_a_stuck_drain_and_the_sidecar_recovers() {
-    let sidecar = Sidecar::start("t_stuck_drain", &[]).await;
+    let mut sidecar = Sidecar::start("t_stuck_drain", &[]).await;
     let db = db().await;
     let pid: i32 = db
         .query_one(
@@ -108,7 +108,7 @@ async fn healthz_reports_a_stuck_drain_and_the_sidecar_recovers() {
         body.starts_with("drain stuck: the database has not answered for"),
         "{body}"
     );
-    sidecar.wait_healthy().await;
+    sidecar.wait_healthy().await.unwrap();
     let mut c = Client::connect(sidecar.port, "1.0.0").await;
     c.join_public("realtime:after-stuck").await;
     send(&db, json!({"back": true}), "ev", "after-stuck").await;
@@ -128,8 +128,8 @@ async fn rights_reaching_extension_code_are_logged_at_start() {
     )
     .await
     .unwrap();
-    let sidecar = Sidecar::start("t_privileges_logged", &[]).await;
-    sidecar.wait_healthy().await;
+    let mut sidecar = Sidecar::start("t_privileges_logged", &[]).await;
+    sidecar.wait_healthy().await.unwrap();
     let logged = sidecar.log();
     db.batch_execute(
         "REVOKE TRIGGER ON realtime.messages FROM t_trigger_holder; DROP ROLE t_trigger_holder;",
@@ -155,8 +155,8 @@ async fn rights_reaching_extension_code_are_logged_at_start() {
         "{logged}"
     );
     drop(sidecar);
-    let sidecar = Sidecar::start("t_privileges_logged", &[]).await;
-    sidecar.wait_healthy().await;
+    let mut sidecar = Sidecar::start("t_privileges_logged", &[]).await;
+    sidecar.wait_healthy().await.unwrap();
     assert!(
         !sidecar.log().contains("t_trigger_holder"),
         "{}",
@@ -239,4 +239,23 @@ async fn metrics_want_a_jwt_signed_with_metrics_jwt_secret() {
         assert_eq!(status, want, "{auth:?}: {body}");
         assert_eq!(body.contains("realtime_connections "), want == 200);
     }
+}
+
+/// A test's sidecar once found its port taken (a port of the ephemeral range, reused as some
+/// connection's source port): it exited with "Address already in use", and the test asked
+/// /healthz of whatever held the port, which accepted and never answered, for ever. Starting
+/// now sees the sidecar exit and says the port was taken, and every test request is bounded.
+#[tokio::test]
+async fn a_sidecar_whose_port_was_taken_hung_its_test() {
+    // Holds the port, and accepts connections (the backlog) without ever answering.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let started = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        Sidecar::try_start_on(port, "t_port_taken", &[]),
+    )
+    .await
+    .expect("told within a minute");
+    assert!(started.is_none(), "a sidecar on a taken port");
+    drop(held);
 }

@@ -52,7 +52,7 @@ async fn next_system(c: &mut Client) -> Value {
 /// sidecar's login is kept from reconnecting while they are committed, so they are.
 #[tokio::test]
 async fn postgres_restart_is_survived_and_nothing_committed_since_is_lost() {
-    let sidecar = Sidecar::start("t_pg_restart", &[]).await;
+    let mut sidecar = Sidecar::start("t_pg_restart", &[]).await;
     let mut c = Client::connect(sidecar.port, "1.0.0").await;
     c.join_public("realtime:survive").await;
     let db = db().await;
@@ -101,7 +101,7 @@ async fn postgres_restart_is_survived_and_nothing_committed_since_is_lost() {
         let m = c.next_json(10).await.expect("committed while reconnecting");
         assert_eq!(m["payload"]["payload"]["during"], i, "{m}");
     }
-    sidecar.wait_healthy().await;
+    sidecar.wait_healthy().await.unwrap();
     db.execute(
         "SELECT realtime.send('{\"after\": \"restart\"}', 'ev', 'survive', false)",
         &[],

@@ -88,13 +88,28 @@ pub async fn db() -> tokio_postgres::Client {
     client
 }
 
+/// A free port below the ephemeral range. A port of that range (what binding port 0 gives)
+/// can be taken at any moment as the source port of one of the thousands of connections
+/// the tests open: a sidecar then failed to bind it ("Address already in use"), and a test
+/// waited on a port where nothing answered.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let from = 20_000.min(low / 2);
+    for _ in 0..1000 {
+        let port = from + rand::random::<u16>() % (low - from);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below {low} in 1,000 tries");
 }
+
+/// How long a test's HTTP request may take: a request to a port where nothing answers (or
+/// one that connected to itself) fails instead of waiting for ever.
+const HTTP_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A running sidecar process; SIGTERMed and reaped on drop.
 pub struct Sidecar {
@@ -112,10 +127,24 @@ impl Sidecar {
             .execute("SELECT realtime.drop_consumer($1)", &[&consumer])
             .await
             .expect("drop the consumer slot of an earlier run");
-        Self::start_on(free_port(), consumer, env).await
+        // Another test may take the port between its choice and the sidecar's bind: then
+        // another port, at most three times.
+        for _ in 0..3 {
+            if let Some(s) = Self::try_start_on(free_port(), consumer, env).await {
+                return s;
+            }
+        }
+        panic!("the sidecar found its port taken three times");
     }
 
     pub async fn start_on(port: u16, consumer: &str, env: &[(&str, &str)]) -> Sidecar {
+        Self::try_start_on(port, consumer, env)
+            .await
+            .unwrap_or_else(|| panic!("port {port} is taken"))
+    }
+
+    /// None when the sidecar could not bind `port`.
+    pub async fn try_start_on(port: u16, consumer: &str, env: &[(&str, &str)]) -> Option<Sidecar> {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_realtime-sidecar"));
         cmd.env("PORT", port.to_string())
             .env("API_JWT_SECRET", SECRET)
@@ -127,13 +156,16 @@ impl Sidecar {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("start realtime-sidecar");
-        let s = Sidecar {
+        let mut s = Sidecar {
             port,
             consumer: consumer.to_owned(),
             child,
         };
-        s.wait_healthy().await;
-        s
+        match s.wait_healthy().await {
+            Ok(()) => Some(s),
+            Err(log) if log.contains("Address already in use") => None,
+            Err(log) => panic!("the sidecar exited before it was healthy: {log}"),
+        }
     }
 
     /// Where a test sidecar's log (its stdout) goes.
@@ -146,12 +178,21 @@ impl Sidecar {
         std::fs::read_to_string(Self::log_path(&self.consumer)).unwrap_or_default()
     }
 
-    /// Waits (at most 15 s) until /healthz says the drain connection is up.
-    pub async fn wait_healthy(&self) {
+    /// Waits (at most 15 s) until /healthz says the drain connection is up; the sidecar's
+    /// log if it exited first (another process's answer on its port is not taken for its).
+    pub async fn wait_healthy(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            if let Ok((200, _)) = http(self.port, "GET", "/healthz", &[], "").await {
-                return;
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Err(self.log());
+            }
+            // A probe is short: what holds the port may accept and never answer.
+            let probe = http(self.port, "GET", "/healthz", &[], "");
+            if let Ok(Ok((200, _))) = tokio::time::timeout(Duration::from_secs(1), probe).await {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return Err(self.log());
+                }
+                return Ok(());
             }
             assert!(
                 Instant::now() < deadline,
@@ -220,6 +261,21 @@ pub async fn tcp_from(from: &str, port: u16) -> std::io::Result<TcpStream> {
 
 /// `http`, from the loopback address `from`.
 pub async fn http_from(
+    from: &str,
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in 30 s");
+    let request = http_request(from, port, method, path, headers, body);
+    tokio::time::timeout(HTTP_DEADLINE, request)
+        .await
+        .map_err(|_| timed_out())?
+}
+
+async fn http_request(
     from: &str,
     port: u16,
     method: &str,
