@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import WebSocket from 'ws';
 import * as jose from 'jose';
 import { RealtimeClient } from '@supabase/realtime-js';
-import { close, database, jwt, startSidecar, stopAndDrop, subscribed, waitFor, withTimeout } from './harness.mjs';
+import { close, database, jwt, startSidecar, stopAndDrop, subscribed, upgrade as upgradeOn, waitFor, withTimeout } from './harness.mjs';
 
 const SECRET = 'a-legacy-secret-with-32-characters-or-more';
 const PUBLISHABLE = 'sb_publishable_e2e-publishable-key-0123456789';
@@ -19,28 +19,8 @@ let ec; // the ES256 key pair user sessions are signed with
 let sidecar;
 let db;
 
+const upgrade = (apikey, headers) => upgradeOn(sidecar.port, apikey, headers);
 const exp = (s = 3600) => Math.floor(Date.now() / 1000) + s;
-
-/// The answer to a WebSocket upgrade: { status, reason } (101 when it opened).
-function upgrade(apikey, headers = {}) {
-  const ws = new WebSocket(`ws://127.0.0.1:${sidecar.port}/realtime/v1/websocket?apikey=${encodeURIComponent(apikey)}&vsn=1.0.0`, { headers });
-  return withTimeout(
-    new Promise((resolve, reject) => {
-      ws.on('open', () => {
-        ws.close();
-        resolve({ status: 101 });
-      });
-      ws.on('unexpected-response', (_req, res) => {
-        let body = '';
-        res.on('data', (c) => (body += c));
-        res.on('end', () => resolve({ status: res.statusCode, reason: JSON.parse(body).error }));
-      });
-      ws.on('error', (e) => (e.message.includes('Unexpected server response') ? null : reject(e)));
-    }),
-    10000,
-    'upgrade',
-  );
-}
 
 /// A raw 1.0.0 socket: send(obj), and next(pred) resolving with the first frame it matches.
 async function raw(apikey) {

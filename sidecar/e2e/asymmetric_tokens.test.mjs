@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import WebSocket from 'ws';
 import * as jose from 'jose';
 import { RealtimeClient } from '@supabase/realtime-js';
-import { close, database, startSidecar, stopAndDrop, subscribed, withTimeout } from './harness.mjs';
+import { close, database, startSidecar, stopAndDrop, subscribed, upgrade, withTimeout } from './harness.mjs';
 
 const SECRET = 'a-legacy-secret-with-32-characters-or-more';
 const OCT = 'an-oct-key-of-the-jwks-with-32-bytes-or-more';
@@ -37,29 +37,6 @@ function signedWithNothing(claims, kid) {
   const b64 = (o) => Buffer.from(JSON.stringify(o)).toString('base64url');
   const body = `${b64(kid === undefined ? { alg: 'HS256' } : { alg: 'HS256', kid })}.${b64(claims)}`;
   return `${body}.${crypto.createHmac('sha256', '').update(body).digest('base64url')}`;
-}
-
-/// The answer to a WebSocket upgrade: { status, body } (101 when it opened).
-function upgrade(port, { apikey, headers = {} }) {
-  const query = apikey === undefined ? '' : `apikey=${encodeURIComponent(apikey)}&`;
-  const ws = new WebSocket(`ws://127.0.0.1:${port}/realtime/v1/websocket?${query}vsn=1.0.0`, { headers });
-  return withTimeout(
-    new Promise((resolve, reject) => {
-      ws.on('open', () => {
-        ws.close();
-        resolve({ status: 101, body: '' });
-      });
-      ws.on('unexpected-response', (_req, res) => {
-        let body = '';
-        res.on('data', (c) => (body += c));
-        // Refusals are Supabase's JSON: {"error": reason}.
-        res.on('end', () => resolve({ status: res.statusCode, body: JSON.parse(body).error }));
-      });
-      ws.on('error', (e) => (e.message.includes('Unexpected server response') ? null : reject(e)));
-    }),
-    10000,
-    'upgrade',
-  );
 }
 
 before(async () => {
@@ -116,7 +93,7 @@ test('RS256 and EdDSA keys verify their tokens; a wrong or unknown kid is refuse
     await sign(anon(), 'EdDSA', keys.ed.privateKey, 'ed-1'),
     await sign(anon(), 'ES256', keys.ec.privateKey, 'ec-1'),
   ];
-  for (const apikey of ok) assert.equal((await upgrade(both.port, { apikey })).status, 101, apikey);
+  for (const apikey of ok) assert.equal((await upgrade(both.port, apikey)).status, 101, apikey);
   const refused = [
     // An ES256 token naming the RSA key: no EC key has that kid.
     [await sign(anon(), 'ES256', keys.ec.privateKey, 'rsa-1'), 'rsa-1'],
@@ -125,12 +102,12 @@ test('RS256 and EdDSA keys verify their tokens; a wrong or unknown kid is refuse
     [await sign(anon(), 'EdDSA', (await jose.generateKeyPair('EdDSA', { crv: 'Ed25519' })).privateKey, 'ed-1'), null],
   ];
   for (const [apikey, kid] of refused) {
-    const { status, body } = await upgrade(both.port, { apikey });
+    const { status, reason } = await upgrade(both.port, apikey);
     assert.equal(status, 401);
     if (kid) {
-      assert.match(body, new RegExp(`JwtSignerError: Failed to generate JWT signer for key ID \\(kid\\) "${kid}", check your JWT secret or JWKS configuration`));
+      assert.match(reason, new RegExp(`JwtSignerError: Failed to generate JWT signer for key ID \\(kid\\) "${kid}", check your JWT secret or JWKS configuration`));
     } else {
-      assert.match(body, /JwtSignatureError: Failed to validate JWT signature/);
+      assert.match(reason, /JwtSignatureError: Failed to validate JWT signature/);
     }
   }
 });
@@ -144,30 +121,30 @@ test('HS256 takes the oct key its kid names, else the secret; RS256 never takes 
     // A decimal exp, as the JWT spec allows.
     await sign({ role: 'anon', exp: exp() + 0.5 }, 'HS256', hmac(SECRET)),
   ];
-  for (const apikey of accepted) assert.equal((await upgrade(both.port, { apikey })).status, 101, apikey);
+  for (const apikey of accepted) assert.equal((await upgrade(both.port, apikey)).status, 101, apikey);
   const rsOct = await sign(anon(), 'RS256', keys.rsa.privateKey, 'oct-1');
-  const { status, body } = await upgrade(both.port, { apikey: rsOct });
+  const { status, reason } = await upgrade(both.port, rsOct);
   assert.equal(status, 401);
-  assert.match(body, /JwtSignerError: .*"oct-1"/);
-  assert.equal((await upgrade(both.port, { apikey: await sign(anon(), 'HS256', hmac(SECRET), 'oct-1') })).status, 401);
+  assert.match(reason, /JwtSignerError: .*"oct-1"/);
+  assert.equal((await upgrade(both.port, await sign(anon(), 'HS256', hmac(SECRET), 'oct-1'))).status, 401);
 });
 
 test('without API_JWT_SECRET an HS256 token is verified only by an oct key its kid names', async () => {
   for (const apikey of [signedWithNothing(anon()), signedWithNothing(anon(), 'ec-1'), await sign(anon(), 'HS256', hmac(SECRET))]) {
-    const { status, body } = await upgrade(jwksOnly.port, { apikey });
+    const { status, reason } = await upgrade(jwksOnly.port, apikey);
     assert.equal(status, 401, apikey);
-    assert.match(body, /JwtSignerError/);
+    assert.match(reason, /JwtSignerError/);
   }
-  assert.equal((await upgrade(jwksOnly.port, { apikey: await sign(anon(), 'HS256', hmac(OCT), 'oct-1') })).status, 101);
-  assert.equal((await upgrade(jwksOnly.port, { apikey: await sign(anon(), 'ES256', keys.ec.privateKey, 'ec-1') })).status, 101);
+  assert.equal((await upgrade(jwksOnly.port, await sign(anon(), 'HS256', hmac(OCT), 'oct-1'))).status, 101);
+  assert.equal((await upgrade(jwksOnly.port, await sign(anon(), 'ES256', keys.ec.privateKey, 'ec-1'))).status, 101);
 });
 
 test('a Kong-style x-api-key is read before the apikey query parameter', async () => {
   const translated = await sign({ role: 'anon', iss: 'supabase', exp: exp() }, 'ES256', keys.ec.privateKey, 'ec-1');
   // Kong puts the ES256 key in x-api-key; the query may still hold what the app sent.
-  const { status } = await upgrade(both.port, { apikey: 'sb_publishable_not-a-jwt', headers: { 'x-api-key': translated } });
+  const { status } = await upgrade(both.port, 'sb_publishable_not-a-jwt', { 'x-api-key': translated });
   assert.equal(status, 101);
-  const { status: wrong } = await upgrade(both.port, { apikey: translated, headers: { 'x-api-key': 'garbage' } });
+  const { status: wrong } = await upgrade(both.port, translated, { 'x-api-key': 'garbage' });
   assert.equal(wrong, 401, 'x-api-key wins over the query parameter');
 });
 

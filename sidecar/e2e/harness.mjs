@@ -5,6 +5,7 @@ import { spawn } from 'node:child_process';
 import crypto from 'node:crypto';
 import net from 'node:net';
 import pg from 'pg';
+import WebSocket from 'ws';
 import { chromium } from 'playwright-core';
 
 /// An HS256 JWT for `claims`, signed with `secret`.
@@ -59,6 +60,30 @@ export async function startSidecar(secret, consumer, env = {}, port = undefined)
     assert.ok(Date.now() < deadline, 'sidecar did not become healthy');
     await new Promise((r) => setTimeout(r, 50));
   }
+}
+
+/// The answer to a WebSocket upgrade with `apikey` in the query (undefined: none) and
+/// `headers`: { status, reason } (101 when it opened; a refusal's reason from Supabase's
+/// JSON `{"error": reason}`).
+export function upgrade(port, apikey, headers = {}) {
+  const query = apikey === undefined ? '' : `apikey=${encodeURIComponent(apikey)}&`;
+  const ws = new WebSocket(`ws://127.0.0.1:${port}/realtime/v1/websocket?${query}vsn=1.0.0`, { headers });
+  return withTimeout(
+    new Promise((resolve, reject) => {
+      ws.on('open', () => {
+        ws.close();
+        resolve({ status: 101 });
+      });
+      ws.on('unexpected-response', (_req, res) => {
+        let body = '';
+        res.on('data', (c) => (body += c));
+        res.on('end', () => resolve({ status: res.statusCode, reason: JSON.parse(body).error }));
+      });
+      ws.on('error', (e) => (e.message.includes('Unexpected server response') ? null : reject(e)));
+    }),
+    10000,
+    'upgrade',
+  );
 }
 
 /// Headless Chromium (Debian's package), as the browser tests drive it.

@@ -368,6 +368,29 @@ fn live(j: &Joined, epoch: i64, seq: i64) {
     assert_eq!(passed, 0, "held while the history is read");
 }
 
+/// One channel joined with `ask` (and its Postgres Changes `bindings`), a live frame behind
+/// its gate at `live_at`, its resume or replay served in a batch of its own: what it
+/// received up to that live frame, and its `system` message.
+async fn served(
+    source: &Memory,
+    max_resume_messages: u64,
+    ask: Ask,
+    bindings: Option<Value>,
+    live_at: i64,
+) -> (Vec<String>, Option<Value>) {
+    let resuming = matches!(ask, Ask::Resume { .. });
+    let (r, mut j) = join(ask, bindings);
+    live(&j, source.epoch, live_at);
+    let cfg = config(max_resume_messages);
+    let done = if resuming {
+        resume(source, &cfg, vec![r]).await
+    } else {
+        replay(source, &cfg, vec![r]).await
+    };
+    done.map_err(|e| e.0).unwrap();
+    received(&mut j).await
+}
+
 fn ring(topic: &'static str, seqs: impl IntoIterator<Item = i64>) -> Vec<Msg> {
     seqs.into_iter()
         .map(|seq| Msg {
@@ -389,16 +412,11 @@ async fn a_resume_sends_its_topic_s_messages_after_its_position_then_says_recove
         through: 7,
         ..Memory::default()
     };
-    let (r, mut j) = join(
-        Ask::Resume {
-            epoch: EPOCH,
-            seq: 2,
-        },
-        None,
-    );
-    live(&j, EPOCH, 8);
-    assert!(resume(&source, &config(100), vec![r]).await.is_ok());
-    let (names, system) = received(&mut j).await;
+    let ask = Ask::Resume {
+        epoch: EPOCH,
+        seq: 2,
+    };
+    let (names, system) = served(&source, 100, ask, None, 8).await;
     assert_eq!(names, ["b3", "b4", "b5", "system"]);
     let system = system.unwrap();
     assert_eq!(system["recovered"], true, "{system}");
@@ -450,19 +468,17 @@ async fn evicted_positions_after_a_resume_s_position_are_named_missing() {
         through: 6,
         ..Memory::default()
     };
-    let (r, mut j) = join(
+    let (names, system) = served(
+        &source,
+        100,
         Ask::Resume {
             epoch: EPOCH,
             seq: 2,
         },
         None,
-    );
-    live(&j, EPOCH, 7);
-    resume(&source, &config(100), vec![r])
-        .await
-        .map_err(|e| e.0)
-        .unwrap();
-    let (names, system) = received(&mut j).await;
+        7,
+    )
+    .await;
     assert_eq!(names, ["b5", "b6", "system"]);
     let system = system.unwrap();
     assert_eq!(system["recovered"], false);
@@ -484,19 +500,17 @@ async fn more_than_max_resume_messages_sends_the_newest_and_names_the_rest() {
         through: 8,
         ..Memory::default()
     };
-    let (r, mut j) = join(
+    let (names, system) = served(
+        &source,
+        3,
         Ask::Resume {
             epoch: EPOCH,
             seq: 2,
         },
         None,
-    );
-    live(&j, EPOCH, 9);
-    resume(&source, &config(3), vec![r])
-        .await
-        .map_err(|e| e.0)
-        .unwrap();
-    let (names, system) = received(&mut j).await;
+        9,
+    )
+    .await;
     assert_eq!(names, ["b6", "b7", "b8", "system"]);
     let system = system.unwrap();
     assert_eq!(system["recovered"], false);
@@ -514,19 +528,17 @@ async fn a_position_of_another_epoch_gets_all_the_new_epoch_holds_and_is_told_so
         through: 3,
         ..Memory::default()
     };
-    let (r, mut j) = join(
+    let (names, system) = served(
+        &source,
+        100,
         Ask::Resume {
             epoch: EPOCH - 1,
             seq: 40,
         },
         None,
-    );
-    live(&j, EPOCH, 4);
-    resume(&source, &config(100), vec![r])
-        .await
-        .map_err(|e| e.0)
-        .unwrap();
-    let (names, system) = received(&mut j).await;
+        4,
+    )
+    .await;
     assert_eq!(names, ["b1", "b2", "b3", "system"]);
     let system = system.unwrap();
     assert_eq!(system["epoch_changed"], true);
@@ -542,19 +554,17 @@ async fn a_position_beyond_the_queue_s_end_is_not_taken_as_recovered() {
         through: 3,
         ..Memory::default()
     };
-    let (r, mut j) = join(
+    let (names, system) = served(
+        &source,
+        100,
         Ask::Resume {
             epoch: EPOCH,
             seq: 9,
         },
         None,
-    );
-    live(&j, EPOCH, 10);
-    resume(&source, &config(100), vec![r])
-        .await
-        .map_err(|e| e.0)
-        .unwrap();
-    let (names, system) = received(&mut j).await;
+        10,
+    )
+    .await;
     assert_eq!(names, ["system"]);
     let system = system.unwrap();
     assert_eq!(system["recovered"], false);
@@ -595,19 +605,17 @@ async fn changes_the_channel_may_not_read_take_no_place_of_the_limit() {
         verdicts: vec![(4, Verdict::Hidden), (5, Verdict::Hidden)],
         ..Memory::default()
     };
-    let (r, mut j) = join(
+    let (names, system) = served(
+        &source,
+        3,
         Ask::Resume {
             epoch: EPOCH,
             seq: 1,
         },
         todos(),
-    );
-    live(&j, EPOCH, 8);
-    resume(&source, &config(3), vec![r])
-        .await
-        .map_err(|e| e.0)
-        .unwrap();
-    let (names, system) = received(&mut j).await;
+        8,
+    )
+    .await;
     // In queue order; payroll's change is another binding's (none here), so not read.
     assert_eq!(names, ["c2", "b3", "b7", "system"]);
     let system = system.unwrap();
@@ -641,19 +649,17 @@ async fn a_change_not_checked_in_time_is_withheld_and_the_resume_says_so() {
         verdicts: vec![(3, Verdict::Unchecked)],
         ..Memory::default()
     };
-    let (r, mut j) = join(
+    let (names, system) = served(
+        &source,
+        100,
         Ask::Resume {
             epoch: EPOCH,
             seq: 1,
         },
         todos(),
-    );
-    live(&j, EPOCH, 4);
-    resume(&source, &config(100), vec![r])
-        .await
-        .map_err(|e| e.0)
-        .unwrap();
-    let (names, system) = received(&mut j).await;
+        4,
+    )
+    .await;
     assert_eq!(names, ["c2", "notice", "system"]);
     let system = system.unwrap();
     assert_eq!(system["recovered"], false);
@@ -744,7 +750,7 @@ async fn a_connection_lost_in_a_check_gives_back_that_request_and_the_rest() {
         })
         .collect();
     assert_eq!(back, [1, 2]);
-    assert!(back.len() == 2 && source.finished.get() == 1);
+    assert_eq!(source.finished.get(), 1, "the connection is put back before it is given up");
     assert_eq!(received(&mut js).await.0, ["b2", "b3", "system"]);
 }
 
@@ -760,20 +766,19 @@ async fn a_replay_sends_the_newest_limit_since_its_time_and_no_system_message() 
         ..Memory::default()
     };
     // Committed at 2 ms or later (2..=6), the client's 5 left out, the newest 3 kept.
-    let (r, mut j) = join(
+    let (names, system) = served(
+        &source,
+        100,
         Ask::Replay {
             since_ms: 2,
             limit: 3,
         },
         None,
-    );
-    live(&j, EPOCH, 7);
-    replay(&source, &config(100), vec![r])
-        .await
-        .map_err(|e| e.0)
-        .unwrap();
+        7,
+    )
+    .await;
     assert_eq!(
-        received(&mut j).await,
+        (names, system),
         (vec!["b3".into(), "b4".into(), "b6".into()], None)
     );
 }
@@ -788,17 +793,16 @@ async fn a_replay_adds_persisted_messages_the_ring_no_longer_holds_once_in_commi
         persisted: vec![("old", 3500), ("id4", 4000), ("early", 500)],
         ..Memory::default()
     };
-    let (r, mut j) = join(
+    let (names, _) = served(
+        &source,
+        100,
         Ask::Replay {
             since_ms: 1,
             limit: 10,
         },
         None,
-    );
-    live(&j, EPOCH, 6);
-    replay(&source, &config(100), vec![r])
-        .await
-        .map_err(|e| e.0)
-        .unwrap();
-    assert_eq!(received(&mut j).await.0, ["p:old", "b4", "b5"]);
+        6,
+    )
+    .await;
+    assert_eq!(names, ["p:old", "b4", "b5"]);
 }
