@@ -750,7 +750,11 @@ async fn a_connection_lost_in_a_check_gives_back_that_request_and_the_rest() {
         })
         .collect();
     assert_eq!(back, [1, 2]);
-    assert_eq!(source.finished.get(), 1, "the connection is put back before it is given up");
+    assert_eq!(
+        source.finished.get(),
+        1,
+        "the connection is put back before it is given up"
+    );
     assert_eq!(received(&mut js).await.0, ["b2", "b3", "system"]);
 }
 

@@ -12,12 +12,14 @@ mod claims;
 mod errors;
 mod keys;
 mod token;
+mod verified;
 
 pub use api_keys::{ApiKeys, PUBLISHABLE_PREFIX, SECRET_PREFIX};
 pub use claims::{Claims, Validators, NBF_LEEWAY};
 pub use errors::JwtError;
 pub use keys::{Keys, MIN_SECRET_BYTES};
 pub use token::{clean, MAX_TOKEN_BYTES};
+pub use verified::{VERIFIED_TOKENS_MAX, VERIFIED_TOKENS_MAX_BYTES};
 
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{decode, Validation};
@@ -36,6 +38,8 @@ pub struct Verifier {
     keys: Keys,
     validators: Validators,
     api_keys: ApiKeys,
+    /// Tokens that verified, until their `exp` (`verified`).
+    verified: verified::Verified,
 }
 
 impl Verifier {
@@ -44,6 +48,7 @@ impl Verifier {
             keys,
             validators,
             api_keys,
+            verified: verified::Verified::default(),
         }
     }
 
@@ -66,21 +71,31 @@ impl Verifier {
 
     pub fn verify(&self, token: &str) -> Result<Claims, JwtError> {
         let token = clean(token);
-        let header = token::header(&token)?;
+        let now = now();
+        if let Some(claims) = self.verified.get(&token, now) {
+            return Ok(claims);
+        }
+        let claims = self.verify_anew(&token, now)?;
+        self.verified.put(&token, &claims);
+        Ok(claims)
+    }
+
+    fn verify_anew(&self, token: &str, now: i64) -> Result<Claims, JwtError> {
+        let header = token::header(token)?;
         let (alg, key) = self.keys.choose(&header.alg, header.kid.as_deref())?;
         let mut validation = Validation::new(alg);
         // Claims are judged below, to give Supabase's reasons.
         validation.validate_exp = false;
         validation.validate_aud = false;
         validation.required_spec_claims.clear();
-        let data = decode::<Value>(&token, key, &validation).map_err(|e| match e.kind() {
+        let data = decode::<Value>(token, key, &validation).map_err(|e| match e.kind() {
             ErrorKind::InvalidSignature => JwtError::Signature,
             ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
                 JwtError::signer(header.kid.as_deref())
             }
             _ => JwtError::Malformed,
         })?;
-        claims::judge(data.claims, &self.validators, now())
+        claims::judge(data.claims, &self.validators, now)
     }
 }
 

@@ -365,3 +365,57 @@ fn opaque_keys_stand_for_their_role_and_refuse_the_start_when_misconfigured() {
     let both = format!("{secret},{publishable}");
     assert!(err(Some(publishable), Some(&both)).contains("does not start with sb_secret_"));
 }
+
+#[test]
+fn a_verified_token_is_kept_until_its_exp_and_the_set_is_bounded() {
+    let v = Verifier::with_secret(SECRET);
+    let t = hs(None, SECRET, good());
+    assert!(v.verify(&t).is_ok());
+    assert_eq!(v.verified.held().0, 1);
+    assert!(
+        v.verify(&format!(" {t}\n")).is_ok(),
+        "kept by its cleaned text"
+    );
+    assert_eq!(v.verified.held().0, 1);
+    // Refusals are not kept.
+    assert!(v
+        .verify(&hs(None, "another-secret-of-thirty-two-bytes!!", good()))
+        .is_err());
+    assert_eq!(v.verified.held().0, 1);
+    // Expired since it was kept: verified again, and refused.
+    let claims = Claims {
+        exp: now() - 1,
+        ..v.verify(&t).unwrap()
+    };
+    v.verified.put("an expired one", &claims);
+    assert_eq!(v.verified.get("an expired one", now()), None);
+    // Past VERIFIED_TOKENS_MAX tokens the set is emptied, never grown.
+    for i in 0..VERIFIED_TOKENS_MAX + 5 {
+        let mut c = good();
+        c["n"] = json!(i);
+        v.verified.put(
+            &format!("token {i}"),
+            &v.verify(&hs(None, SECRET, c)).unwrap(),
+        );
+    }
+    let (count, bytes) = v.verified.held();
+    assert!(
+        count <= VERIFIED_TOKENS_MAX && bytes <= VERIFIED_TOKENS_MAX_BYTES,
+        "{count} {bytes}"
+    );
+    // And past VERIFIED_TOKENS_MAX_BYTES.
+    let big = Claims {
+        all: json!({"pad": "x".repeat(VERIFIED_TOKENS_MAX_BYTES / 4)}),
+        ..claims
+    };
+    for i in 0..6 {
+        v.verified.put(
+            &format!("big {i}"),
+            &Claims {
+                exp: now() + 60,
+                ..big.clone()
+            },
+        );
+    }
+    assert!(v.verified.held().1 <= VERIFIED_TOKENS_MAX_BYTES);
+}
