@@ -27,6 +27,11 @@ async fn malformed_frames_are_dropped_and_the_socket_kept() {
         .push(Some("9"), "realtime:nowhere", "broadcast", json!({}))
         .await;
     assert_eq!(c.reply(&r).await["response"]["reason"], "unmatched topic");
+    // But a leave there is answered ok, as Phoenix answers it.
+    let r = c
+        .push(Some("9"), "realtime:nowhere", "phx_leave", json!({}))
+        .await;
+    assert_eq!(c.reply(&r).await["status"], "ok");
     c.join_public("realtime:known").await;
     let r = c
         .push(Some("1"), "realtime:known", "dance", json!({}))

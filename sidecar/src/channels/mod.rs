@@ -397,7 +397,14 @@ impl Channels {
             other => other,
         };
         if !self.channels.contains_key(&m.topic) {
-            self.refuse(&m, Refusal::UnmatchedTopic);
+            // Phoenix answers a leave of a topic the socket has no channel on with ok (the
+            // channel is already gone: after a refused join, Supabase's Kotlin client sends
+            // exactly that); any other push there is refused.
+            if matches!(command, Command::Leave) {
+                self.push_text(frame::reply(self.link.vsn, &m, "ok", json!({})));
+            } else {
+                self.refuse(&m, Refusal::UnmatchedTopic);
+            }
             return Ok(());
         }
         if !self.events.allow(self.shared.cfg.max_events_per_second) {

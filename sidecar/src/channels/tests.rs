@@ -478,6 +478,17 @@ async fn a_push_without_join_ref_is_relayed_as_this_connection() {
     assert_eq!(status(&t.written()[0].2), ("error", "unmatched topic"));
 }
 
+/// A leave of a topic the socket has no channel on was refused with "unmatched topic";
+/// Phoenix (and so Supabase) answers it ok, and Supabase's Kotlin client sends one after a
+/// refused join.
+#[tokio::test]
+async fn a_leave_of_an_unknown_topic_was_refused() {
+    let mut t = conn();
+    t.send(json!(["3", "7", "realtime:never", "phx_leave", {}]))
+        .unwrap();
+    assert_eq!(status(&t.written()[0].2), ("ok", ""));
+}
+
 #[tokio::test]
 async fn postgres_changes_joins_are_answered_once_checked_and_registered_until_left() {
     let mut t = conn();
