@@ -85,10 +85,6 @@ impl ApiKeys {
         Ok(ApiKeys { keys })
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
-
     /// The claims `key` stands for. `from_browser`: the request carries an `Origin` header.
     pub(super) fn claims(
         &self,

@@ -161,21 +161,20 @@ fn parse_jwks(text: &str, unusable: &mut impl FnMut(String)) -> Result<Vec<Key>,
             return Err(bad(&format!("key {i} has no \"kty\"")));
         };
         let kid = text("kid");
-        let name = format!("key {i} (kid {:?})", kid.as_deref().unwrap_or(""));
-        let named = || name.clone();
+        let named = format!("key {i} (kid {:?})", kid.as_deref().unwrap_or(""));
         let decoding = if kty == "oct" {
             // Supabase's own set holds the legacy secret as an `oct` key: it must be as
             // long as API_JWT_SECRET has to be.
             let Some(k) = text("k") else {
-                return Err(bad(&format!("{} is an oct key with no \"k\"", named())));
+                return Err(bad(&format!("{} is an oct key with no \"k\"", named)));
             };
             let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD
                 .decode(k.trim_end_matches('='))
-                .map_err(|_| bad(&format!("{}: \"k\" is not base64url", named())))?;
+                .map_err(|_| bad(&format!("{}: \"k\" is not base64url", named)))?;
             if secret.len() < MIN_SECRET_BYTES {
                 return Err(format!(
                     "API_JWT_JWKS: {} is {} bytes long; an oct key must be at least {MIN_SECRET_BYTES}",
-                    named(),
+                    named,
                     secret.len()
                 ));
             }
@@ -189,7 +188,7 @@ fn parse_jwks(text: &str, unusable: &mut impl FnMut(String)) -> Result<Vec<Key>,
                 Err(e) => {
                     unusable(format!(
                         "{}: this server cannot verify with it ({e})",
-                        named()
+                        named
                     ));
                     None
                 }
@@ -204,7 +203,7 @@ fn parse_jwks(text: &str, unusable: &mut impl FnMut(String)) -> Result<Vec<Key>,
             decoding,
         };
         if !key.signs {
-            unusable(format!("{}: its \"use\" is not \"sig\"", named()));
+            unusable(format!("{}: its \"use\" is not \"sig\"", named));
         }
         keys.push(key);
     }
