@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the pg_regress suite, the isolation specs, the not-preloaded check, the lifecycle
-# tests (upgrade from every released version, dump and restore) and the suite on a database
-# Supabase made, against
+# tests (upgrade from every released version, dump and restore), the suite on a database
+# Supabase made and the one on a hot standby, against
 # temporary Postgres instances (as the postgres OS user: Postgres refuses to run as root).
 #   scripts/regress.sh       PostgreSQL 15, the system's
 #   scripts/regress.sh 17    PostgreSQL 17, in the Debian 13 root of scripts/install-pg17.sh:
@@ -11,6 +11,7 @@
 #                            tables uses authorize's roles, names it too: authorize tables)
 #   scripts/regress.sh 15 lifecycle only the upgrade and dump/restore tests
 #   scripts/regress.sh 15 supabase  only the suite on a database Supabase made
+#   scripts/regress.sh 15 standby   only the suite on a hot standby
 # Expects the extension to be installed for that version. Prints "N passed, N failed" last.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -96,11 +97,37 @@ run_supabase_suite() {
     as_postgres "$bindir/pg_ctl" -D "$dir/data" -m fast stop >/dev/null
 }
 
+# The producers on a hot standby: a primary with the extension, a standby made from it by
+# pg_basebackup, and the standby schedule run there against the replicated database
+# (--use-existing: a standby cannot create one).
+run_standby_suite() {
+    local dir=$out/standby_cluster
+    mkdir -p "$host_out/standby_cluster" && chown "$owner" "$host_out/standby_cluster"
+    as_postgres "$bindir/initdb" -D "$dir/primary" --auth=trust >/dev/null
+    {
+        cat "$host_inputdir/postgresql.conf"
+        printf "listen_addresses = ''\nport = 5433\nunix_socket_directories = '%s'\n" "$dir"
+    } >> "$host_out/standby_cluster/primary/postgresql.conf"
+    as_postgres "$bindir/pg_ctl" -D "$dir/primary" -l "$dir/primary.log" -w start >/dev/null
+    as_postgres "$bindir/psql" -h "$dir" -p 5433 -d postgres -qX \
+        -c "CREATE DATABASE standby_regression" \
+        -c "\\c standby_regression" -c "CREATE EXTENSION pg_realtime" >/dev/null
+    as_postgres "$bindir/pg_basebackup" -h "$dir" -p 5433 -D "$dir/standby" -R -X stream
+    sed -i 's/^port = 5433$/port = 5434/' "$host_out/standby_cluster/standby/postgresql.conf"
+    as_postgres "$bindir/pg_ctl" -D "$dir/standby" -l "$dir/standby.log" -w start >/dev/null
+    run_suite standby "$pgxs/src/test/regress/pg_regress" --host="$dir" --port=5434 \
+        --use-existing --dbname=standby_regression --schedule="$inputdir/standby_schedule"
+    as_postgres "$bindir/pg_ctl" -D "$dir/standby" -m fast stop >/dev/null
+    as_postgres "$bindir/pg_ctl" -D "$dir/primary" -m fast stop >/dev/null
+}
+
 if [ "${only[*]}" = lifecycle ]; then
     run_suite lifecycle "$pgxs/src/test/regress/pg_regress" \
         --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/lifecycle_schedule"
 elif [ "${only[*]}" = supabase ]; then
     run_supabase_suite
+elif [ "${only[*]}" = standby ]; then
+    run_standby_suite
 elif [ ${#only[@]} -gt 0 ]; then
     run_suite main "$pgxs/src/test/regress/pg_regress" \
         --temp-config="$inputdir/postgresql.conf" create_extension "${only[@]}"
@@ -115,6 +142,7 @@ else
     run_suite lifecycle "$pgxs/src/test/regress/pg_regress" \
         --temp-config="$inputdir/postgresql.conf" --schedule="$inputdir/lifecycle_schedule"
     run_supabase_suite
+    run_standby_suite
 fi
 
 passed=$(cat "$host_out"/*.log | grep -cE '^(ok|test) .*\.\.\. ok|^ok [0-9]+ ')

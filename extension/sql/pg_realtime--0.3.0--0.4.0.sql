@@ -499,6 +499,33 @@ BEGIN
 END
 $$;
 
+-- realtime.stats() counts the messages dropped when sent, by reason (extension/src/dropped.rs:
+-- by default a message that cannot be sent is a WARNING, as on Supabase, not an ERROR).
+DROP FUNCTION realtime.stats();
+CREATE FUNCTION realtime."stats"() RETURNS TABLE (
+	"epoch" timestamp with time zone,
+	"capacity_bytes" bigint,
+	"used_bytes" bigint,
+	"oldest_seq" bigint,
+	"last_seq" bigint,
+	"messages_enqueued" bigint,
+	"bytes_enqueued" bigint,
+	"transactions" bigint,
+	"messages_evicted" bigint,
+	"aborted_reservations" bigint,
+	"oversize_rejections" bigint,
+	"queue_full_errors" bigint,
+	"consumers" INT,
+	"pending_bytes" bigint,
+	"oldest_pending_since" timestamp with time zone,
+	"oldest_committed_at" timestamp with time zone,
+	"dropped_invalid" bigint,
+	"dropped_too_large" bigint,
+	"dropped_queue_full" bigint
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'stats_wrapper';
+
 -- What a database's default privileges gave on the extension's own objects, revoked: they
 -- apply to whatever the installing role creates in schema realtime, and a database Supabase
 -- made gives postgres and dashboard_user ALL on tables and routines there, which would hand

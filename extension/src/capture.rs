@@ -63,7 +63,15 @@ fn capture(fcinfo: pg_sys::FunctionCallInfo) {
         let table = CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr());
         let table = table.to_str().unwrap_or("table");
         // No message id: Supabase's change events carry none, and drawing one costs.
-        xact::append(table, op, &payload, FLAG_CHANGE, [0; 16], 0);
+        xact::append(
+            crate::dropped::By::App,
+            table,
+            op,
+            &payload,
+            FLAG_CHANGE,
+            [0; 16],
+            0,
+        );
     }
 }
 

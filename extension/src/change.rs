@@ -58,6 +58,21 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// The JSON `data` of a change record as drained: decoded, or, for a change dropped when
+    /// it was sent (`dropped.rs`), an error saying why, so that the channels of its table are
+    /// told it was lost.
+    pub fn record(&mut self, m: &crate::message::MessageView) -> String {
+        if !m.is_dropped() {
+            return self.decode(m.payload, m.topic, m.event, m.header.committed_at);
+        }
+        let (reason, size) = crate::dropped::read(m.payload, true);
+        let why = match reason.as_str() {
+            "too_large" => format!("Error 413: Payload Too Large: the change ({size} bytes) exceeded realtime.max_message_size and was dropped"),
+            _ => format!("Error 507: the change was dropped when it was sent ({reason}: its transaction's messages did not fit realtime.queue_size)"),
+        };
+        failed(m.topic, m.event, m.header.committed_at, &why)
+    }
+
     /// The JSON `data` of a change record: `table` and `op` are the record's topic and
     /// event, `committed_at` its commit time (Postgres µs since 2000-01-01).
     pub fn decode(&mut self, payload: &[u8], table: &str, op: &str, committed_at: i64) -> String {

@@ -191,8 +191,9 @@ pub type DrainRow = (
 /// waiting up to `timeout_ms` for the first one, then up to `linger_ms` for more to batch
 /// with it. Passing `after_seq` also confirms it.
 /// A first row of kind 'gap' reports messages evicted before this consumer read them. A row
-/// of kind 'presence' is a presence diff (`presence.rs`). A row
-/// of kind 'change' is a captured row change: topic is its table, event its type (INSERT,
+/// of kind 'presence' is a presence diff (`presence.rs`). A row of kind 'dropped' takes the
+/// place of a message that could not be sent (`dropped.rs`): its topic and event, and a
+/// payload `{"reason", "size"}`. A row of kind 'change' is a captured row change: topic is its table, event its type (INSERT,
 /// UPDATE, DELETE), payload the `data` of Supabase's Postgres Changes event (`change.rs`).
 /// With `decode`, only the changes of those tables are decoded; the others come with a NULL
 /// payload: a consumer whose clients listen to few of the published tables does not pay
@@ -251,7 +252,8 @@ fn drain(
 pub trait DrainSink {
     /// Messages `first..=last` were evicted before this consumer read them.
     fn gap(&mut self, first: u64, last: u64);
-    /// A broadcast (kind "message") or a presence diff (kind "presence").
+    /// A broadcast (kind "message"), a presence diff (kind "presence") or a message dropped
+    /// when it was sent (kind "dropped").
     fn message(&mut self, m: &MessageView, kind: &'static str);
     /// A captured row change; `data` is None when its table was not asked to be decoded.
     fn change(&mut self, m: &MessageView, data: Option<String>);
@@ -381,8 +383,7 @@ pub fn drain_into(
                         (None, _) | (_, None) => true,
                         (Some(list), Some(relid)) => list.contains(&Some(pg_sys::Oid::from(relid))),
                     };
-                let data = wanted
-                    .then(|| changes.decode(m.payload, m.topic, m.event, m.header.committed_at));
+                let data = wanted.then(|| changes.record(&m));
                 decoded += data.as_ref().map_or(0, String::len);
                 sink.change(&m, data);
                 if decoded >= crate::gucs::drain_max_decoded_bytes() {
@@ -391,14 +392,7 @@ pub fn drain_into(
                 }
                 continue;
             }
-            sink.message(
-                &m,
-                if m.is_presence() {
-                    "presence"
-                } else {
-                    "message"
-                },
-            );
+            sink.message(&m, record_kind(&m));
         }
         // A batch read whole moves the hint to its end; one cut short leaves it where it
         // was (an earlier place is a good hint too).
@@ -499,7 +493,20 @@ fn wait(
     found
 }
 
-/// A row of kind 'message': a broadcast (the database's, or a client's relayed one).
+/// What a drained record that is not a change is: a broadcast, a presence diff, or a
+/// message dropped when it was sent (`dropped.rs`).
+pub fn record_kind(m: &MessageView) -> &'static str {
+    if m.is_presence() {
+        "presence"
+    } else if m.is_dropped() {
+        "dropped"
+    } else {
+        "message"
+    }
+}
+
+/// A row of kind 'message' (a broadcast: the database's, or a client's relayed one) or
+/// 'dropped' (its payload says why and how large).
 pub fn message_row(m: &MessageView) -> DrainRow {
     let (payload, binary) = if m.is_binary() {
         (None, Some(m.payload.to_vec()))
@@ -508,7 +515,7 @@ pub fn message_row(m: &MessageView) -> DrainRow {
     };
     (
         m.header.seq as i64,
-        "message",
+        record_kind(m),
         Some(m.topic.to_owned()),
         Some(m.event.to_owned()),
         payload,

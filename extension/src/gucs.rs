@@ -15,6 +15,8 @@ static DRAIN_MAX_DECODED_KB: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024)
 /// A decoded change past this many bytes keeps only its small values (Supabase's
 /// max_record_bytes, 1 MiB), set by the sidecar from its MAX_RECORD_BYTES.
 static MAX_RECORD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+/// A message that cannot be sent is an ERROR rather than Supabase's WARNING (`dropped.rs`).
+static STRICT_SEND: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 pub fn init() {
     GucRegistry::define_int_guc(
@@ -57,6 +59,14 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    GucRegistry::define_bool_guc(
+        c"realtime.strict_send",
+        c"Makes a message that cannot be sent an ERROR instead of a WARNING.",
+        c"By default, as on Supabase, realtime.send and the other producers of the app warn and drop a message that cannot be sent (a bad topic, event or payload, too large, a transaction larger than the queue) and the transaction goes on; the topic's subscribers are told. On, each is an ERROR that aborts the transaction. Any role may set it: it decides only the fate of its own transactions.",
+        &STRICT_SEND,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     GucRegistry::define_int_guc(
         c"realtime.max_consumers",
         c"Number of named consumer slots (one per sidecar).",
@@ -81,6 +91,10 @@ pub fn init() {
 
 pub fn drain_max_decoded_bytes() -> usize {
     DRAIN_MAX_DECODED_KB.get() as usize * 1024
+}
+
+pub fn strict_send() -> bool {
+    STRICT_SEND.get()
 }
 
 pub fn max_record_bytes() -> usize {

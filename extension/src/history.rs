@@ -370,7 +370,7 @@ fn rows(found: Found) -> Vec<DrainRow> {
 /// A change's `data`, decoded now, after the walk, with no lock held (decoding reads the
 /// table's catalog entry).
 fn change_data(m: &MessageView, decoder: &mut crate::change::Decoder) -> String {
-    decoder.decode(m.payload, m.topic, m.event, m.header.committed_at)
+    decoder.record(m)
 }
 
 /// A row of kind 'change', as `realtime.drain` returns one.

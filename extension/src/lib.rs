@@ -33,6 +33,7 @@ mod authorize;
 mod capture;
 mod change;
 mod consumer;
+mod dropped;
 mod errors;
 mod filter_values;
 mod gucs;

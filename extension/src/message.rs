@@ -22,6 +22,11 @@ pub const FLAG_CHANGE: u8 = 4;
 pub const FLAG_PERSIST: u8 = 8;
 /// A presence diff (`presence.rs`): drained as kind 'presence', never a broadcast.
 pub const FLAG_PRESENCE: u8 = 16;
+/// A message that could not be sent, in its place and with its sequence number
+/// (`dropped.rs`): its topic and event, and a payload `{"reason", "size"}` (a dropped change
+/// keeps only its table's part of the payload). Drained as kind 'dropped', which the
+/// sidecar tells the topic's subscribers as a `system` message; never a broadcast.
+pub const FLAG_DROPPED: u8 = 32;
 
 pub const HEADER_LEN: usize = 56;
 /// Where `committed_at` sits in an encoded header.
@@ -155,6 +160,10 @@ impl<'a> MessageView<'a> {
 
     pub fn is_presence(&self) -> bool {
         self.header.flags & FLAG_PRESENCE != 0
+    }
+
+    pub fn is_dropped(&self) -> bool {
+        self.header.flags & FLAG_DROPPED != 0
     }
 }
 

@@ -17,7 +17,8 @@ use crate::message::MessageView;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use realtime_packed::{
-    Entry, Record, Writer, F_BINARY, F_PRIVATE, KIND_CHANGE, KIND_MESSAGE, KIND_PRESENCE,
+    Entry, Record, Writer, F_BINARY, F_PRIVATE, KIND_CHANGE, KIND_DROPPED, KIND_MESSAGE,
+    KIND_PRESENCE,
 };
 
 /// Microseconds from the Unix epoch to Postgres's (2000-01-01).
@@ -62,10 +63,10 @@ impl DrainSink for Packed {
     }
 
     fn message(&mut self, m: &MessageView, kind: &'static str) {
-        let kind = if kind == "presence" {
-            KIND_PRESENCE
-        } else {
-            KIND_MESSAGE
+        let kind = match kind {
+            "presence" => KIND_PRESENCE,
+            "dropped" => KIND_DROPPED,
+            _ => KIND_MESSAGE,
         };
         let private = if m.is_private() { F_PRIVATE } else { 0 };
         if m.is_binary() {
@@ -204,6 +205,7 @@ fn unpack(packed: &[u8]) -> Result<Vec<DrainRow>, String> {
                     match r.kind {
                         KIND_MESSAGE => "message",
                         KIND_PRESENCE => "presence",
+                        KIND_DROPPED => "dropped",
                         _ => "change",
                     },
                     Some(utf8(r.topic)?.to_owned()),

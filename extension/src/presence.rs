@@ -17,6 +17,7 @@ RETURNS void VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTIO
 fn queue_presence(topic: &str, private: bool, diff: &str) {
     let flags = FLAG_PRESENCE | if private { FLAG_PRIVATE } else { 0 };
     xact::append(
+        crate::dropped::By::Sidecar,
         topic,
         "presence_diff",
         diff.as_bytes(),

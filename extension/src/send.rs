@@ -1,8 +1,10 @@
 //! `realtime.send`, `realtime.send_binary` and `realtime.broadcast_changes`: the SQL API that
 //! Supabase Realtime users already call, with the same names, arguments and defaults. They
-//! write no table row and no WAL: each call only appends to the transaction's buffer.
+//! write no table row and no WAL: each call only appends to the transaction's buffer. A
+//! message that cannot be sent does not fail the caller's transaction (`dropped.rs`).
 
 use crate::args;
+use crate::dropped::{By, Reason, Refusal};
 use crate::errors;
 use crate::message::{FLAG_BINARY, FLAG_PERSIST, FLAG_PRIVATE};
 use crate::payload;
@@ -18,26 +20,40 @@ fn flags(private: bool) -> u8 {
     }
 }
 
-/// Unlike Supabase's `send`, which turns every failure into a WARNING and loses the message,
-/// a payload that cannot be delivered is an ERROR.
+/// As Supabase's `send`: a message that cannot be sent is dropped with a WARNING (or an
+/// ERROR with `realtime.strict_send`), as `dropped.rs` says.
 #[pg_extern(sql = r#"
 CREATE FUNCTION realtime."send"(payload jsonb, event text, topic text, private boolean DEFAULT true)
 RETURNS void VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
 fn send(fcinfo: pg_sys::FunctionCallInfo) {
     unsafe {
-        let Some(d) = args::datum(fcinfo, 0) else {
-            errors::null_arg("payload")
-        };
-        let event = args::required_text(fcinfo, 1, "event");
-        let topic = args::required_text(fcinfo, 2, "topic");
+        let event = args::datum(fcinfo, 1).map(|d| args::text(d, "event"));
+        let topic = args::datum(fcinfo, 2).map(|d| args::text(d, "topic"));
         let private = args::bool_or(fcinfo, 3, true);
-
+        let refuse = |size: usize, r: Refusal| {
+            xact::refuse(By::App, (topic, event), flags(private), size, r)
+        };
+        let Some(d) = args::datum(fcinfo, 0) else {
+            return refuse(0, Refusal::null(Reason::InvalidPayload, "payload"));
+        };
+        let (Some(topic), Some(event)) = (topic, event) else {
+            let (reason, what) = match topic {
+                None => (Reason::InvalidTopic, "topic"),
+                Some(_) => (Reason::InvalidEvent, "event"),
+            };
+            return refuse(0, Refusal::null(reason, what));
+        };
         let jb = pg_sys::pg_detoast_datum(d.cast_mut_ptr()) as *mut pg_sys::Jsonb;
+        let size = pgrx::varlena::varsize(jb as *const pg_sys::varlena);
         if (*jb).root.header & pg_sys::JB_FOBJECT == 0 {
-            errors::invalid(
-                "realtime.send payload must be a JSON object",
-                Some("Wrap the value in an object, for example jsonb_build_object('value', ...)."),
+            return refuse(
+                size,
+                Refusal::invalid(
+                    Reason::InvalidPayload,
+                    "realtime.send payload must be a JSON object",
+                    Some("Wrap the value in an object, for example jsonb_build_object('value', ...)."),
+                ),
             );
         }
         let id = payload::new_id();
@@ -46,17 +62,29 @@ fn send(fcinfo: pg_sys::FunctionCallInfo) {
             &[Some(pg_sys::Datum::from(jb)), Some(id_key())],
         )
         .is_some_and(|b| b.value() != 0);
-        let text = pg_sys::JsonbToCString(
-            std::ptr::null_mut(),
-            &raw mut (*jb).root,
-            pgrx::varlena::varsize(jb as *const pg_sys::varlena) as i32,
-        );
+        let text = pg_sys::JsonbToCString(std::ptr::null_mut(), &raw mut (*jb).root, size as i32);
         let text = std::ffi::CStr::from_ptr(text).to_string_lossy();
         if has_id {
-            xact::append(topic, event, text.as_bytes(), flags(private), id, 0);
+            xact::append(
+                By::App,
+                topic,
+                event,
+                text.as_bytes(),
+                flags(private),
+                id,
+                0,
+            );
         } else {
             let with_id = payload::inject_id(&text, &id);
-            xact::append(topic, event, with_id.as_bytes(), flags(private), id, 0);
+            xact::append(
+                By::App,
+                topic,
+                event,
+                with_id.as_bytes(),
+                flags(private),
+                id,
+                0,
+            );
         }
     }
 }
@@ -79,14 +107,22 @@ RETURNS void VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTIO
 "#)]
 fn send_binary(fcinfo: pg_sys::FunctionCallInfo) {
     unsafe {
-        let Some(d) = args::datum(fcinfo, 0) else {
-            errors::null_arg("payload")
-        };
-        let event = args::required_text(fcinfo, 1, "event");
-        let topic = args::required_text(fcinfo, 2, "topic");
+        let event = args::datum(fcinfo, 1).map(|d| args::text(d, "event"));
+        let topic = args::datum(fcinfo, 2).map(|d| args::text(d, "topic"));
         let private = args::bool_or(fcinfo, 3, true);
+        let refuse = |r: Refusal| xact::refuse(By::App, (topic, event), flags(private), 0, r);
+        let Some(d) = args::datum(fcinfo, 0) else {
+            return refuse(Refusal::null(Reason::InvalidPayload, "payload"));
+        };
+        let (Some(topic), Some(event)) = (topic, event) else {
+            return refuse(match topic {
+                None => Refusal::null(Reason::InvalidTopic, "topic"),
+                Some(_) => Refusal::null(Reason::InvalidEvent, "event"),
+            });
+        };
         let bytes = args::varlena_bytes(d);
         xact::append(
+            By::App,
             topic,
             event,
             bytes,
@@ -131,6 +167,7 @@ fn relay(fcinfo: pg_sys::FunctionCallInfo) {
         };
         match (args::datum(fcinfo, 4), args::datum(fcinfo, 5)) {
             (Some(json), None) => xact::append(
+                By::Sidecar,
                 topic,
                 event,
                 args::varlena_bytes(json),
@@ -139,6 +176,7 @@ fn relay(fcinfo: pg_sys::FunctionCallInfo) {
                 origin,
             ),
             (None, Some(bin)) => xact::append(
+                By::Sidecar,
                 topic,
                 event,
                 args::varlena_bytes(bin),
@@ -184,14 +222,21 @@ fn broadcast_changes(fcinfo: pg_sys::FunctionCallInfo) {
                 Some("operation must be INSERT, UPDATE or DELETE (TG_OP)."),
             ),
         };
-        let topic = args::required_text(fcinfo, 0, "topic_name");
-        let event = args::required_text(fcinfo, 1, "event_name");
+        let topic = args::datum(fcinfo, 0).map(|d| args::text(d, "topic_name"));
+        let event = args::datum(fcinfo, 1).map(|d| args::text(d, "event_name"));
+        let (Some(topic), Some(event)) = (topic, event) else {
+            let r = match topic {
+                None => Refusal::null(Reason::InvalidTopic, "topic_name"),
+                Some(_) => Refusal::null(Reason::InvalidEvent, "event_name"),
+            };
+            return xact::refuse(By::App, (topic, event), FLAG_PRIVATE, 0, r);
+        };
         let table = args::datum(fcinfo, 3).map(|d| args::text(d, "table_name"));
         let schema = args::datum(fcinfo, 4).map(|d| args::text(d, "table_schema"));
         let new = args::datum(fcinfo, 5).map(|d| payload::record_json(d));
         let old = args::datum(fcinfo, 6).map(|d| payload::record_json(d));
         let id = payload::new_id();
         let body = payload::changes_payload(&id, table, schema, op, new.as_deref(), old.as_deref());
-        xact::append(topic, event, body.as_bytes(), FLAG_PRIVATE, id, 0);
+        xact::append(By::App, topic, event, body.as_bytes(), FLAG_PRIVATE, id, 0);
     }
 }

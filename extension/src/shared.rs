@@ -23,6 +23,12 @@ pub struct Counters {
     pub aborted_after_reserve: AtomicU64,
     pub oversize_rejections: AtomicU64,
     pub queue_full_errors: AtomicU64,
+    /// Messages dropped (`dropped.rs`), by reason: a NULL, empty or too long topic or event,
+    /// or a payload that is not an object; over `realtime.max_message_size`; a transaction
+    /// whose messages did not fit the queue.
+    pub dropped_invalid: AtomicU64,
+    pub dropped_too_large: AtomicU64,
+    pub dropped_queue_full: AtomicU64,
 }
 
 /// The segment's header. Every backend maps it at the same place; Rust sees it only through

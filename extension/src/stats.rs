@@ -27,6 +27,10 @@ fn stats() -> TableIterator<
         name!(pending_bytes, i64),
         name!(oldest_pending_since, Option<TimestampWithTimeZone>),
         name!(oldest_committed_at, Option<TimestampWithTimeZone>),
+        // Messages dropped when sent (`dropped.rs`), by reason.
+        name!(dropped_invalid, i64),
+        name!(dropped_too_large, i64),
+        name!(dropped_queue_full, i64),
     ),
 > {
     let q = queue();
@@ -63,6 +67,9 @@ fn stats() -> TableIterator<
         pending as i64,
         pending_since.and_then(|t| TimestampWithTimeZone::try_from(t).ok()),
         oldest_at.and_then(|t| TimestampWithTimeZone::try_from(t).ok()),
+        n(&c.dropped_invalid),
+        n(&c.dropped_too_large),
+        n(&c.dropped_queue_full),
     ))
 }
 

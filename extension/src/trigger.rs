@@ -76,7 +76,15 @@ fn broadcast_trigger(fcinfo: pg_sys::FunctionCallInfo) {
         );
         let event = plan.event.as_deref().unwrap_or(op);
         let flags = if plan.private { FLAG_PRIVATE } else { 0 };
-        xact::append(&topic, event, body.as_bytes(), flags, id, 0);
+        xact::append(
+            crate::dropped::By::App,
+            &topic,
+            event,
+            body.as_bytes(),
+            flags,
+            id,
+            0,
+        );
     }
 }
 

@@ -28,7 +28,7 @@ FROM got g JOIN supabase_payloads s ON s.i = g.i ORDER BY g.i;
 SELECT array_agg(k) FROM (SELECT json_object_keys(payload) k FROM got WHERE i = 1) s;
 SELECT count(*) AS confirmed FROM take();
 
--- Supabase's errors, with the same texts.
+-- Supabase's errors, with the same texts; a NULL topic is a WARNING, as Supabase's send's.
 SELECT realtime.broadcast_changes('t', 'e', 'INSERT', 'notes', 'public', NULL, NULL, 'STATEMENT');
 SELECT realtime.broadcast_changes('t', 'e', 'TRUNCATE', 'notes', 'public', NULL, NULL);
 SELECT realtime.broadcast_changes('t', 'e', NULL, 'notes', 'public', NULL, NULL);

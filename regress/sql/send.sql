@@ -24,7 +24,9 @@ SELECT regexp_replace(d.payload::text, '[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89
 FROM realtime.drain('test', NULL, 10, 0) d;
 SELECT * FROM take();
 
--- Refusals: NULLs, non-object payloads, empty topic. Nothing is sent.
+-- Messages that cannot be sent: NULLs, non-object payloads, an empty topic. Each is a WARNING
+-- (Supabase's WarnSendingBroadcastMessage) and the transaction goes on; where the topic is
+-- usable a 'dropped' record takes the message's place (send_dropped has the rest).
 SELECT realtime.send(NULL, 'ev', 'room:1');
 SELECT realtime.send('{}', NULL, 'room:1');
 SELECT realtime.send('{}', 'ev', NULL);

@@ -9,8 +9,12 @@ SELECT realtime.send('{"a": 3}', 'ev', 's', false);
 BEGIN;
 SELECT realtime.send('{"a": 4}', 'ev', 's', false);
 ROLLBACK;
+-- oversize_rejections counts the ERRORs of realtime.strict_send (a drop is counted by reason,
+-- send_dropped).
 SET realtime.max_message_size = '1kB';
+SET realtime.strict_send = on;
 SELECT realtime.send(jsonb_build_object('s', repeat('x', 2000)), 'ev', 's', false);
+RESET realtime.strict_send;
 RESET realtime.max_message_size;
 SELECT s.messages_enqueued - b.messages_enqueued AS messages,
        s.transactions - b.transactions AS transactions,

@@ -46,6 +46,9 @@ pub struct QueueMessage {
     pub seq: i64,
     /// Sent from the queue's history at a join rather than live (`meta.replayed`).
     pub replayed: bool,
+    /// A message dropped when it was sent (`extension/src/dropped.rs`), in its place: the
+    /// payload is `{"reason", "size"}`, and subscribers get a `system` message saying so.
+    pub dropped: bool,
 }
 
 impl QueueMessage {
@@ -59,6 +62,13 @@ impl QueueMessage {
             epoch: self.epoch,
             seq: self.seq,
         };
+        if self.dropped {
+            return Some(Message::text(self.dropped_notice(
+                vsn,
+                &channel_topic,
+                &meta,
+            )));
+        }
         match vsn {
             Vsn::V1 => match &self.payload {
                 Payload::Json(p) => Some(Message::text(frame::user_broadcast_v1(
@@ -78,6 +88,33 @@ impl QueueMessage {
                     .map(Message::Binary)
             }
         }
+    }
+}
+
+impl QueueMessage {
+    /// The `system` message that takes a dropped message's place: why, its event and size,
+    /// and its position (`meta`, as a broadcast's), so a client that resumes from the last
+    /// position it saw goes on after it.
+    fn dropped_notice(&self, vsn: Vsn, channel_topic: &str, meta: &Meta) -> String {
+        let why: serde_json::Value = match &self.payload {
+            Payload::Json(j) => serde_json::from_str(j).unwrap_or_default(),
+            Payload::Binary(_) => serde_json::Value::Null,
+        };
+        let notice = crate::reason::Notice::MessageDropped {
+            event: self.event.clone(),
+            reason: why["reason"].as_str().unwrap_or("unknown").to_owned(),
+            size: why["size"].as_u64().unwrap_or(0),
+        };
+        let meta: serde_json::Value = serde_json::from_str(&meta.json()).unwrap_or_default();
+        let payload = serde_json::json!({
+            "extension": "broadcast",
+            "status": notice.status(),
+            "message": notice.text(),
+            "channel": self.topic,
+            "dropped": {"event": self.event, "reason": why["reason"], "size": why["size"]},
+            "meta": meta,
+        });
+        frame::encode(vsn, None, None, channel_topic, "system", &payload)
     }
 }
 
@@ -370,6 +407,7 @@ mod tests {
             epoch: 1,
             seq: 1,
             replayed: false,
+            dropped: false,
         }
     }
 

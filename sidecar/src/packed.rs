@@ -14,7 +14,7 @@
 use crate::hub::{Payload, QueueMessage, TopicKey};
 use crate::rows::{As, Entry, Read};
 use bytes::Bytes;
-use realtime_packed::{Entry as Packed, ReadError, KIND_CHANGE, KIND_PRESENCE};
+use realtime_packed::{Entry as Packed, ReadError, KIND_CHANGE, KIND_DROPPED, KIND_PRESENCE};
 
 /// Reads a packed batch. Err says what is wrong and where.
 pub fn read(value: &[u8], how: As) -> Result<Vec<Read<'_>>, String> {
@@ -81,6 +81,7 @@ fn read_entries(value: &[u8], how: As) -> Result<Vec<Read<'_>>, String> {
                                 epoch: how.epoch,
                                 seq,
                                 replayed: how.replayed,
+                                dropped: r.kind == KIND_DROPPED,
                             },
                         }
                     }

@@ -366,6 +366,13 @@ pub enum Notice {
     /// being sent and MAX_RESUMES_WAITING_PER_ADDRESS wait (`history::line`). The channel is
     /// live, in the `system` message of a resume that cannot be served.
     ResumeLineFull { running: u64, waiting: u64 },
+    /// A message for the channel's topic was dropped when it was sent
+    /// (`extension/src/dropped.rs`): its event, why (the extension's reason name) and size.
+    MessageDropped {
+        event: String,
+        reason: String,
+        size: u64,
+    },
 }
 
 impl Notice {
@@ -398,6 +405,20 @@ impl Notice {
                 "Changes to {schema}.{table} were not delivered to this channel: its filter could not be evaluated: {why}"
             ),
             Notice::SomeChangeLost => "A change was lost: its table was dropped or altered before it was delivered".into(),
+            Notice::MessageDropped {
+                event,
+                reason,
+                size,
+            } => {
+                let why = match reason.as_str() {
+                    "too_large" => "it exceeds realtime.max_message_size",
+                    "queue_full" => "its transaction's messages did not fit the realtime queue",
+                    "invalid_event" => "its event is missing, empty or longer than 255 bytes",
+                    "invalid_payload" => "its payload is missing or not a JSON object",
+                    _ => "the database could not send it",
+                };
+                format!("A message of {size} bytes (event {event:?}) was not sent to this channel: {why}")
+            }
             Notice::ResumeLineFull { running, waiting } => format!(
                 "Too many joins of this client address are resuming: MAX_RESUMES_PER_ADDRESS ({running}) are being sent and MAX_RESUMES_WAITING_PER_ADDRESS ({waiting}) are waiting; this channel was not resumed and is live from now on"
             ),

@@ -117,7 +117,9 @@ impl Columns {
                 table: row.get(self.topic),
                 data: row.get(self.payload),
             },
-            "message" => {
+            // A message dropped when it was sent comes in its place, as a message the hub
+            // turns into a `system` notice (`QueueMessage::dropped`).
+            "message" | "dropped" => {
                 let origin: Option<i64> = row.get(self.origin);
                 Entry::Message {
                     committed_us: row.get(self.committed_us),
@@ -138,6 +140,7 @@ impl Columns {
                         epoch: how.epoch,
                         seq,
                         replayed: how.replayed,
+                        dropped: kind == "dropped",
                     },
                 }
             }

@@ -9,8 +9,8 @@
 //! ```text
 //! value   = "RTP1" count:u32 entry{count}
 //! entry   = kind:u8 flags:u8 seq:i64 body
-//! kind    = 1 message | 2 presence | 3 change | 4 gap | 5 filtered
-//! body of message, presence, change =
+//! kind    = 1 message | 2 presence | 3 change | 4 gap | 5 filtered | 6 dropped
+//! body of message, presence, change, dropped =
 //!           committed_us:i64 id:[16]u8 origin:i64 topic:str event:str payload:str
 //! body of gap = lost_first:i64 lost_last:i64
 //! body of filtered = (nothing)
@@ -20,8 +20,9 @@
 //! ```
 //! `committed_us` is the commit time in microseconds since the Unix epoch. A change's topic
 //! is its table and its payload the decoded `data` (absent when its table was not asked
-//! for); a message's payload is JSON text unless flag 2 says bytes. Nothing follows the last
-//! entry.
+//! for); a message's payload is JSON text unless flag 2 says bytes. A dropped entry is a
+//! message that could not be sent, in its place: its topic and event, and a payload
+//! `{"reason", "size"}` (`extension/src/dropped.rs`). Nothing follows the last entry.
 //!
 //! Reading checks every bound and never panics or allocates by a count it was told: anything
 //! malformed (truncated, an unknown kind, bytes after the last entry) is a `ReadError`
@@ -35,6 +36,7 @@ pub const KIND_PRESENCE: u8 = 2;
 pub const KIND_CHANGE: u8 = 3;
 pub const KIND_GAP: u8 = 4;
 pub const KIND_FILTERED: u8 = 5;
+pub const KIND_DROPPED: u8 = 6;
 
 pub const F_PRIVATE: u8 = 1;
 pub const F_BINARY: u8 = 2;
@@ -45,7 +47,7 @@ pub const F_ORIGIN: u8 = 16;
 /// One entry as it is in the value, its text borrowed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry<'a> {
-    /// A message, a presence diff or a change.
+    /// A message, a presence diff, a change or a dropped message.
     Record(Found<'a>),
     /// Messages evicted before they were read.
     Gap { seq: i64, first: i64, last: i64 },
@@ -66,7 +68,7 @@ impl Entry<'_> {
 /// readers: what a flag says is absent is None.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Found<'a> {
-    /// `KIND_MESSAGE`, `KIND_PRESENCE` or `KIND_CHANGE`.
+    /// `KIND_MESSAGE`, `KIND_PRESENCE`, `KIND_CHANGE` or `KIND_DROPPED`.
     pub kind: u8,
     pub flags: u8,
     pub seq: i64,
@@ -156,7 +158,7 @@ pub fn read(value: &[u8]) -> Result<Vec<Entry<'_>>, ReadError> {
                 last: r.i64()?,
             },
             KIND_FILTERED => Entry::Filtered { seq },
-            KIND_MESSAGE | KIND_PRESENCE | KIND_CHANGE => Entry::Record(Found {
+            KIND_MESSAGE | KIND_PRESENCE | KIND_CHANGE | KIND_DROPPED => Entry::Record(Found {
                 kind,
                 flags,
                 seq,
@@ -244,7 +246,7 @@ impl Default for Writer {
 
 /// A message, presence diff or change to write (`Writer::record`).
 pub struct Record<'a> {
-    /// `KIND_MESSAGE`, `KIND_PRESENCE` or `KIND_CHANGE`.
+    /// `KIND_MESSAGE`, `KIND_PRESENCE`, `KIND_CHANGE` or `KIND_DROPPED`.
     pub kind: u8,
     /// `F_PRIVATE` and `F_BINARY`; the presence flags are set from the fields below.
     pub flags: u8,

@@ -117,6 +117,7 @@ impl Conn {
             epoch: 5,
             seq: 1,
             replayed: false,
+            dropped: false,
         });
         std::iter::from_fn(|| self.hub_rx.try_recv().ok()).count() > 0
     }
@@ -135,6 +136,7 @@ impl Conn {
                 epoch: 5,
                 seq,
                 replayed: false,
+                dropped: false,
             });
         }
         std::iter::from_fn(|| self.hub_rx.try_recv().ok())

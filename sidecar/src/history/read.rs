@@ -129,6 +129,7 @@ pub(super) async fn add_persisted(
                 epoch,
                 seq: 0,
                 replayed: true,
+                dropped: false,
             },
             key,
             frames: [OnceLock::new(), OnceLock::new()],

@@ -44,6 +44,8 @@ pub(super) async fn serve_replays(
         };
         let mine: Vec<&Found> = of_topic(&read, &index, &r.key)
             .filter(|f| f.committed_us >= since_ms.saturating_mul(1000))
+            // Supabase's replay reads its table, which never held a dropped message.
+            .filter(|f| !f.message.dropped)
             .collect();
         let skip = mine.len().saturating_sub(limit as usize);
         let mut frames: Vec<(i64, Message)> = mine[skip..]

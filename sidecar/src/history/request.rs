@@ -57,6 +57,9 @@ pub struct Carry {
     /// many could not be checked (withheld, the channel told why).
     pub changes: Option<usize>,
     pub withheld: usize,
+    /// Messages of the topic dropped when they were sent (their notices were resent in
+    /// their places): the first and last position, and how many.
+    pub dropped: Option<(i64, i64, usize)>,
 }
 
 /// The bound that cut a resume short of its position.

@@ -183,7 +183,12 @@ pub(super) async fn serve_resumes(
             .filter(|f| f.message.seq >= cut)
             .filter_map(|f| Some((f.message.seq, f.frame(r.reach.vsn)?)))
             .collect();
-        let resent_broadcasts = frames.len();
+        let dropped: Vec<i64> = topic
+            .iter()
+            .filter(|f| f.message.seq >= cut && f.message.dropped)
+            .map(|f| f.message.seq)
+            .collect();
+        let resent_broadcasts = frames.len() - dropped.len();
         let resent_changes = r
             .changes
             .as_ref()
@@ -213,6 +218,11 @@ pub(super) async fn serve_resumes(
         }
         carry.withheld += withheld;
         carry.passes += 1;
+        if let (Some(&f), Some(&l)) = (dropped.first(), dropped.last()) {
+            carry.dropped = Some(carry.dropped.map_or((f, l, dropped.len()), |(a, b, n)| {
+                (a.min(f), b.max(l), n + dropped.len())
+            }));
+        }
         if let Some((f, l)) = missing {
             carry.missing = Some(carry.missing.map_or((f, l), |(a, b)| (a.min(f), b.max(l))));
         }
@@ -292,6 +302,15 @@ pub(super) fn resume_system(
     } else if let Some((first, last)) = carry.missing {
         json!({"recovered": false, "first_missing": first, "last_missing": last,
                "message": format!("Messages {first} to {last} are no longer retained; the {resent} {messages} after them were sent")})
+    } else if let Some((first, last, n)) = carry.dropped {
+        let dropped = if n == 1 {
+            "message was"
+        } else {
+            "messages were"
+        };
+        let were = if resent == 1 { "was" } else { "were" };
+        json!({"recovered": false, "first_missing": first, "last_missing": last, "dropped_messages": n,
+               "message": format!("{n} {dropped} dropped when sent, after position {seq} (a system message in each one's place says why); the {resent} other {messages} after it {were} sent")})
     } else if carry.withheld > 0 {
         json!({"recovered": false, "first_missing": null, "last_missing": null,
                "message": format!("Some changes after position {seq} could not be checked in time and were withheld (a system message said which table's); the {resent} {messages} that could were sent")})

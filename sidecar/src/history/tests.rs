@@ -95,6 +95,7 @@ fn message(epoch: i64, m: &Msg, id: Option<String>) -> QueueMessage {
         epoch,
         seq: m.seq,
         replayed: true,
+        dropped: false,
     }
 }
 
