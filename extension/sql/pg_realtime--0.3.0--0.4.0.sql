@@ -521,7 +521,8 @@ CREATE FUNCTION realtime."stats"() RETURNS TABLE (
 	"oldest_committed_at" timestamp with time zone,
 	"dropped_invalid" bigint,
 	"dropped_too_large" bigint,
-	"dropped_queue_full" bigint
+	"dropped_queue_full" bigint,
+	"dropped_unauthorized" bigint
 )
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'stats_wrapper';

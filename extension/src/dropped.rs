@@ -15,7 +15,8 @@
 //!   queue, every one of them, before and after, becomes a dropped record (`xact.rs`).
 //!
 //! A message with no usable topic (NULL, empty, longer than a client can join) is counted and
-//! warned only: no subscriber could be told. `realtime.strict_send` (any role, for its own
+//! warned only: no subscriber could be told. So is one its sender may not send
+//! (`send_policy.rs`): it must not put even a notice before the topic's subscribers. `realtime.strict_send` (any role, for its own
 //! transactions) makes all of these ERRORs again. The sidecar's producers (`By::Sidecar`:
 //! `relay`, presence) always raise: the sidecar checked the client's input at its edge and
 //! answers the client with the error. Misuse that no data explains (a standby, `PREPARE`,
@@ -51,6 +52,9 @@ pub enum Reason {
     TooLarge,
     /// The transaction's messages do not fit the queue.
     QueueFull,
+    /// The caller may not insert the message's row into `realtime.messages`
+    /// (`send_policy.rs`): never a dropped record, only the count and the WARNING.
+    Unauthorized,
 }
 
 impl Reason {
@@ -61,6 +65,7 @@ impl Reason {
             Reason::InvalidPayload => "invalid_payload",
             Reason::TooLarge => "too_large",
             Reason::QueueFull => "queue_full",
+            Reason::Unauthorized => "unauthorized",
         }
     }
 
@@ -72,6 +77,7 @@ impl Reason {
             }
             Reason::TooLarge => &c.dropped_too_large,
             Reason::QueueFull => &c.dropped_queue_full,
+            Reason::Unauthorized => &c.dropped_unauthorized,
         };
         counter.fetch_add(messages, Relaxed);
     }
@@ -131,6 +137,8 @@ impl Refusal {
         self.reason.count(messages);
         let detail = if told {
             "The message was not sent and the transaction goes on; the topic's subscribers are told. With realtime.strict_send = on this is an ERROR."
+        } else if self.reason == Reason::Unauthorized {
+            "The message was not sent and the transaction goes on; the topic's subscribers are not told: its sender may not send to it. With realtime.strict_send = on this is an ERROR."
         } else {
             "The message was not sent and the transaction goes on; with no usable topic, no subscriber can be told. With realtime.strict_send = on this is an ERROR."
         };

@@ -54,6 +54,7 @@ mod ring_pages;
 mod row_json;
 mod row_trigger;
 mod send;
+mod send_policy;
 mod shared;
 mod stats;
 mod trigger;

@@ -8,6 +8,7 @@ use crate::dropped::{By, Reason, Refusal};
 use crate::errors;
 use crate::message::{FLAG_BINARY, FLAG_PERSIST, FLAG_PRIVATE};
 use crate::payload;
+use crate::send_policy::{self, Row};
 use crate::xact;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -64,28 +65,29 @@ fn send(fcinfo: pg_sys::FunctionCallInfo) {
         .is_some_and(|b| b.value() != 0);
         let text = pg_sys::JsonbToCString(std::ptr::null_mut(), &raw mut (*jb).root, size as i32);
         let text = std::ffi::CStr::from_ptr(text).to_string_lossy();
-        if has_id {
-            xact::append(
-                By::App,
-                topic,
-                event,
-                text.as_bytes(),
-                flags(private),
-                id,
-                0,
-            );
+        let text = if has_id {
+            text
         } else {
-            let with_id = payload::inject_id(&text, &id);
-            xact::append(
-                By::App,
-                topic,
-                event,
-                with_id.as_bytes(),
-                flags(private),
-                id,
-                0,
-            );
+            payload::inject_id(&text, &id).into()
+        };
+        let row = Row {
+            topic,
+            event,
+            payload: Some(&text),
+            private,
+        };
+        if let Some(r) = send_policy::refusal(&row) {
+            return refuse(text.len(), r);
         }
+        xact::append(
+            By::App,
+            topic,
+            event,
+            text.as_bytes(),
+            flags(private),
+            id,
+            0,
+        );
     }
 }
 
@@ -121,6 +123,15 @@ fn send_binary(fcinfo: pg_sys::FunctionCallInfo) {
             });
         };
         let bytes = args::varlena_bytes(d);
+        let row = Row {
+            topic,
+            event,
+            payload: None,
+            private,
+        };
+        if let Some(r) = send_policy::refusal(&row) {
+            return refuse(r);
+        }
         xact::append(
             By::App,
             topic,
@@ -237,6 +248,16 @@ fn broadcast_changes(fcinfo: pg_sys::FunctionCallInfo) {
         let old = args::datum(fcinfo, 6).map(|d| payload::record_json(d));
         let id = payload::new_id();
         let body = payload::changes_payload(&id, table, schema, op, new.as_deref(), old.as_deref());
+        let row = Row {
+            topic,
+            event,
+            payload: Some(&body),
+            private: true,
+        };
+        if let Some(r) = send_policy::refusal(&row) {
+            let size = topic.len() + event.len() + body.len();
+            return xact::refuse(By::App, (Some(topic), Some(event)), FLAG_PRIVATE, size, r);
+        }
         xact::append(By::App, topic, event, body.as_bytes(), FLAG_PRIVATE, id, 0);
     }
 }

@@ -29,6 +29,8 @@ pub struct Counters {
     pub dropped_invalid: AtomicU64,
     pub dropped_too_large: AtomicU64,
     pub dropped_queue_full: AtomicU64,
+    /// Refused by the INSERT policies of `realtime.messages` (`send_policy.rs`).
+    pub dropped_unauthorized: AtomicU64,
 }
 
 /// The segment's header. Every backend maps it at the same place; Rust sees it only through

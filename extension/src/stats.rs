@@ -31,6 +31,7 @@ fn stats() -> TableIterator<
         name!(dropped_invalid, i64),
         name!(dropped_too_large, i64),
         name!(dropped_queue_full, i64),
+        name!(dropped_unauthorized, i64),
     ),
 > {
     let q = queue();
@@ -70,6 +71,7 @@ fn stats() -> TableIterator<
         n(&c.dropped_invalid),
         n(&c.dropped_too_large),
         n(&c.dropped_queue_full),
+        n(&c.dropped_unauthorized),
     ))
 }
 

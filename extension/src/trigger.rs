@@ -76,6 +76,17 @@ fn broadcast_trigger(fcinfo: pg_sys::FunctionCallInfo) {
         );
         let event = plan.event.as_deref().unwrap_or(op);
         let flags = if plan.private { FLAG_PRIVATE } else { 0 };
+        let row = crate::send_policy::Row {
+            topic: &topic,
+            event,
+            payload: Some(&body),
+            private: plan.private,
+        };
+        if let Some(r) = crate::send_policy::refusal(&row) {
+            let size = topic.len() + event.len() + body.len();
+            let to = (Some(topic.as_str()), Some(event));
+            return xact::refuse(crate::dropped::By::App, to, flags, size, r);
+        }
         xact::append(
             crate::dropped::By::App,
             &topic,

@@ -162,7 +162,8 @@ pub fn refuse(
 ) {
     refuse_on_standby();
     let usable = |s: &str, max: usize| !s.is_empty() && s.len() <= max;
-    let Some(topic) = topic.filter(|t| usable(t, MAX_TOPIC_LEN)) else {
+    let topic = topic.filter(|t| usable(t, MAX_TOPIC_LEN));
+    let Some(topic) = topic.filter(|_| refusal.reason != Reason::Unauthorized) else {
         return refusal.raise_or_warn(by, 1, false);
     };
     let event = event.filter(|e| usable(e, MAX_EVENT_LEN)).unwrap_or("");
