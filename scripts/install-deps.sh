@@ -16,6 +16,8 @@ packages+=(linux-perf)
 packages+=(python3-venv nginx openssl)
 # pgbench/joins.py makes the P-256 key of its ES256 joins with Debian's cryptography.
 packages+=(python3-cryptography)
+# The docker-compose service definition's healthcheck is a curl command, run as written.
+packages+=(curl)
 
 missing=()
 for p in "${packages[@]}"; do

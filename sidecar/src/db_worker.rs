@@ -13,7 +13,7 @@ use crate::config::Config;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{Client, Row};
 
 /// Why the database could not give an answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,6 +237,26 @@ pub async fn connect<T>(
     connect_retrying(cfg, what, shutdown, each_failure).await
 }
 
+/// What went wrong, said whole: a server error's own message (tokio-postgres says only "db
+/// error"), else the error and each cause under it ("error performing TLS handshake:
+/// invalid peer certificate: UnknownIssuer"), so an operator reads why, not only that.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(d) = e.as_db_error() {
+        return d.message().to_owned();
+    }
+    let mut out = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
 /// Connects as `connect` does, calling `each_failure` after every failed attempt. None on
 /// shutdown.
 pub async fn connect_retrying(
@@ -247,10 +267,11 @@ pub async fn connect_retrying(
 ) -> Option<Client> {
     let mut backoff = Duration::from_millis(100);
     let pg = cfg.pg_config().expect("validated at startup");
+    let tls = cfg.db_tls().expect("validated at startup");
     let setup = format!("SET statement_timeout = {}", cfg.db_statement_timeout_ms);
     loop {
         let attempt = async {
-            let (client, conn) = pg.connect(NoTls).await?;
+            let (client, conn) = pg.connect(tls.clone()).await?;
             tokio::spawn(conn);
             client.batch_execute(&setup).await?;
             Ok::<_, tokio_postgres::Error>(client)
@@ -262,7 +283,7 @@ pub async fn connect_retrying(
         match attempt {
             Ok(client) => return Some(client),
             Err(e) => {
-                tracing::warn!(error = %e, "{what} connection failed; retrying");
+                tracing::warn!(error = %describe(&e), "{what} connection failed; retrying");
                 each_failure();
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}

@@ -3,7 +3,7 @@
 
 use crate::history::ask::{self, Ask, AskError};
 use crate::postgres_changes::bounds::Bounds;
-use crate::postgres_changes::{self, Binding, BindingError};
+use crate::postgres_changes::{self, Binding, BindingError, Unserved};
 use crate::reason::InvalidTopic;
 use serde_json::Value;
 
@@ -20,8 +20,10 @@ pub struct JoinConfig {
     pub presence: bool,
     /// `config.presence.key`: the member's key (empty: one is made for the join).
     pub presence_key: String,
-    /// The `postgres_changes` bindings, in the client's order (`postgres_changes.rs`).
+    /// The `postgres_changes` bindings that parsed, in the client's order (`postgres_changes.rs`).
     pub postgres_changes: Vec<Binding>,
+    /// Those that did not: the channel joins without them (`postgres_changes/unserved.rs`).
+    pub postgres_changes_unserved: Vec<Unserved>,
     /// Why the bindings cannot be served, if they cannot: the join is refused with it.
     pub postgres_changes_error: Option<BindingError>,
     /// What the join asks of the queue's history (`replay` or `resume`), if anything; an
@@ -73,10 +75,10 @@ pub fn parse_join(payload: &Value, bounds: &Bounds) -> JoinConfig {
         Some(list) => bounds.count(list.len()),
         None => Ok(()),
     };
-    let (postgres_changes, postgres_changes_error) =
-        match counted.and_then(|()| postgres_changes::parse_bindings(listed)) {
-            Ok(b) => (b, None),
-            Err(e) => (Vec::new(), Some(e)),
+    let (postgres_changes, postgres_changes_unserved, postgres_changes_error) =
+        match counted.and_then(|()| postgres_changes::parse_each(listed)) {
+            Ok((served, unserved)) => (served, unserved, None),
+            Err(e) => (Vec::new(), Vec::new(), Some(e)),
         };
     let private = flexible_bool(config.and_then(|c| c.get("private")));
     let now_ms = std::time::SystemTime::now()
@@ -97,6 +99,7 @@ pub fn parse_join(payload: &Value, bounds: &Bounds) -> JoinConfig {
             _ => String::new(),
         },
         postgres_changes,
+        postgres_changes_unserved,
         postgres_changes_error,
         access_token: token.and_then(Value::as_str).map(str::to_owned),
     }
@@ -280,7 +283,9 @@ mod tests {
             &json!({"config": {"postgres_changes": [{"event": "*"}]}}),
             &Bounds::defaults(),
         );
-        assert!(no_schema.postgres_changes_error.is_some());
+        // Neither schema nor table: that binding is not served; the join is not refused.
+        assert!(no_schema.postgres_changes_error.is_none());
+        assert_eq!(no_schema.postgres_changes_unserved.len(), 1);
         let one = json!({"config": {"postgres_changes": [{"event": "*", "schema": "public"}]}});
         assert_eq!(
             parse_join(&one, &Bounds::defaults()).postgres_changes.len(),

@@ -131,7 +131,8 @@
 //!
 //! # Files, by wing
 //!
-//! - **The edge**: `server` (the listener, HTTP routes, upgrades), `url`, `cors`, `address`
+//! - **The edge**: `server` (the listener, HTTP routes, upgrades), `supabase_health`
+//!   (Supabase's health routes), `url`, `cors`, `address`
 //!   (who a client is on the network, trusted proxies), `tally` (per-key rates and counts in
 //!   flight), `rate`, `rest`, `rest_body` and `rest_limits` (the REST broadcast, its body and
 //!   its bounds), `metrics_auth`, `jwt/` (tokens as Supabase verifies them: cleaning, the key
@@ -152,7 +153,7 @@
 //!   `presence/`, `relay`, `persist` and `persist_full` (client broadcasts kept, and their
 //!   quotas).
 //! - **The database workers**: `db_worker` (a connection kept up; the batched-worker shape),
-//!   `db_thread`, `authorizer` and `verdict_queue` (batched verdicts, a line per address),
+//!   `db_tls` (TLS to Postgres, verified), `db_thread`, `authorizer` and `verdict_queue` (batched verdicts, a line per address),
 //!   `privileges` (the rights that reach the extension's code, logged at start).
 //! - **Vocabulary and plumbing**: `config/`, `state`, `reason` (every reason a client can be
 //!   given), `metrics`, `shutdown`, `fuzz` (tests).
@@ -166,6 +167,7 @@ pub mod command;
 pub mod config;
 pub mod cors;
 pub mod db_thread;
+pub mod db_tls;
 pub mod db_worker;
 pub mod drainer;
 pub mod frame;
@@ -197,6 +199,7 @@ pub mod server;
 pub mod shutdown;
 pub mod socket;
 pub mod state;
+pub mod supabase_health;
 pub mod tally;
 pub mod url;
 pub mod verdict_queue;

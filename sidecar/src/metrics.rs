@@ -55,6 +55,8 @@ pub struct Metrics {
     pub drain_lost_messages_total: Counter,
     pub db_reconnects_total: Counter,
     pub postgres_changes_checks_total: Counter,
+    /// Bindings a channel joined without (`postgres_changes::unserved`).
+    pub postgres_changes_unserved_total: Counter,
     pub changes_delivered_total: Counter,
     /// Checks of changed tables' changes run (one covers every batch of its table that
     /// waited for it: `postgres_changes::pool`).
@@ -246,6 +248,10 @@ impl Default for Metrics {
             postgres_changes_checks_total: r.counter(
                 "realtime_postgres_changes_checks_total",
                 "joins whose postgres_changes bindings were checked against the database",
+            ),
+            postgres_changes_unserved_total: r.counter(
+                "realtime_postgres_changes_unserved_total",
+                "postgres_changes bindings a channel joined without, its client told why in a system message",
             ),
             changes_checks_total: r.counter(
                 "realtime_changes_checks_total",

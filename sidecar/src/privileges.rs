@@ -1,5 +1,7 @@
-//! What `realtime.check_privileges()` finds, logged once when the sidecar first reaches the
-//! database: the rights through which a role could place code where pg_realtime runs it, and
+//! What the sidecar's login may do, logged once when the sidecar first reaches the database:
+//! a warning when the login is a superuser (it needs none of that: `scripts/sidecar_login.sql`
+//! makes the least-privilege login, and Supabase's docker-compose gives its `realtime`
+//! service `supabase_admin`), and what `realtime.check_privileges()` finds: the rights through which a role could place code where pg_realtime runs it, and
 //! whose rights such code would get (README, "Who runs what"). `CREATE EXTENSION` prints the
 //! same list once; logged at every start, a right granted later is seen too. Nothing here
 //! refuses to serve: none of these rights reaches a superuser's, and on a database Supabase
@@ -11,9 +13,18 @@ const MAX_LOGGED: usize = 100;
 const CHECK_SQL: &str = "SELECT role::text AS role, privilege, object, runs_as \
      FROM realtime.check_privileges() ORDER BY 1, 3, 2";
 
+const SUPERUSER_SQL: &str = "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user";
+
 /// Logs the check's rows (or why it could not be asked: an extension older than 0.4.0, a
-/// login without EXECUTE on it, or no answer within `deadline`).
+/// login without EXECUTE on it, or no answer within `deadline`), after a warning when the
+/// login is a superuser.
 pub async fn log(client: &tokio_postgres::Client, deadline: std::time::Duration) {
+    if let Ok(Ok(row)) = tokio::time::timeout(deadline, client.query_one(SUPERUSER_SQL, &[])).await
+    {
+        if row.get::<_, bool>(0) {
+            tracing::warn!("the sidecar's login is a superuser: it needs none of a superuser's rights, and a hole in it would hand them on; log in as the role scripts/sidecar_login.sql makes");
+        }
+    }
     let rows = match tokio::time::timeout(deadline, client.query(CHECK_SQL, &[])).await {
         Ok(Ok(rows)) => rows,
         Err(_) => {

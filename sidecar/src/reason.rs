@@ -64,6 +64,8 @@ pub enum Refusal {
     /// `a::/56`; HTTP 429).
     TooManyConnectionsFromBlock(String),
     TopicNameRequired,
+    /// A public channel while PRIVATE_ONLY is set.
+    PrivateOnly,
     /// The topic breaks `realtime.send`'s rules.
     InvalidTopic(InvalidTopic),
     /// The request headers passed to policies are over MAX_POLICY_HEADER_BYTES (HTTP 431).
@@ -169,6 +171,7 @@ impl Refusal {
                 "ConnectionRateLimitReached: Too many connections from this network ({block})"
             ),
             Refusal::TopicNameRequired => "TopicNameRequired: You must provide a topic name".into(),
+            Refusal::PrivateOnly => "PrivateOnly: This project only allows private channels".into(),
             Refusal::InvalidTopic(why) => why.text(),
             Refusal::RequestHeadersTooLarge { bytes, limit } => format!(
                 "RequestHeadersTooLarge: the request headers passed to policies take {bytes} bytes; the limit is {limit} (MAX_POLICY_HEADER_BYTES)"

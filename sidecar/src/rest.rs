@@ -215,14 +215,16 @@ async fn body(req: Request<Incoming>, shared: &Shared) -> Result<Bytes, Outcome>
     }
 }
 
-/// Private messages need the write verdict, checked once per topic; Supabase skips the
-/// refused ones silently, here the request is refused whole and says which topic.
+/// Private messages need the write verdict, checked once per topic: the topics refused, each
+/// with why (a batch delivers the others, as Supabase's does; one message is refused, 403).
+/// Err when the database could not answer.
 async fn check_writes<'a>(
     shared: &Shared,
     who: &Arc<Identity>,
     private_topics: impl Iterator<Item = &'a str>,
-) -> Result<(), Outcome> {
+) -> Result<Vec<(String, String)>, Outcome> {
     let mut checked = std::collections::HashSet::new();
+    let mut denied = Vec::new();
     for topic in private_topics {
         if !checked.insert(topic) {
             continue;
@@ -234,7 +236,7 @@ async fn check_writes<'a>(
                     topic: topic.to_owned(),
                 }
                 .text();
-                return Err((StatusCode::FORBIDDEN, Some(json!({ "message": message }))));
+                denied.push((topic.to_owned(), message));
             }
             Verdict::Failed(f) => {
                 return Err((
@@ -244,7 +246,7 @@ async fn check_writes<'a>(
             }
         }
     }
-    Ok(())
+    Ok(denied)
 }
 
 /// One message to relay: topic, event, private, payload, and the ttl to keep it for.
@@ -344,18 +346,31 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared, address: Address
         .iter()
         .filter(|m| m.private)
         .map(|m| m.topic.as_str());
-    if let Err(outcome) = check_writes(shared, &who, private).await {
-        return outcome;
-    }
+    let denied = match check_writes(shared, &who, private).await {
+        Ok(denied) => denied,
+        Err(outcome) => return outcome,
+    };
+    // As Supabase: the messages of private topics the caller may not write to are left out
+    // and the others delivered, 202; unlike Supabase, the answer names those left out.
     let messages = messages
         .into_iter()
+        .filter(|m| !m.private || !denied.iter().any(|(t, _)| *t == m.topic))
         .map(|m| {
             let payload = Payload::Json(m.payload.to_string());
             // Supabase's batch endpoint does not persist (realtime-js says so too).
             (m.topic, m.event, m.private, payload, None)
         })
         .collect();
-    relay_all(shared, None, messages).await
+    match relay_all(shared, None, messages).await {
+        (StatusCode::ACCEPTED, None) if !denied.is_empty() => {
+            let refused: Vec<Value> = denied
+                .into_iter()
+                .map(|(topic, message)| json!({"topic": topic, "message": message}))
+                .collect();
+            (StatusCode::ACCEPTED, Some(json!({ "refused": refused })))
+        }
+        outcome => outcome,
+    }
 }
 
 /// What `POST /api/broadcast/:topic/events/:event` names: the path's topic and event
@@ -459,8 +474,13 @@ pub async fn broadcast_one(
         return refused.outcome();
     }
     let topics = std::iter::once(single.topic.as_str()).filter(|_| single.private);
-    if let Err(outcome) = check_writes(shared, &caller.who, topics).await {
-        return outcome;
+    match check_writes(shared, &caller.who, topics).await {
+        Ok(denied) => {
+            if let Some((_, message)) = denied.into_iter().next() {
+                return (StatusCode::FORBIDDEN, Some(json!({ "message": message })));
+            }
+        }
+        Err(outcome) => return outcome,
     }
     let sender = persist
         .and_then(|_| crate::persist::sender(caller.sub.as_deref(), Some(address), caller.backend));

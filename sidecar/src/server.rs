@@ -8,6 +8,7 @@ use crate::reason::Refusal;
 use crate::rest;
 use crate::socket;
 use crate::state::Shared;
+use crate::supabase_health;
 
 use crate::url;
 use bytes::Bytes;
@@ -131,6 +132,14 @@ async fn route(
     let client = AddressKey::of(client_ip);
     if is_rest_route(api_path(&path)) {
         return Ok(rest_route(req, &shared, &path, client).await);
+    }
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        if let Some(a) = supabase_health::answer(api_path(&path), req.headers(), &shared, now_ms) {
+            return Ok(outcome(a));
+        }
     }
     Ok(match (req.method(), path.as_str()) {
         (&Method::GET, "/socket/websocket" | "/realtime/v1/websocket") => {

@@ -259,3 +259,69 @@ async fn a_sidecar_whose_port_was_taken_hung_its_test() {
     assert!(started.is_none(), "a sidecar on a taken port");
     drop(held);
 }
+
+/// Supabase's health routes, as its docker-compose healthcheck and its clients call them
+/// (`supabase_health.rs`): a tenant's health behind a Bearer token, and `/api/ping`.
+#[tokio::test]
+async fn supabase_s_health_routes_are_served() {
+    let sidecar = Sidecar::start("t_supabase_health", &[("REGION", "local")]).await;
+    let (status, body) = http(sidecar.port, "GET", "/api/ping", &[], "")
+        .await
+        .unwrap();
+    assert_eq!((status, body.as_str()), (200, r#"{"message":"Success"}"#));
+    let path = "/api/tenants/realtime-dev/health";
+    // No token, or one the sidecar does not accept: 403 with an empty body, as Supabase.
+    for headers in [vec![], vec![("Authorization", "Bearer not-a-token")]] {
+        let (status, body) = http(sidecar.port, "GET", path, &headers, "").await.unwrap();
+        assert_eq!((status, body.as_str()), (403, ""), "{headers:?}");
+    }
+    let auth = format!("Bearer {}", anon_key());
+    let headers = [("Authorization", auth.as_str())];
+    let (status, body) = http(sidecar.port, "GET", path, &headers, "").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let data = &v["data"];
+    assert_eq!(
+        (
+            &data["healthy"],
+            &data["db_connected"],
+            &data["replication_connected"],
+            &data["region"]
+        ),
+        (&json!(true), &json!(true), &json!(true), &json!("local")),
+        "{v}"
+    );
+    assert!(data["connected_cluster"].as_u64().is_some(), "{v}");
+    assert!(
+        data["node"].as_str().unwrap().starts_with("realtime@"),
+        "{v}"
+    );
+    // As curl --head asks it: the status alone.
+    let (status, body) = http(sidecar.port, "HEAD", path, &headers, "")
+        .await
+        .unwrap();
+    assert_eq!((status, body.as_str()), (200, ""));
+    // Another tenant is not this sidecar's.
+    let (status, _) = http(
+        sidecar.port,
+        "GET",
+        "/api/tenants/other/health",
+        &headers,
+        "",
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 404);
+}
+
+/// A sidecar whose login is a superuser says so at start (it needs none of that; Supabase's
+/// docker-compose gives its `realtime` service `supabase_admin`).
+#[tokio::test]
+async fn a_superuser_login_is_warned_of_at_start() {
+    let sidecar = Sidecar::start("t_superuser_login", &[("DATABASE_URL", &dsn())]).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !sidecar.log().contains("the sidecar's login is a superuser") {
+        assert!(std::time::Instant::now() < deadline, "{}", sidecar.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

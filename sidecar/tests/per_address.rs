@@ -449,18 +449,19 @@ async fn one_address_s_connections_together_hold_at_most_its_bindings() {
         .push(Some("1"), "realtime:pa:3", "phx_leave", json!({}))
         .await;
     assert_eq!(a2.reply(&r).await["status"], "ok");
-    // So does a join the database's check refuses (its bindings counted while it waited):
-    // with its binding still counted the next join would make 11.
+    // So does a binding the database's check refuses (counted while its join waited; the
+    // channel joins without it): with it still counted the next join would make 11.
     let nowhere = json!({"event": "*", "schema": "public", "table": "per_address_nowhere"});
-    let reply = a2
-        .join(
+    let told = a2
+        .join_unserved(
             "realtime:pa:nowhere",
             json!({"postgres_changes": [nowhere]}),
+            1,
         )
         .await;
     assert!(
-        refusal(&reply).starts_with("InvalidPostgresChanges: binding 1:"),
-        "{reply}"
+        told[0].contains("InvalidPostgresChanges: binding 1:"),
+        "{told:?}"
     );
     assert_eq!(
         join_never(&mut a1, "realtime:pa:4", 1).await["status"],

@@ -54,15 +54,16 @@ async fn a_nul_in_a_bindings_table_name_refuses_everyones_new_joins() {
     for i in 0..3 {
         let binding = json!({"event": "*", "schema": "public", "table": "a\u{0}b"});
         let started = Instant::now();
-        let reply = attacker
-            .join(
+        let told = attacker
+            .join_unserved(
                 &format!("realtime:p{i}"),
                 json!({"postgres_changes": [binding]}),
+                1,
             )
             .await;
         assert_eq!(
-            reason(&reply),
-            "InvalidPostgresChanges: binding 1: table must not contain a NUL character"
+            told,
+            ["Unable to subscribe to changes with given parameters: InvalidPostgresChanges: binding 1: table must not contain a NUL character"]
         );
         assert!(
             started.elapsed() < Duration::from_secs(5),
@@ -70,20 +71,32 @@ async fn a_nul_in_a_bindings_table_name_refuses_everyones_new_joins() {
         );
     }
     let schema = json!({"event": "*", "schema": "pub\u{0}lic", "table": "t"});
-    let reply = attacker
-        .join("realtime:p-schema", json!({"postgres_changes": [schema]}))
+    let told = attacker
+        .join_unserved(
+            "realtime:p-schema",
+            json!({"postgres_changes": [schema]}),
+            1,
+        )
         .await;
-    assert_eq!(
-        reason(&reply),
-        "InvalidPostgresChanges: binding 1: schema must not contain a NUL character"
+    assert!(
+        told[0].ends_with(
+            "InvalidPostgresChanges: binding 1: schema must not contain a NUL character"
+        ),
+        "{told:?}"
     );
     let filter = json!({"event": "*", "schema": "public", "table": "t", "filter": "id=eq.a\u{0}"});
-    let reply = attacker
-        .join("realtime:p-filter", json!({"postgres_changes": [filter]}))
+    let told = attacker
+        .join_unserved(
+            "realtime:p-filter",
+            json!({"postgres_changes": [filter]}),
+            1,
+        )
         .await;
-    assert_eq!(
-        reason(&reply),
-        "InvalidPostgresChanges: binding 1: a filter value must not contain a NUL character"
+    assert!(
+        told[0].ends_with(
+            "InvalidPostgresChanges: binding 1: a filter value must not contain a NUL character"
+        ),
+        "{told:?}"
     );
     bystander_is_served(sidecar.port, &db, "poison:table-nul:bystander").await;
     assert!(
@@ -125,14 +138,26 @@ async fn a_join_naming_more_tables_than_the_database_takes_switches_filtering_of
     .await;
     let mut attacker = Client::connect(loose.port, "2.0.0").await;
     attacker.join_public("realtime:poison:many:mine").await;
-    let reply = attacker
-        .join("realtime:poison:many", json!({"postgres_changes": many}))
+    // Each binding the check refused is not served: the first ten are told one by one, the
+    // rest in one more message (`postgres_changes::unserved`).
+    let told = attacker
+        .join_unserved(
+            "realtime:poison:many",
+            json!({"postgres_changes": many}),
+            11,
+        )
         .await;
     assert!(
-        reason(&reply).starts_with("InvalidPostgresChanges: binding 1:"),
-        "{reply}"
+        told[0].contains("InvalidPostgresChanges: binding 1:"),
+        "{told:?}"
     );
-    assert_eq!(listening(&db, "t_poison_many_tables_loose").await, Some(1));
+    assert_eq!(
+        told[10],
+        "16390 more postgres_changes bindings of this channel cannot be served; the first 10 were told why"
+    );
+    // The channel joined, so its topic is listened to; none of the tables was uploaded, and
+    // filtering stays on.
+    assert_eq!(listening(&db, "t_poison_many_tables_loose").await, Some(2));
     bystander_is_served(loose.port, &db, "poison:many:bystander").await;
 }
 

@@ -86,18 +86,54 @@ async fn rest_broadcast_is_relayed_and_answers_like_supabase() {
         assert_eq!(status, 422, "{bad}");
         assert!(body.contains(field), "{body} names {field}");
     }
-    // A private message needs the write policy; the anon key has none here: 403, nothing sent.
-    let private =
-        json!({"messages": [{"topic": "rest", "event": "e", "payload": {}, "private": true}]})
-            .to_string();
-    let (status, body) = http(sidecar.port, "POST", "/api/broadcast", &headers, &private)
+}
+
+/// Fixed: one private topic the caller may not write to made the whole batch 403 and sent
+/// nothing; Supabase delivers the others and answers 202. Here the answer also names the
+/// topics left out.
+#[tokio::test]
+async fn a_rest_batch_with_one_unauthorized_topic_was_refused_whole() {
+    let sidecar = Sidecar::start("t_rest_partial", &[]).await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    c.join_public("realtime:rest-partial").await;
+    let auth = format!("Bearer {}", anon_key());
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    // The anon key has no write policy here.
+    let batch = json!({"messages": [
+        {"topic": "rest-partial", "event": "e", "payload": {"n": 1}, "private": true},
+        {"topic": "rest-partial", "event": "open", "payload": {"n": 2}}
+    ]})
+    .to_string();
+    let (status, body) = http(sidecar.port, "POST", "/api/broadcast", &headers, &batch)
         .await
         .unwrap();
-    assert_eq!(status, 403);
+    assert_eq!(status, 202, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        body,
+        json!({"refused": [{"topic": "rest-partial", "message": "Unauthorized: You do not have permissions to write to this Channel topic: rest-partial"}]})
+    );
+    let m = c.next_json(5).await.unwrap();
+    assert_eq!(
+        without_meta(&m["payload"]),
+        json!({"event": "open", "payload": {"n": 2}, "type": "broadcast"})
+    );
+    // One message (realtime-js's httpSend) is still refused, 403.
+    let (status, body) = http(
+        sidecar.port,
+        "POST",
+        "/api/broadcast/rest-partial/events/e?private=true",
+        &headers,
+        "{}",
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 403, "{body}");
     assert!(
-        body.contains(
-            "Unauthorized: You do not have permissions to write to this Channel topic: rest"
-        ),
+        body.contains("Unauthorized: You do not have permissions to write"),
         "{body}"
     );
 }

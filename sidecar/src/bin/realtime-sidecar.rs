@@ -2,9 +2,12 @@
 //! `realtime_sidecar::run` until SIGTERM or SIGINT. Everything else is the library.
 
 use clap::Parser;
-use realtime_sidecar::{config::Config, shutdown};
+use realtime_sidecar::config::{self, Config};
+use realtime_sidecar::shutdown;
 
 fn main() -> std::process::ExitCode {
+    // Supabase's names first (TENANT_MAX_*), while the process has one thread.
+    let notes = config::supabase_names::apply();
     let cfg = Config::parse();
     if let Err(e) = cfg.validate() {
         eprintln!("realtime-sidecar: {e}");
@@ -20,6 +23,9 @@ fn main() -> std::process::ExitCode {
         logs.json().init();
     } else {
         logs.init();
+    }
+    for note in notes {
+        tracing::info!("{note}");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

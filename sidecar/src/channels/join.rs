@@ -20,11 +20,15 @@ use crate::jwt::{self, JwtError};
 use crate::postgres_changes::binding::pattern_over;
 use crate::postgres_changes::bounds::{Bounds, Weight};
 use crate::postgres_changes::subscribable::{self, Checked};
-use crate::postgres_changes::{self, subscribers, Binding, BindingError};
+use crate::postgres_changes::{self, subscribers, Binding, BindingError, Unserved};
 use crate::presence::channel::{self as presence_channel, ChannelPresence};
 use crate::reason::{Disconnect, Notice, Refusal};
 use serde_json::json;
 use std::sync::atomic::Ordering::Relaxed;
+
+/// Bindings a join is told of one by one when they cannot be served; past these, one more
+/// `system` message counts the rest.
+const MAX_UNSERVED_NOTICES: usize = 10;
 
 impl Channels {
     /// Counts a join against its address's, its blocks' and the sidecar's rates, or refuses
@@ -81,6 +85,11 @@ impl Channels {
             self.join_error(&m, Refusal::TopicNameRequired);
             return Ok(());
         };
+        // Where Supabase checks it: before the limits and the token.
+        if self.shared.cfg.private_only && !config.private {
+            self.join_error(&m, Refusal::PrivateOnly);
+            return Ok(());
+        }
         // Checked as realtime.send checks it: a topic the database cannot take (a NUL, over
         // 246 bytes) would otherwise fail the batched authorization call it joins.
         if let Err(why) = join_config::validate_sub_topic(sub_topic) {
@@ -107,10 +116,13 @@ impl Channels {
             self.join_error(&m, Refusal::PostgresChanges(why));
             return Ok(());
         }
+        // A regular expression over its length is one binding's problem, not the join's.
         let pattern_limit = self.shared.cfg.max_filter_pattern_length;
-        if let Some(why) = pattern_over(&config.postgres_changes, pattern_limit) {
-            self.join_error(&m, Refusal::PostgresChanges(why));
-            return Ok(());
+        for b in std::mem::take(&mut config.postgres_changes) {
+            match pattern_over(&b, pattern_limit) {
+                Some(why) => config.postgres_changes_unserved.push(Unserved::of(&b, why)),
+                None => config.postgres_changes.push(b),
+            }
         }
         if let Some(Err(bad)) = m.join_ref.as_deref().map(client_text::join_ref) {
             self.join_error(&m, Refusal::InvalidJoinRef(bad));
@@ -237,7 +249,7 @@ impl Channels {
                 };
                 let checking = async {
                     if bindings.is_empty() {
-                        Checked::Ok(bindings)
+                        Checked::Ok(bindings, Vec::new())
                     } else {
                         subscribable::check(&checker, &who.role, bindings).await
                     }
@@ -252,7 +264,7 @@ impl Channels {
                 // names a table no channel here holds yet.
                 let checking = async {
                     let checked = checking.await;
-                    let Checked::Ok(bindings) = &checked else {
+                    let Checked::Ok(bindings, _) = &checked else {
                         return (checked, None, Ok(()));
                     };
                     let (tables, round) = interest.hold(interest::table_keys(bindings));
@@ -283,23 +295,24 @@ impl Channels {
             held,
             bindings: Weight::default(),
         };
-        self.complete_join(join, (true, None), Vec::new());
+        self.complete_join(join, (true, None), (Vec::new(), Vec::new()));
         Ok(())
     }
 
     /// Admits a join with its broadcast read verdict, its presence read verdict (a private
-    /// join that enabled presence), its checked Postgres Changes bindings and its keys,
-    /// already listened to in the database: registered before the reply, so a client that
-    /// saw the reply gets every message and change committed after it.
+    /// join that enabled presence), its checked Postgres Changes bindings (and those the
+    /// check refused) and its keys, already listened to in the database: registered before
+    /// the reply, so a client that saw the reply gets every message and change committed
+    /// after it.
     pub(super) fn complete_join(
         &mut self,
         join: PendingJoin,
         (read, presence_read): (bool, Option<bool>),
-        bindings: Vec<Binding>,
+        (bindings, refused): (Vec<Binding>, Vec<Unserved>),
     ) {
         let PendingJoin {
             m,
-            config,
+            mut config,
             claims,
             who,
             sub_topic,
@@ -346,7 +359,11 @@ impl Channels {
         broadcast.start(&self.shared.hub, &self.link, &reach, &key);
         self.shared.metrics.channels.increment(1.0);
         self.shared.metrics.joins_total.increment(1);
-        let replied = postgres_changes::reply(&bindings);
+        // What did not parse and what the check refused, in the client's order.
+        let mut unserved = std::mem::take(&mut config.postgres_changes_unserved);
+        unserved.extend(refused);
+        unserved.sort_by_key(|u| u.at);
+        let replied = postgres_changes::reply(&bindings, &unserved);
         let has_changes = !bindings.is_empty();
         let weight = Weight::of(&bindings);
         // A channel whose position covers its changes resumes them with its broadcasts:
@@ -388,6 +405,34 @@ impl Channels {
                 "ok",
                 "Subscribed to PostgreSQL",
             ));
+        }
+        // Supabase's system error for each binding not served, with its id so the app can
+        // tell which; past MAX_UNSERVED_NOTICES one message says how many more (a join of
+        // MAX_BINDINGS_PER_JOIN bad bindings must not make as many frames).
+        let sub = frame::sub_topic(&reach.topic);
+        let more = unserved.len().saturating_sub(MAX_UNSERVED_NOTICES);
+        let told = unserved.iter().take(MAX_UNSERVED_NOTICES).map(|u| {
+            json!({"extension": "postgres_changes", "status": "error", "message": u.message(),
+                   "channel": sub, "id": u.id})
+        });
+        let summary = (more > 0).then(|| {
+            let message = format!("{more} more postgres_changes bindings of this channel cannot be served; the first {MAX_UNSERVED_NOTICES} were told why");
+            json!({"extension": "postgres_changes", "status": "error", "message": message, "channel": sub})
+        });
+        self.shared
+            .metrics
+            .postgres_changes_unserved_total
+            .increment(unserved.len() as u64);
+        for payload in told.chain(summary) {
+            let text = frame::encode(
+                reach.vsn,
+                reach.join_ref(),
+                None,
+                &reach.topic,
+                "system",
+                &payload,
+            );
+            self.push_text(text);
         }
         if config.replication_ready {
             // Supabase's opt-in signal that its replication stream is up: here, that the

@@ -468,17 +468,14 @@ impl Channels {
                         access.presence_read.as_ref().map(Verdict::allowed),
                     );
                     match (checked, listened) {
-                        (Checked::Refused(why), _) => {
-                            self.join_error(&join.m, Refusal::PostgresChanges(why))
-                        }
                         (Checked::Failed(f), _) | (_, Err(NotReady::Failed(f))) => {
                             self.join_error(&join.m, Refusal::Database(f))
                         }
                         (_, Err(NotReady::Refused(key, why))) => {
                             self.join_error(&join.m, Refusal::NotListened(key.to_string(), why))
                         }
-                        (Checked::Ok(bindings), Ok(())) => {
-                            self.complete_join(join, verdicts, bindings)
+                        (Checked::Ok(bindings, unserved), Ok(())) => {
+                            self.complete_join(join, verdicts, (bindings, unserved))
                         }
                     }
                 } else {

@@ -8,6 +8,7 @@ use crate::db_worker::DbFailure;
 use crate::history;
 use crate::hub::{Payload, QueueMessage};
 use crate::postgres_changes::bounds::Bounds;
+use crate::postgres_changes::{BindingError, Unserved};
 use crate::presence::members::Desired;
 use crate::state::testing::{self, Backends};
 use serde_json::Value;
@@ -155,6 +156,17 @@ impl Conn {
 
 fn join(topic: &str, private: bool) -> Value {
     json!(["1", "1", topic, "phx_join", {"config": {"private": private, "broadcast": {"ack": true}}}])
+}
+
+/// What a join wrote, once its answers (if it asked anything) are applied.
+async fn answered(t: &mut Conn) -> Vec<(String, String, Value)> {
+    let w = t.written();
+    if !w.is_empty() {
+        return w;
+    }
+    let done = t.next().await;
+    t.c.on_answer(done);
+    t.written()
 }
 
 fn status(payload: &Value) -> (&str, &str) {
@@ -495,32 +507,63 @@ async fn a_leave_of_an_unknown_topic_was_refused() {
 async fn postgres_changes_joins_are_answered_once_checked_and_registered_until_left() {
     let mut t = conn();
     let with = |bindings: Value| json!(["1", "1", "realtime:db", "phx_join", {"config": {"postgres_changes": bindings}}]);
-    // Refused at once: a filter this server does not evaluate.
+    // A filter this server does not evaluate: the channel joins without that binding, the
+    // reply lists it in its place with its id, and a system message says why, in Supabase's
+    // words (realtime-js compares the reply's bindings with its own and would fail the
+    // channel, and rejoin forever, on a refusal or a shorter list).
     t.send(with(
         json!([{"event": "*", "schema": "public", "table": "todos", "filter": "title=regex.a"}]),
     ))
     .unwrap();
-    let w = t.written();
-    assert!(
-        status(&w[0].2)
-            .1
-            .starts_with("PostgresChangesFilterNotSupported: binding 1: operator \"regex\""),
-        "{w:?}"
+    let w = answered(&mut t).await;
+    assert_eq!(status(&w[0].2).0, "ok", "{w:?}");
+    let listed = w[0].2["response"]["postgres_changes"].clone();
+    assert_eq!(listed[0]["filter"], "title=regex.a");
+    assert_eq!(
+        (w[1].1.as_str(), &w[1].2["status"]),
+        ("system", &json!("error"))
     );
-    // And a regular expression over MAX_FILTER_PATTERN_LENGTH (256 by default), before
-    // the database is asked anything.
+    assert_eq!(w[1].2["extension"], "postgres_changes");
+    assert_eq!(w[1].2["id"], listed[0]["id"]);
+    let message = w[1].2["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("Error parsing `filter` params: PostgresChangesFilterNotSupported: binding 1: operator \"regex\""),
+        "{message}"
+    );
+    assert_eq!(w.len(), 2, "no \"Subscribed to PostgreSQL\": nothing is");
+    assert!(t.c.shared.changes.of("public", "todos", None).is_empty());
+    // A regular expression over MAX_FILTER_PATTERN_LENGTH (256 by default) beside a good
+    // binding: the good one is checked and served, the other told.
     let long = format!("title=imatch.{}", "a".repeat(257));
     t.send(with(
         json!([{"event": "*", "schema": "public", "table": "todos"},
                {"event": "*", "schema": "public", "table": "todos", "filter": long}]),
     ))
     .unwrap();
+    let r = t.be.check.recv().await.unwrap();
+    assert_eq!(
+        r.bindings.len(),
+        1,
+        "the database is asked about the good one only"
+    );
+    r.reply.send(Checked::Ok(r.bindings, Vec::new())).unwrap();
+    let done = t.next().await;
+    t.c.on_answer(done);
     let w = t.written();
     assert_eq!(
-        status(&w[0].2).1,
-        "InvalidPostgresChanges: binding 2: the imatch pattern is 257 characters long; MAX_FILTER_PATTERN_LENGTH allows 256"
+        w[0].2["response"]["postgres_changes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
     );
-    // Refused after the check: what the database said, named.
+    assert_eq!(w[1].2["message"], "Subscribed to PostgreSQL");
+    assert_eq!(
+        w[2].2["message"],
+        "Error parsing `filter` params: InvalidPostgresChanges: binding 2: the imatch pattern is 257 characters long; MAX_FILTER_PATTERN_LENGTH allows 256"
+    );
+    assert_eq!(t.c.shared.changes.of("public", "todos", None).len(), 1);
+    // Refused by the check: what the database said, named after Supabase's words.
     t.send(with(
         json!([{"event": "INSERT", "schema": "public", "table": "nope"}]),
     ))
@@ -528,19 +571,22 @@ async fn postgres_changes_joins_are_answered_once_checked_and_registered_until_l
     assert!(t.written().is_empty(), "no answer before the check");
     let r = t.be.check.recv().await.unwrap();
     let why = "table public.nope does not exist".to_owned();
+    let refused = Unserved::of(&r.bindings[0], BindingError::Rejected { at: 1, why });
     r.reply
-        .send(Checked::Refused(
-            crate::postgres_changes::BindingError::Rejected { at: 1, why },
-        ))
+        .send(Checked::Ok(Vec::new(), vec![refused]))
         .unwrap();
     let done = t.next().await;
     t.c.on_answer(done);
     let w = t.written();
+    assert_eq!(status(&w[0].2).0, "ok");
     assert_eq!(
-        status(&w[0].2).1,
-        "InvalidPostgresChanges: binding 1: table public.nope does not exist"
+        w[1].2["message"],
+        "Unable to subscribe to changes with given parameters. Please check Realtime is enabled for the given connect parameters: [event: INSERT, schema: public, table: nope]. InvalidPostgresChanges: binding 1: table public.nope does not exist"
     );
-    assert!(!t.c.has_channels());
+    assert!(
+        t.c.shared.changes.of("public", "todos", None).is_empty(),
+        "the rejoin replaced the channel's bindings"
+    );
     // Admitted: the reply echoes the binding with its id, then "Subscribed to
     // PostgreSQL"; the channel is registered before either is written.
     t.send(with(
@@ -550,7 +596,7 @@ async fn postgres_changes_joins_are_answered_once_checked_and_registered_until_l
     let r = t.be.check.recv().await.unwrap();
     assert_eq!(r.role, "authenticated");
     let id = r.bindings[0].id;
-    r.reply.send(Checked::Ok(r.bindings)).unwrap();
+    r.reply.send(Checked::Ok(r.bindings, Vec::new())).unwrap();
     let done = t.next().await;
     t.c.on_answer(done);
     let w = t.written();

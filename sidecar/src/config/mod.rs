@@ -1,6 +1,7 @@
 //! Configuration from flags and environment, with the names a Supabase self-hoster knows
 //! where they exist (`PORT`, `API_JWT_SECRET`, `DB_HOST`, ... or one `DATABASE_URL`).
 
+pub mod supabase_names;
 mod validate;
 
 use clap::Parser;
@@ -59,6 +60,13 @@ pub struct Config {
     pub db_password: Option<String>,
     #[arg(long, env = "DB_NAME", default_value = "postgres")]
     pub db_name: String,
+    /// Require TLS to Postgres and verify its certificate (`db_tls`): Supabase's DB_SSL.
+    #[arg(long, env = "DB_SSL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub db_ssl: bool,
+    /// The CA certificates (PEM) Postgres's certificate is verified against; without it, the
+    /// system's trust store. Supabase's DB_SSL_CA_CERT.
+    #[arg(long, env = "DB_SSL_CA_CERT")]
+    pub db_ssl_ca_cert: Option<std::path::PathBuf>,
 
     /// Consumer slot this sidecar drains; every sidecar needs its own.
     #[arg(long, env = "CONSUMER_NAME", default_value = "realtime-sidecar")]
@@ -71,6 +79,18 @@ pub struct Config {
     /// false: drain every message.
     #[arg(long, env = "FILTER_TOPICS", default_value_t = true, action = clap::ArgAction::Set)]
     pub filter_topics: bool,
+    /// Supabase's "Allow public access" off (its tenant's `private_only`): a join of a
+    /// public channel is refused with `PrivateOnly: This project only allows private
+    /// channels`, before its token is read.
+    #[arg(long, env = "PRIVATE_ONLY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub private_only: bool,
+    /// The tenant Supabase's health route answers for (`/api/tenants/:tenant/health`, what
+    /// its docker-compose healthcheck asks); any other is 404. Supabase's self-hosted name.
+    #[arg(long, env = "SELF_HOST_TENANT_NAME", default_value = "realtime-dev")]
+    pub self_host_tenant_name: String,
+    /// `region` in that route's answer (Supabase's REGION; unset: null).
+    #[arg(long, env = "REGION")]
+    pub region: Option<String>,
     /// Most messages one drain call returns.
     #[arg(long, env = "DRAIN_BATCH", default_value_t = 10_000)]
     pub drain_batch: u32,
@@ -635,6 +655,9 @@ impl Config {
                 "DATABASE_URL / DB_* settings are not a valid connection string: {e}"
             ))
         })?;
+        if self.db_ssl {
+            c.ssl_mode(tokio_postgres::config::SslMode::Require);
+        }
         c.connect_timeout(Duration::from_secs(self.db_connect_timeout_secs))
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(10))
@@ -649,6 +672,11 @@ impl Config {
         );
         c.options(options.trim_start());
         Ok(c)
+    }
+
+    /// What every connection to Postgres connects with (`db_tls`): DB_SSL_CA_CERT read now.
+    pub fn db_tls(&self) -> Result<crate::db_tls::Tls, InvalidConfig> {
+        crate::db_tls::connector(self.db_ssl_ca_cert.as_deref()).map_err(InvalidConfig)
     }
 
     /// The latest an authorization or relay call may answer before its connection is given

@@ -9,6 +9,8 @@ impl Config {
     pub fn validate(&self) -> Result<(), InvalidConfig> {
         // API_JWT_SECRET's length, API_JWT_JWKS's keys, JWT_CLAIM_VALIDATORS' form.
         self.verifier(|_| {})?;
+        // DB_SSL_CA_CERT read and parsed now: a bad file refuses the start.
+        self.db_tls()?;
         if let Some(s) = &self.metrics_jwt_secret {
             if s.len() < MIN_SECRET_BYTES {
                 return Err(InvalidConfig(format!(

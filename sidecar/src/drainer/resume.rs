@@ -8,7 +8,7 @@ use crate::reason::Notice;
 use crate::rows::Columns;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// The queue's statistics (held-back commits, retention), read into metrics once a second
 /// (`call`).
@@ -39,7 +39,7 @@ async fn connect(cfg: &Config) -> Result<Client, tokio_postgres::Error> {
     let (client, conn) = cfg
         .pg_config()
         .expect("validated at startup")
-        .connect(NoTls)
+        .connect(cfg.db_tls().expect("validated at startup"))
         .await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {

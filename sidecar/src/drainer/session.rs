@@ -68,10 +68,7 @@ impl std::fmt::Display for SessionError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             // tokio-postgres says only "db error" for a server error: its message is the news.
-            SessionError::Db(e) => match e.as_db_error() {
-                Some(d) => write!(f, "{}", d.message()),
-                None => write!(f, "{e}"),
-            },
+            SessionError::Db(e) => write!(f, "{}", crate::db_worker::describe(e)),
             SessionError::Stuck(what) => write!(f, "{what} did not answer in time"),
             SessionError::Lost(why) => write!(f, "{why}"),
             SessionError::Missing(column) => {

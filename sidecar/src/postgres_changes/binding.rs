@@ -6,7 +6,7 @@
 //! binding of the channel it matches.
 //!
 //! This file holds what a binding is and which changes it matches: parsing the bindings and
-//! their filters (refused at join with a reason when unsupported, never ignored), the reply,
+//! their filters (a binding that cannot be served is never ignored: `unserved.rs`), the reply,
 //! and matching a drained change (`kind = 'change'`, `extension/src/change.rs`) by schema,
 //! table, event and filter. Filters are evaluated here, on the change's record, before the
 //! RLS check, as Supabase evaluates them; their values are those the join's check rendered
@@ -19,7 +19,7 @@
 
 use super::filter::{Change, Filter, Op};
 use crate::client_text::{self, BadText};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 /// Which change types a binding wants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +33,8 @@ pub enum Event {
 /// One `postgres_changes` binding of a join.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Binding {
+    /// Its place in the join's list, from 1.
+    pub at: usize,
     pub id: u32,
     pub event: Event,
     /// `*` for every schema.
@@ -45,13 +47,18 @@ pub struct Binding {
     /// subscriber's role may read.
     pub select: Option<Vec<String>>,
     /// What the client sent, echoed in the join reply (with `id`).
-    echo: Map<String, Value>,
+    pub(super) echo: Map<String, Value>,
 }
 
-/// Why a join's bindings are refused (the join's error reply).
+/// Why a binding cannot be served (`unserved.rs`), or, `NotAList` and `OverLimit`, why a
+/// join's bindings are refused whole (the join's error reply).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BindingError {
     NotAList,
+    /// Neither `schema` nor `table`.
+    NoParams {
+        at: usize,
+    },
     Malformed {
         at: usize,
         why: &'static str,
@@ -106,6 +113,9 @@ impl BindingError {
             BindingError::Malformed { at, why } => {
                 format!("InvalidPostgresChanges: binding {at}: {why}")
             }
+            BindingError::NoParams { at } => {
+                format!("InvalidPostgresChanges: binding {at}: a schema or a table is required")
+            }
             BindingError::UnknownEvent { at, event } => format!(
                 "InvalidPostgresChanges: binding {at}: event \"{event}\" is not one of *, INSERT, UPDATE, DELETE"
             ),
@@ -137,7 +147,8 @@ impl BindingError {
     }
 }
 
-/// Parses a join's `config.postgres_changes` (absent or null: no bindings).
+/// The bindings, or the first one's error (for the tests of what one binding parses to;
+/// a join parses each on its own: `unserved::parse_each`).
 pub fn parse_bindings(v: Option<&Value>) -> Result<Vec<Binding>, BindingError> {
     let list = match v {
         None | Some(Value::Null) => return Ok(Vec::new()),
@@ -150,7 +161,7 @@ pub fn parse_bindings(v: Option<&Value>) -> Result<Vec<Binding>, BindingError> {
         .collect()
 }
 
-fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
+pub(super) fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
     let Value::Object(o) = b else {
         return Err(BindingError::Malformed {
             at,
@@ -178,20 +189,17 @@ fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
                 event: e.to_owned(),
             })
         }
-        None => {
-            return Err(BindingError::Malformed {
-                at,
-                why: "event is required",
-            })
-        }
+        // As Supabase: a binding without an event wants every one.
+        None => Event::All,
     };
-    let Some(schema) = text("schema")? else {
-        return Err(BindingError::Malformed {
-            at,
-            why: "schema is required",
-        });
+    let table = text("table")?;
+    // As Supabase: a table without a schema is in `public`.
+    let schema = match (text("schema")?, &table) {
+        (Some(s), _) => s,
+        (None, Some(_)) => "public".to_owned(),
+        (None, None) => return Err(BindingError::NoParams { at }),
     };
-    let table = text("table")?.filter(|t| t != "*");
+    let table = table.filter(|t| t != "*");
     let select = match o.get("select") {
         None | Some(Value::Null) => None,
         Some(Value::Array(cols)) => Some(
@@ -232,15 +240,10 @@ fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
             client_text::text("a filter value", v, usize::MAX).map_err(bad)?;
         }
     }
-    // The reply echoes exactly the keys the client sent, so that `===` holds.
-    let mut echo = Map::new();
-    for k in ["event", "schema", "table", "filter"] {
-        if let Some(v) = o.get(k).filter(|v| !v.is_null()) {
-            echo.insert(k.to_owned(), v.clone());
-        }
-    }
+    let echo = echo_of(o);
     let id = binding_id(&echo, select.as_deref());
     Ok(Binding {
+        at,
         id,
         event,
         schema,
@@ -251,11 +254,22 @@ fn parse_binding(at: usize, b: &Value) -> Result<Binding, BindingError> {
     })
 }
 
+/// What the reply echoes of a binding: exactly the keys the client sent, so that `===` holds.
+pub(super) fn echo_of(o: &Map<String, Value>) -> Map<String, Value> {
+    let mut echo = Map::new();
+    for k in ["event", "schema", "table", "filter"] {
+        if let Some(v) = o.get(k).filter(|v| !v.is_null()) {
+            echo.insert(k.to_owned(), v.clone());
+        }
+    }
+    echo
+}
+
 /// A binding's id: a hash of what it asks for, `select` included (Supabase's is a phash2,
 /// below 2^27), so the same binding has the same id in every join and two bindings that
 /// differ only in their columns get events apart. (The reply echoes only event, schema,
 /// table and filter: what realtime-js compares.)
-fn binding_id(echo: &Map<String, Value>, select: Option<&[String]>) -> u32 {
+pub(super) fn binding_id(echo: &Map<String, Value>, select: Option<&[String]>) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     let mut mix = |bytes: &[u8]| {
         for &b in bytes.iter().chain(&[0]) {
@@ -388,18 +402,16 @@ fn ends_with_escape(pattern: &str) -> bool {
     trailing % 2 == 1
 }
 
-/// The first match or imatch pattern of a join's bindings over `limit` characters, as the
-/// join's refusal.
-pub fn pattern_over(bindings: &[Binding], limit: usize) -> Option<BindingError> {
-    bindings.iter().enumerate().find_map(|(i, b)| {
-        b.filters.iter().find_map(|f| {
-            let chars = f.values.first()?.chars().count();
-            (f.op.is_regex() && chars > limit).then(|| BindingError::PatternTooLong {
-                at: i + 1,
-                op: f.op.name(),
-                chars,
-                limit,
-            })
+/// The binding's first match or imatch pattern over `limit` characters, as why it cannot be
+/// served.
+pub fn pattern_over(b: &Binding, limit: usize) -> Option<BindingError> {
+    b.filters.iter().find_map(|f| {
+        let chars = f.values.first()?.chars().count();
+        (f.op.is_regex() && chars > limit).then(|| BindingError::PatternTooLong {
+            at: b.at,
+            op: f.op.name(),
+            chars,
+            limit,
         })
     })
 }
@@ -463,20 +475,6 @@ fn split_list(s: &str) -> Option<Vec<String>> {
     Some(out)
 }
 
-/// The join reply's `postgres_changes`: each binding as the client sent it, with its id.
-pub fn reply(bindings: &[Binding]) -> Value {
-    Value::Array(
-        bindings
-            .iter()
-            .map(|b| {
-                let mut o = b.echo.clone();
-                o.insert("id".into(), json!(b.id));
-                Value::Object(o)
-            })
-            .collect(),
-    )
-}
-
 impl Binding {
     /// Whether the change is one this binding asked for.
     pub fn matches(&self, c: &Change) -> bool {
@@ -496,46 +494,10 @@ impl Binding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn bindings(v: Value) -> Result<Vec<Binding>, BindingError> {
         parse_bindings(Some(&v))
-    }
-
-    #[test]
-    fn the_reply_echoes_each_binding_in_order_with_a_stable_id() {
-        let b = bindings(json!([
-            {"event": "*", "schema": "public", "table": "todos", "filter": "id=eq.5"},
-            {"event": "INSERT", "schema": "public"},
-            {"event": "DELETE", "schema": "public", "table": "todos"}
-        ]))
-        .unwrap();
-        let r = reply(&b);
-        let ids: Vec<u64> = r
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x["id"].as_u64().unwrap())
-            .collect();
-        assert_eq!(
-            r,
-            json!([
-                {"id": ids[0], "event": "*", "schema": "public", "table": "todos", "filter": "id=eq.5"},
-                {"id": ids[1], "event": "INSERT", "schema": "public"},
-                {"id": ids[2], "event": "DELETE", "schema": "public", "table": "todos"}
-            ])
-        );
-        // No filter key when the client sent none: realtime-js compares with ===.
-        assert!(r[1].get("filter").is_none() && r[1].get("table").is_none());
-        assert!(ids.iter().all(|&id| id < 1 << 27));
-        assert_eq!(
-            ids[0],
-            bindings(
-                json!([{"event": "*", "schema": "public", "table": "todos", "filter": "id=eq.5"}])
-            )
-            .unwrap()[0]
-                .id as u64
-        );
-        assert_ne!(ids[0], ids[2]);
     }
 
     #[test]
@@ -562,7 +524,7 @@ mod tests {
         assert!(
             err(json!([{"event": "TRUNCATE", "schema": "public"}])).contains("event \"TRUNCATE\"")
         );
-        assert!(err(json!([{"event": "*"}])).contains("schema is required"));
+        assert!(err(json!([{"event": "*"}])).contains("a schema or a table is required"));
         assert!(
             err(json!([{"event": "*", "schema": "public", "filter": "nonsense"}]))
                 .contains("not column=operator.value")
@@ -600,9 +562,9 @@ mod tests {
         let no_name = json!({"id": 3});
         assert!(!b[0].matches(&change("INSERT", &no_name, &Value::Null)));
         // The cap counts characters, not bytes, and names the setting.
-        assert_eq!(pattern_over(&b, 7), None);
+        assert_eq!(pattern_over(&b[0], 7), None);
         assert_eq!(
-            pattern_over(&b, 6).map(|e| e.text()),
+            pattern_over(&b[0], 6).map(|e| e.text()),
             Some("InvalidPostgresChanges: binding 1: the match pattern is 7 characters long; MAX_FILTER_PATTERN_LENGTH allows 6".into())
         );
         let long_like = bindings(
@@ -610,7 +572,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            pattern_over(&long_like, 6),
+            pattern_over(&long_like[0], 6),
             None,
             "only regular expressions are capped"
         );
@@ -623,7 +585,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(b[0].select, Some(vec!["id".to_owned(), "title".to_owned()]));
-        assert!(reply(&b)[0].get("select").is_none());
+        assert!(b[0].echo.get("select").is_none());
         let all = bindings(json!([{"event": "*", "schema": "public", "table": "t"}])).unwrap();
         assert_ne!(
             all[0].id, b[0].id,
@@ -672,7 +634,7 @@ mod tests {
         assert_eq!((f[3].op, f[3].values[0].as_str()), (Op::Is, "true"));
         // The reply echoes the filter text as sent.
         assert_eq!(
-            reply(&b)[0]["filter"],
+            b[0].echo["filter"],
             r#"room=eq.1,name=in.("a,b",c),title=not.like."x,y%",done=is.TRUE"#
         );
     }

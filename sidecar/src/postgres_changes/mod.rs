@@ -38,6 +38,8 @@ pub mod position;
 pub mod stage;
 pub mod subscribable;
 pub mod subscribers;
+pub mod unserved;
 
-pub use binding::{parse_bindings, reply, Binding, BindingError};
+pub use binding::{parse_bindings, Binding, BindingError};
 pub use filter::Change;
+pub use unserved::{parse_each, reply, Unserved};

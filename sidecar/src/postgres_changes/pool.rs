@@ -39,7 +39,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
-use tokio_postgres::NoTls;
 
 type TableKey = (String, String);
 
@@ -323,7 +322,8 @@ impl Worker {
     async fn connect(&self) -> Result<Conn, String> {
         let cfg = self.cfg.pg_config().expect("validated at startup");
         let setup = Duration::from_secs(self.cfg.db_connect_timeout_secs);
-        let (client, connection) = match tokio::time::timeout(setup, cfg.connect(NoTls)).await {
+        let tls = self.cfg.db_tls().expect("validated at startup");
+        let (client, connection) = match tokio::time::timeout(setup, cfg.connect(tls)).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(format!("the database is unavailable: {e}")),
             Err(_) => return Err("the database is unavailable: connecting timed out".into()),

@@ -7,6 +7,7 @@
 //! SUBSCRIBED is already registered: a change committed after that reaches it.
 
 use super::binding::{Binding, BindingError};
+use super::unserved::Unserved;
 use crate::config::Config;
 use crate::db_worker::{self, Batched, CallError, Db, DbFailure};
 use crate::metrics::Metrics;
@@ -27,9 +28,9 @@ pub struct CheckRequest {
 /// How a join's bindings fared.
 #[derive(Debug)]
 pub enum Checked {
-    /// Servable; filters carry their typed values.
-    Ok(Vec<Binding>),
-    Refused(BindingError),
+    /// The servable, their filters carrying their typed values; and those the database
+    /// refused (`unserved`), the channel told why.
+    Ok(Vec<Binding>, Vec<Unserved>),
     /// The database could not answer: not a refusal.
     Failed(DbFailure),
 }
@@ -107,9 +108,15 @@ impl Batched for Checker {
     }
 
     fn refuse(&self, r: CheckRequest, why: String) {
-        let _ = r
-            .reply
-            .send(Checked::Refused(BindingError::Rejected { at: 1, why }));
+        let unserved = r
+            .bindings
+            .iter()
+            .map(|b| {
+                let why = why.clone();
+                Unserved::of(b, BindingError::Rejected { at: b.at, why })
+            })
+            .collect();
+        let _ = r.reply.send(Checked::Ok(Vec::new(), unserved));
     }
 
     fn taken(&self, batch: &[CheckRequest]) {
@@ -160,27 +167,31 @@ fn item(role: &str, b: &Binding) -> Value {
     o
 }
 
-/// A join's bindings with what the database said of each.
-fn verdict(mut bindings: Vec<Binding>, rows: Rows) -> Checked {
-    for (i, (b, (error, typed))) in bindings.iter_mut().zip(rows).enumerate() {
+/// A join's bindings with what the database said of each: served, or not and why.
+fn verdict(bindings: Vec<Binding>, rows: Rows) -> Checked {
+    let (mut served, mut unserved) = (Vec::new(), Vec::new());
+    for (mut b, (error, typed)) in bindings.into_iter().zip(rows) {
+        let at = b.at;
         if let Some(why) = error {
-            return Checked::Refused(BindingError::Rejected { at: i + 1, why });
+            unserved.push(Unserved::of(&b, BindingError::Rejected { at, why }));
+            continue;
         }
         let typed = typed.unwrap_or_default();
         for (n, f) in b.filters.iter_mut().enumerate() {
             f.typed = typed.get(n).cloned().flatten();
-            if !f.orderable() {
-                return Checked::Refused(BindingError::Rejected {
-                    at: i + 1,
-                    why: format!(
-                        "column {}'s values can only be compared with eq, neq, in or isdistinct",
-                        f.column
-                    ),
-                });
+        }
+        match b.filters.iter().find(|f| !f.orderable()) {
+            Some(f) => {
+                let why = format!(
+                    "column {}'s values can only be compared with eq, neq, in or isdistinct",
+                    f.column
+                );
+                unserved.push(Unserved::of(&b, BindingError::Rejected { at, why }));
             }
+            None => served.push(b),
         }
     }
-    Checked::Ok(bindings)
+    Checked::Ok(served, unserved)
 }
 
 #[cfg(test)]
@@ -246,15 +257,20 @@ mod tests {
         let (b, b_rx) = request(&["todos", "missing"]);
         assert!(check_batch(&db, vec![a, b]).await);
         assert_eq!(*db.calls.lock().unwrap(), vec![4]);
-        let Checked::Ok(bindings) = a_rx.await.unwrap() else {
+        let Checked::Ok(bindings, unserved) = a_rx.await.unwrap() else {
             panic!("a should pass")
         };
+        assert!(unserved.is_empty());
         assert_eq!(bindings[0].filters[0].typed, Some(vec![json!(5)]));
+        // The other binding of b is served; the missing table alone is not.
         match b_rx.await.unwrap() {
-            Checked::Refused(e) => assert_eq!(
-                e.text(),
-                "InvalidPostgresChanges: binding 2: table public.missing does not exist"
-            ),
+            Checked::Ok(served, unserved) => {
+                assert_eq!(served.len(), 1);
+                assert_eq!(
+                    unserved[0].error.text(),
+                    "InvalidPostgresChanges: binding 2: table public.missing does not exist"
+                );
+            }
             other => panic!("{other:?}"),
         }
 
@@ -263,10 +279,11 @@ mod tests {
         let (p, p_rx) = request(&["poison"]);
         assert!(check_batch(&db, vec![a, p]).await);
         assert_eq!(*db.calls.lock().unwrap(), vec![2, 1, 1]);
-        assert!(matches!(a_rx.await.unwrap(), Checked::Ok(_)));
+        assert!(matches!(a_rx.await.unwrap(), Checked::Ok(_, u) if u.is_empty()));
         match p_rx.await.unwrap() {
-            Checked::Refused(e) => {
-                assert!(e.text().contains("unsupported Unicode"), "{}", e.text())
+            Checked::Ok(served, unserved) if served.is_empty() => {
+                let text = unserved[0].error.text();
+                assert!(text.contains("unsupported Unicode"), "{text}")
             }
             other => panic!("{other:?}"),
         }
@@ -278,7 +295,12 @@ mod tests {
         r.bindings[0].filters[0].op = crate::postgres_changes::filter::Op::Gt;
         let rows = vec![(None, Some(vec![Some(vec![json!(["a", "b"])])]))];
         match verdict(r.bindings, rows) {
-            Checked::Refused(e) => assert!(e.text().contains("only be compared with eq")),
+            Checked::Ok(served, unserved) if served.is_empty() => {
+                assert!(unserved[0]
+                    .error
+                    .text()
+                    .contains("only be compared with eq"))
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -145,6 +145,16 @@ impl Sidecar {
 
     /// None when the sidecar could not bind `port`.
     pub async fn try_start_on(port: u16, consumer: &str, env: &[(&str, &str)]) -> Option<Sidecar> {
+        let mut s = Self::spawn(port, consumer, env);
+        match s.wait_healthy().await {
+            Ok(()) => Some(s),
+            Err(log) if log.contains("Address already in use") => None,
+            Err(log) => panic!("the sidecar exited before it was healthy: {log}"),
+        }
+    }
+
+    /// A sidecar process on `port`, not waited for: one that is not to become healthy.
+    pub fn spawn(port: u16, consumer: &str, env: &[(&str, &str)]) -> Sidecar {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_realtime-sidecar"));
         cmd.env("PORT", port.to_string())
             .env("API_JWT_SECRET", SECRET)
@@ -156,15 +166,10 @@ impl Sidecar {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("start realtime-sidecar");
-        let mut s = Sidecar {
+        Sidecar {
             port,
             consumer: consumer.to_owned(),
             child,
-        };
-        match s.wait_healthy().await {
-            Ok(()) => Some(s),
-            Err(log) if log.contains("Address already in use") => None,
-            Err(log) => panic!("the sidecar exited before it was healthy: {log}"),
         }
     }
 
@@ -492,6 +497,29 @@ impl Client {
             .push(Some("1"), topic, "phx_join", json!({ "config": config }))
             .await;
         self.reply(&r).await
+    }
+
+    /// Joins with `postgres_changes` bindings of which `n` cannot be served: the join is
+    /// answered ok, and each of those is told in a `system` message (Supabase's words, then
+    /// ours); returns those messages' texts, in the client's order.
+    pub async fn join_unserved(&mut self, topic: &str, config: Value, n: usize) -> Vec<String> {
+        let reply = self.join(topic, config).await;
+        assert_eq!(reply["status"], "ok", "{reply}");
+        let mut told = Vec::new();
+        while told.len() < n {
+            let m = self
+                .next_json(10)
+                .await
+                .expect("a system message within 10 s");
+            let p = &m["payload"];
+            if m["event"] == "system"
+                && p["extension"] == "postgres_changes"
+                && p["status"] == "error"
+            {
+                told.push(p["message"].as_str().unwrap().to_owned());
+            }
+        }
+        told
     }
 
     pub async fn join_public(&mut self, topic: &str) {
