@@ -6,6 +6,8 @@
 #   scripts/regress.sh       PostgreSQL 15, the system's
 #   scripts/regress.sh 17    PostgreSQL 17, in the Debian 13 root of scripts/install-pg17.sh:
 #                            that server's own pg_regress runs inside the root
+#   REGRESS_ROOT=DIR scripts/regress.sh 15|17   in the Debian root DIR, against the extension
+#                            installed there (scripts/package.sh test)
 #   scripts/regress.sh 15 NAME...   only these files of the main suite, after
 #                            create_extension (a file that uses another's fixtures, as
 #                            tables uses authorize's roles, names it too: authorize tables)
@@ -20,7 +22,13 @@ shift $(( $# > 0 ? 1 : 0 ))
 only=("$@")
 
 case "$version" in
-15)
+15 | 17) ;;
+*)
+    echo "usage: $0 [15|17]" >&2
+    exit 2
+    ;;
+esac
+if [ "$version" = 15 ] && [ -z "${REGRESS_ROOT:-}" ]; then
     bindir=$(pg_config --bindir)
     pgxs=$(dirname "$(pg_config --pgxs)")/../..
     out=$(mktemp -d /tmp/pg_realtime_regress.XXXXXX)
@@ -32,15 +40,17 @@ case "$version" in
         # pgrx adds Rust backtraces to error details when RUST_BACKTRACE is set.
         (cd "$out" && runuser -u postgres -- env -u RUST_BACKTRACE "$@")
     }
-    ;;
-17)
+else
+    # In a Debian root: PostgreSQL 17's (scripts/install-pg17.sh), or REGRESS_ROOT, where
+    # scripts/package.sh installed a package of the extension.
     . "$root/scripts/pg17-root.sh"
-    if [ ! -e "$PG17_ROOT/postgresql-17.done" ]; then
+    PG17_ROOT=${REGRESS_ROOT:-$PG17_ROOT}
+    if [ -z "${REGRESS_ROOT:-}" ] && [ ! -e "$PG17_ROOT/postgresql-17.done" ]; then
         echo "$0: no PostgreSQL 17 at $PG17_ROOT: run scripts/install-pg17.sh first" >&2
         exit 2
     fi
-    bindir=/usr/lib/postgresql/17/bin
-    pgxs=/usr/lib/postgresql/17/lib/pgxs
+    bindir=/usr/lib/postgresql/$version/bin
+    pgxs=/usr/lib/postgresql/$version/lib/pgxs
     # Everything the server and pg_regress read or write lives inside the root: $out is
     # the path seen from inside, $host_out the same directory seen from the host.
     host_out=$(mktemp -d "$PG17_ROOT/tmp/pg_realtime_regress.XXXXXX")
@@ -54,12 +64,7 @@ case "$version" in
         in_pg17_root runuser -u postgres -- \
             sh -c 'cd "$0" && exec env -u RUST_BACKTRACE "$@"' "$out" "$@"
     }
-    ;;
-*)
-    echo "usage: $0 [15|17]" >&2
-    exit 2
-    ;;
-esac
+fi
 chmod 755 "$host_out"
 chown "$owner" "$host_out"
 

@@ -4,8 +4,10 @@
 # PostgreSQL 17 (the Debian 13 root of scripts/install-pg17.sh), runs the Rust unit and
 # end-to-end tests, the realtime-js tests (with Chromium and behind nginx) and the
 # supabase-py client tests against a throwaway PostgreSQL 15 cluster (and realtime-js against
-# a database Supabase made, switched to pg_realtime), then the pg_regress, isolation,
-# not-preloaded, lifecycle (upgrade, dump and restore) and Supabase suites on 15 and on 17.
+# a database Supabase made, switched to pg_realtime), then builds the Debian packages and
+# installs each into a fresh root of its release, where the pg_regress, isolation,
+# not-preloaded, lifecycle (upgrade, dump and restore), Supabase and standby suites run
+# against it (15 on Debian 12, 17 on Debian 13) and the sidecar's unit is checked.
 # The last line is "N passed, N failed" over everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -110,10 +112,15 @@ if grep -n -E '\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|
     exit 1
 fi
 
+# The pg_regress, isolation, lifecycle, Supabase-database and standby suites run once per
+# version, against the Debian packages installed into a fresh root of their release (Debian
+# 12 with PostgreSQL 15, Debian 13 with 17), with the sidecar's package and unit checked
+# there too. scripts/regress.sh runs the same suites against a development install.
+echo "== Debian packages in fresh roots, and the regress suites against them (scripts/package.sh test)"
 regress_status=0
+scripts/package.sh test 2>&1 | tee "$log/package.log" || regress_status=1
 for version in 15 17; do
-    echo "== pg_regress and isolation suites on PostgreSQL $version"
-    scripts/regress.sh "$version" 2>&1 | tee "$log/regress$version.log" || regress_status=1
+    cp "target/debian/regress-$version.log" "$log/regress$version.log" 2>/dev/null || true
 done
 
 # The numbers in the matches of $1 in file $2, added up; 0 when nothing matches (no `set -e`
