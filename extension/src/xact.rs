@@ -277,11 +277,22 @@ unsafe extern "C-unwind" fn on_subxact(
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         // Every subtransaction that started after `sub` is nested in it, and ids grow with
-        // time, so what `sub` and its children sent is exactly the marks with id >= sub.
+        // time, so what `sub` and its children sent is exactly the marks with id >= sub,
+        // and they are the last ones: found from the end, at the cost of what goes. (Found
+        // from the start, each rollback read every mark before them: a held send, which
+        // rolls back a subtransaction of its own, cost 38 us a send after 2,000 sends in a
+        // transaction and 58 us after 20,000.)
         BUFFER.with_borrow_mut(|b| {
-            if let Some(i) = b.marks.iter().position(|&(id, _)| id >= sub) {
-                b.records.truncate(b.marks[i].1);
-                b.marks.truncate(i);
+            let gone = b
+                .marks
+                .iter()
+                .rev()
+                .take_while(|&&(id, _)| id >= sub)
+                .count();
+            if gone > 0 {
+                let keep = b.marks.len() - gone;
+                b.records.truncate(b.marks[keep].1);
+                b.marks.truncate(keep);
             }
         });
     }
