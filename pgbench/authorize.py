@@ -8,6 +8,7 @@ markdown table. Run as root after scripts/install-extension.sh."""
 import argparse
 import datetime
 import re
+import statistics
 
 import harness
 from harness import HERE, as_pg
@@ -18,7 +19,12 @@ def main():
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--batches", default="1,100,1000,10000")
     ap.add_argument("--port", type=int, default=24370)
+    ap.add_argument("--delivery-trigger", type=int, metavar="ROUNDS", default=0,
+                    help="instead: the batched calls with the delivery trigger of realtime.messages "
+                         "(extension/src/inserted.rs) on and off, in turn for ROUNDS rounds")
     a = ap.parse_args()
+    if a.delivery_trigger:
+        return delivery_trigger(a)
     rows = []
     with harness.Cluster(a.port, "max_connections = 50") as pg:
         pg.psql("-f", f"{HERE}/authorize_setup.sql")
@@ -45,6 +51,41 @@ def main():
     print("|---|---:|---:|---:|---:|")
     for label, clients, vps, lat in rows:
         print(f"| {label} | {clients} | {vps:,.0f} | {vps / base:.1f}x | {lat:.3f} |")
+
+
+def batched(pg, n, seconds):
+    """Verdicts per second of `seconds` of batched calls of n requests."""
+    pg.psql("-c", f"SELECT bench_make_batches({n})")
+    out = as_pg(["pgbench", *pg.conn, "-n", "-c", "1", "-T", str(seconds), "-D", f"n={n}",
+                 "-D", "generate=0", "-f", f"{HERE}/authorize_batched.sql", "postgres"])
+    return float(re.search(r"tps = ([\d.]+)", out).group(1)) * n
+
+
+def delivery_trigger(a):
+    """The read probes' rows have no event, so the delivery trigger's WHEN clause leaves them
+    out before any function runs: what remains is that clause, per probe row. Measured as the
+    batched calls with the trigger on and off (ALTER TABLE ... DISABLE TRIGGER), in turn."""
+    sizes = [int(x) for x in a.batches.split(",")]
+    vps = {(n, on): [] for n in sizes for on in (True, False)}
+    with harness.Cluster(a.port, "max_connections = 50") as pg:
+        pg.psql("-f", f"{HERE}/authorize_setup.sql")
+        trigger = pg.psql("-c", "SELECT tgname FROM pg_trigger WHERE tgrelid = 'realtime.messages'::regclass "
+                                "AND tgfoid = 'realtime.deliver_inserted()'::regprocedure").strip()
+        assert trigger, "no delivery trigger on realtime.messages"
+        for _ in range(a.delivery_trigger):
+            for on in (True, False):
+                pg.psql("-c", f"ALTER TABLE realtime.messages {'ENABLE' if on else 'DISABLE'} TRIGGER {trigger}")
+                for n in sizes:
+                    vps[(n, on)].append(batched(pg, n, a.seconds))
+        pg.psql("-c", f"ALTER TABLE realtime.messages ENABLE TRIGGER {trigger}")
+    print(f"Machine: {harness.machine()}; {datetime.date.today()}; PostgreSQL 15; "
+          f"{a.seconds} s per call size and state, {a.delivery_trigger} rounds in turn; read verdicts.\n")
+    print("| batch | verdicts/s, trigger on (rounds) | verdicts/s, trigger off (rounds) | on / off (median) |")
+    print("|---:|---|---|---:|")
+    for n in sizes:
+        on, off = vps[(n, True)], vps[(n, False)]
+        print(f"| {n:,} | {' · '.join(f'{x:,.0f}' for x in on)} | {' · '.join(f'{x:,.0f}' for x in off)} "
+              f"| {statistics.median(on) / statistics.median(off):.3f} |")
 
 
 if __name__ == "__main__":

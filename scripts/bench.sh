@@ -31,6 +31,9 @@ run fanout
 # Issue 14 asks for the fan-out with the sidecar and the load generator on cores of their own.
 run fanout:pinned --pin --rates 500,1000
 run authorize
+# The delivery trigger of realtime.messages against the read probes' rows: on and off in turn.
+run authorize:delivery-trigger --seconds 10 --batches 100,1000 --delivery-trigger 3
+run send_cost
 run visible --seconds 10
 run changes
 run change_positions

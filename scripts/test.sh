@@ -83,6 +83,8 @@ python3 pgbench/trigger_cost.py --seconds 1 --rounds 1 --clients 2 > "$log/trigg
 python3 pgbench/capture_cost.py --seconds 1 --rounds 1 --clients 2 > "$log/capture_cost.md"
 python3 pgbench/fanout.py --seconds 2 --subscribers 20 --rates 100 > "$log/fanout.md"
 python3 pgbench/authorize.py --seconds 1 --batches 1,100 > "$log/authorize.md"
+python3 pgbench/authorize.py --seconds 1 --batches 100 --delivery-trigger 1 >> "$log/authorize.md"
+python3 pgbench/send_cost.py --sends 1000 --rounds 1 > "$log/send_cost.md"
 python3 pgbench/visible.py --seconds 1 --check-users 20 > "$log/visible.md"
 python3 pgbench/pattern_memory.py --sizes 50x100x100 > "$log/pattern_memory.md"
 python3 pgbench/changes.py --seconds 1 --users 100 --rates 100 > "$log/changes.md"
@@ -104,7 +106,7 @@ python3 pgbench/profile.py joins --seconds 1 --clients 50 >> "$log/profile.md"
 python3 pgbench/profile.py authorize --seconds 1 --batch 100 >> "$log/profile.md"
 python3 pgbench/profile.py drain --messages 20000 >> "$log/profile.md"
 python3 pgbench/profile.py consumers --seconds 1 --clients 2 --lingers 0,2 >> "$log/profile.md"
-cat "$log"/{trigger_cost,capture_cost,fanout,authorize,visible,pattern_memory,changes,joins,resume,presence,scenarios,routed,peers,connections,soak,profile}.md
+cat "$log"/{trigger_cost,capture_cost,fanout,authorize,send_cost,visible,pattern_memory,changes,joins,resume,presence,scenarios,routed,peers,connections,soak,profile}.md
 
 echo "== expected outputs hold no wall-clock text (the suite once passed only on Saturdays)"
 if grep -n -E '\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\b' regress/expected/*.out; then

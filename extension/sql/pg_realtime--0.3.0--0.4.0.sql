@@ -527,6 +527,118 @@ CREATE FUNCTION realtime."stats"() RETURNS TABLE (
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'stats_wrapper';
 
+-- extension/src/inserted.rs, messages_expiry.rs, sql/inserted.sql: rows the app inserts into
+-- realtime.messages are delivered at commit, and deleted after Supabase's 72 hours.
+CREATE FUNCTION realtime."deliver_inserted"() RETURNS trigger
+VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'deliver_inserted_wrapper';
+CREATE FUNCTION realtime."add_delivery_trigger"(
+	"leaf" oid
+) RETURNS bool
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'add_delivery_trigger_wrapper';
+CREATE FUNCTION realtime."expire_messages"(
+	"max_rows" INT DEFAULT 10000
+) RETURNS INT
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'expire_messages_wrapper';
+
+-- Creates the delivery trigger on each leaf that lacks it. realtime.sync_capture() calls it,
+-- so it runs at CREATE EXTENSION and ALTER EXTENSION UPDATE, and by the event trigger after
+-- CREATE TABLE and ALTER TABLE (a partition made or attached, by the app or by a restore).
+-- pg_upgrade carries no internal trigger: SELECT realtime.sync_capture() after it makes them
+-- again (extension/README.md, "Versions and upgrades"). SECURITY DEFINER, owned by the
+-- installing superuser: creating a trigger on the app's table needs it; it reads catalogs and
+-- calls realtime.add_delivery_trigger, which runs no code of another role's.
+CREATE FUNCTION realtime.sync_delivery() RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    leaf oid;
+BEGIN
+    IF to_regclass('realtime.messages') IS NULL THEN
+        RETURN;
+    END IF;
+    FOR leaf IN
+        -- pg_partition_tree() of a table that is not partitioned is empty: the table is its
+        -- own leaf.
+        SELECT c.oid FROM pg_class c
+        WHERE c.relkind = 'r'
+          AND (c.oid = 'realtime.messages'::regclass
+               OR c.oid IN (SELECT t.relid FROM pg_partition_tree('realtime.messages'::regclass) t WHERE t.isleaf))
+          AND NOT EXISTS (SELECT 1 FROM pg_trigger g
+                          WHERE g.tgrelid = c.oid AND g.tgfoid = 'realtime.deliver_inserted()'::regprocedure)
+    LOOP
+        PERFORM realtime.add_delivery_trigger(leaf);
+    END LOOP;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION realtime.sync_delivery() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.add_delivery_trigger(oid) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.expire_messages(integer) FROM PUBLIC;
+
+-- sql/capture.sql: sync_capture keeps the delivery triggers too, and makes them now.
+CREATE OR REPLACE FUNCTION realtime.sync_capture() RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    rel text;
+BEGIN
+    -- Each loop reads the publication and the triggers in one query, so with one snapshot:
+    -- a list of published tables read before another session's ALTER PUBLICATION had
+    -- committed made the second loop drop that session's new trigger (its table looked
+    -- unpublished). Names are read in the same query, and a table dropped by another
+    -- session meanwhile is skipped: creating or dropping its trigger fails.
+    FOR rel IN
+        SELECT format('%I.%I', n.nspname, c.relname)
+        FROM pg_publication_tables pt
+        JOIN pg_namespace n ON n.nspname = pt.schemaname
+        JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+        WHERE pt.pubname = 'supabase_realtime' AND c.relkind IN ('r', 'p')
+          AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'realtime_capture')
+    LOOP
+        BEGIN
+            EXECUTE format('CREATE TRIGGER realtime_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
+                           'FOR EACH ROW EXECUTE FUNCTION realtime.capture()', rel);
+        EXCEPTION WHEN undefined_table THEN
+            NULL;
+        END;
+    END LOOP;
+    FOR rel IN
+        SELECT format('%I.%I', n.nspname, c.relname)
+        FROM pg_trigger t
+        JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE t.tgname = 'realtime_capture' AND NOT t.tgisinternal
+          AND t.tgfoid = 'realtime.capture()'::regprocedure
+          AND NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
+                          WHERE pt.pubname = 'supabase_realtime'
+                            AND pt.schemaname = n.nspname AND pt.tablename = c.relname)
+    LOOP
+        BEGIN
+            EXECUTE format('DROP TRIGGER realtime_capture ON %s', rel);
+        EXCEPTION WHEN undefined_table OR undefined_object THEN
+            NULL;
+        END;
+    END LOOP;
+    -- And the delivery trigger of rows inserted into realtime.messages (sql/inserted.sql).
+    PERFORM realtime.sync_delivery();
+END
+$$;
+SELECT realtime.sync_capture();
+
+-- The roles that may expire persisted messages (a sidecar's login) may expire these.
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT pg_catalog.quote_ident(a.rolname) FROM pg_catalog.pg_roles a
+             WHERE NOT a.rolsuper
+               AND pg_catalog.has_function_privilege(a.oid, 'realtime.expire_persisted(integer)', 'EXECUTE') LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.expire_messages(integer) TO %s', r);
+    END LOOP;
+END
+$$;
+
 -- What a database's default privileges gave on the extension's own objects, revoked: they
 -- apply to whatever the installing role creates in schema realtime, and a database Supabase
 -- made gives postgres and dashboard_user ALL on tables and routines there, which would hand

@@ -18,9 +18,14 @@
 //! * `subscribable` (SQL) renders a filter's values through `filter_values.rs`, as the
 //!   binding's role; it and `selectable` read only catalogs, as the caller, and call the
 //!   extension's functions by their exact signatures.
-//! * `sync_capture` (SQL, the event trigger) is the one SECURITY DEFINER function, owned by
-//!   the installing superuser: creating a trigger on another role's table needs it, and it
-//!   runs catalog reads and `CREATE`/`DROP TRIGGER realtime_capture`, nothing else.
+//! * `sync_capture` and `sync_delivery` (SQL, the event trigger) are the SECURITY DEFINER
+//!   functions, owned by the installing superuser: creating a trigger on another role's
+//!   table needs it, and they run catalog reads, `CREATE`/`DROP TRIGGER realtime_capture` and
+//!   the catalog call that makes the internal delivery trigger of `realtime.messages`
+//!   (`inserted.rs`), nothing else.
+//! * `deliver_inserted` (that trigger) runs as the role that inserted the row, and reads it.
+//! * `expire_messages` deletes `realtime.messages` rows past Supabase's 72 hours as the
+//!   table's owner (`messages_expiry.rs`).
 //! * `restore_replaced_functions` (SQL, the way back to Supabase's server) renames
 //!   Supabase's functions back; it executes no stored text.
 //!
@@ -39,10 +44,12 @@ mod filter_values;
 mod gucs;
 mod history;
 mod identity;
+mod inserted;
 mod interest;
 mod interest_table;
 mod json_str;
 mod message;
+mod messages_expiry;
 mod packed;
 mod pattern;
 mod payload;
@@ -67,9 +74,18 @@ pgrx::pg_module_magic!();
 
 extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
 extension_sql_file!(
+    "../../sql/inserted.sql",
+    name = "inserted",
+    requires = [
+        inserted::deliver_inserted,
+        inserted::add_delivery_trigger,
+        messages_expiry::expire_messages
+    ]
+);
+extension_sql_file!(
     "../../sql/capture.sql",
     name = "capture",
-    requires = [capture]
+    requires = [capture, "inserted"]
 );
 extension_sql_file!(
     "../../sql/subscribable.sql",

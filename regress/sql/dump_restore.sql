@@ -49,6 +49,11 @@ FROM pg_depend WHERE classid = 'pg_extension'::regclass
 -- The restored database works: a send reaches the queue.
 SELECT realtime.create_consumer('restored') >= 0 AS created;
 SELECT realtime.send('{"a": 1}', 'ev', 'room:1', true);
+-- The delivery trigger of rows inserted into realtime.messages is internal, so the dump had
+-- none to make again (the restore met no error): the restore's CREATE EXTENSION made it.
+SELECT count(*) AS delivery_triggers FROM pg_trigger
+WHERE tgrelid = 'realtime.messages'::regclass AND tgisinternal AND tgfoid = 'realtime.deliver_inserted()'::regprocedure;
+INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:1', 'broadcast', 'inserted', '{"b": 2}', true);
 SELECT kind, topic, event, private FROM realtime.drain('restored', NULL, 10, 0);
 SELECT realtime.drop_consumer('restored');
 

@@ -39,6 +39,18 @@ FROM pg_depend WHERE classid = 'pg_extension'::regclass
   AND objid = (SELECT oid FROM pg_extension WHERE extname = 'pg_realtime') ORDER BY 1;
 SELECT pubname, schemaname, tablename FROM pg_publication_tables ORDER BY 1, 2, 3;
 SELECT tgname FROM pg_trigger WHERE tgrelid = 'public.messages'::regclass AND NOT tgisinternal ORDER BY 1;
+-- The delivery triggers of rows inserted into realtime.messages: none was in the dump
+-- (internal); the partitions the restore attached after CREATE EXTENSION got theirs from the
+-- event trigger. An inserted row is delivered.
+SELECT c.relname, count(t.oid) AS delivery_triggers
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+LEFT JOIN pg_trigger t ON t.tgrelid = c.oid AND t.tgisinternal AND t.tgfoid = 'realtime.deliver_inserted()'::regprocedure
+WHERE i.inhparent = 'realtime.messages'::regclass GROUP BY c.relname ORDER BY c.relname;
+SELECT realtime.create_consumer('restored') >= 0 AS created;
+INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:lobby', 'broadcast', 'inserted', '{}', true);
+SELECT kind, topic, event FROM realtime.drain('restored', NULL, 10, 0);
+SELECT realtime.drop_consumer('restored');
+DELETE FROM realtime.messages;
 
 -- The way back from the restored database.
 DROP EXTENSION pg_realtime CASCADE;

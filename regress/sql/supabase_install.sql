@@ -138,6 +138,25 @@ SELECT d.kind, d.topic, d.event, d.private,
        d.payload::jsonb #>> '{record,content}' AS content, d.payload::jsonb ->> 'table' AS "table"
 FROM realtime.drain('fixture', NULL, 100, 0, 0, ARRAY['public.messages'::regclass::oid]) d ORDER BY d.seq;
 SELECT count(*) AS messages_rows_after FROM realtime.messages;
+-- A row the app inserts into Supabase's partitioned realtime.messages (an integration, a cron
+-- job) is delivered, as Supabase's server delivers it: each leaf has the delivery trigger,
+-- and the row, routed to the DEFAULT partition, reaches the queue at commit with its id.
+SELECT c.relname, count(t.oid) AS delivery_triggers
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+LEFT JOIN pg_trigger t ON t.tgrelid = c.oid AND t.tgisinternal AND t.tgfoid = 'realtime.deliver_inserted()'::regprocedure
+WHERE i.inhparent = 'realtime.messages'::regclass GROUP BY c.relname ORDER BY c.relname;
+BEGIN;
+SET LOCAL ROLE authenticated;
+SELECT set_config('request.jwt.claims', '{"sub": "11111111-1111-4111-8111-111111111111", "role": "authenticated"}', true);
+-- The documented INSERT policy reads realtime.topic(), as Supabase's send sets it.
+SELECT set_config('realtime.topic', 'room:lobby', true);
+INSERT INTO realtime.messages (topic, extension, event, payload, private, id)
+VALUES ('room:lobby', 'broadcast', 'inserted', '{"from": "a cron job"}', true, '22222222-2222-4222-8222-222222222222');
+COMMIT;
+-- (The chat message's two records above are read again: nothing was confirmed.)
+SELECT d.kind, d.topic, d.event, d.private, d.payload, d.id
+FROM realtime.drain('fixture', NULL, 100, 0) d WHERE d.event = 'inserted' ORDER BY d.seq;
+DELETE FROM realtime.messages WHERE id = '22222222-2222-4222-8222-222222222222';
 SELECT realtime.drop_consumer('fixture');
 
 -- The way back. DROP EXTENSION cascades to the capture trigger of the published table only;

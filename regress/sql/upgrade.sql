@@ -21,7 +21,10 @@ CREATE FUNCTION catalog() RETURNS SETOF text LANGUAGE sql AS $$
     rels AS (SELECT c.* FROM pg_class c WHERE c.relnamespace IN (to_regnamespace('realtime'), 'public'::regnamespace))
     SELECT format('extension version=%s config=%s conditions=%s', extversion, extconfig::regclass[], extcondition) FROM ext
     UNION ALL
-    SELECT format('member %s deptype=%s', pg_describe_object(d.classid, d.objid, d.objsubid), d.deptype)
+    -- An internal trigger's name ends in its oid (the delivery triggers, inserted.rs).
+    SELECT format('member %s deptype=%s',
+                  regexp_replace(pg_describe_object(d.classid, d.objid, d.objsubid), 'realtime_deliver_[0-9]+', 'realtime_deliver_N'),
+                  d.deptype)
     FROM pg_depend d, ext WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid
     UNION ALL
     SELECT format('extension depends on %s deptype=%s', pg_describe_object(d.refclassid, d.refobjid, d.refobjsubid), d.deptype)
@@ -46,7 +49,8 @@ CREATE FUNCTION catalog() RETURNS SETOF text LANGUAGE sql AS $$
     UNION ALL
     SELECT format('index %s', pg_get_indexdef(i.indexrelid)) FROM rels c JOIN pg_index i ON i.indrelid = c.oid
     UNION ALL
-    SELECT format('trigger %s', pg_get_triggerdef(t.oid)) FROM rels c JOIN pg_trigger t ON t.tgrelid = c.oid AND NOT t.tgisinternal
+    SELECT format('trigger %s internal=%s', regexp_replace(pg_get_triggerdef(t.oid), 'realtime_deliver_[0-9]+', 'realtime_deliver_N'), t.tgisinternal)
+    FROM rels c JOIN pg_trigger t ON t.tgrelid = c.oid AND (NOT t.tgisinternal OR t.tgname LIKE 'realtime\_deliver\_%')
     UNION ALL
     SELECT format('policy %s.%s.%s %s %s to=%s using=%s check=%s', schemaname, tablename, policyname, permissive, cmd, roles, qual, with_check)
     FROM pg_policies

@@ -83,6 +83,7 @@ pub struct Metrics {
     pub resumes_refused_total: Counter,
     pub change_positions_total: Counter,
     pub persisted_expired_total: Counter,
+    pub inserted_expired_total: Counter,
     pub presence_tracks_total: Counter,
     pub presence_write_batches_total: Counter,
     pub presence_write_statements_total: Counter,
@@ -325,6 +326,10 @@ impl Default for Metrics {
                 "realtime_persisted_expired_total",
                 "persisted client broadcasts deleted past their ttl",
             ),
+            inserted_expired_total: r.counter(
+                "realtime_inserted_expired_total",
+                "rows the app inserted into realtime.messages deleted after Supabase's 72 hours",
+            ),
             presence_tracks_total: r.counter(
                 "realtime_presence_tracks_total",
                 "presence tracks accepted from clients",
@@ -453,7 +458,7 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 44] = [
+    const COUNTERS: [&str; 45] = [
         "realtime_resumes_refused_total",
         "realtime_persist_full_refusals_total",
         "realtime_auth_batches_total",
@@ -488,6 +493,7 @@ mod tests {
         "realtime_history_unrecovered_total",
         "realtime_change_positions_total",
         "realtime_persisted_expired_total",
+        "realtime_inserted_expired_total",
         "realtime_presence_tracks_total",
         "realtime_presence_write_batches_total",
         "realtime_presence_writes_total",

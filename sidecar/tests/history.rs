@@ -1207,3 +1207,48 @@ async fn a_mass_expiry_of_persisted_messages_is_worked_off_in_bounded_chunks() {
         .await
         .unwrap();
 }
+
+/// Rows the app inserted into realtime.messages are kept for Supabase's 72 hours: the
+/// sidecar's expiry round deletes the older ones (realtime.expire_messages, as the table's
+/// owner) and keeps the newer.
+#[tokio::test]
+async fn rows_inserted_into_realtime_messages_go_after_72_hours() {
+    let _serial = SERIAL.lock().await;
+    let db = db().await;
+    db.batch_execute(
+        "DELETE FROM realtime.messages WHERE topic LIKE 'inserted-expiry:%';
+         INSERT INTO realtime.messages (topic, extension, inserted_at) VALUES
+             ('inserted-expiry:old', 'broadcast', now() - interval '73 hours'),
+             ('inserted-expiry:older', 'broadcast', now() - interval '90 hours'),
+             ('inserted-expiry:kept', 'broadcast', now() - interval '71 hours');",
+    )
+    .await
+    .unwrap();
+    let sidecar = Sidecar::start("t_history_inserted_expiry", &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sidecar.metric("realtime_inserted_expired_total").await < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the first round did not delete them"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let left: Vec<String> = db
+        .query(
+            "SELECT topic FROM realtime.messages WHERE topic LIKE 'inserted-expiry:%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, ["inserted-expiry:kept"]);
+    assert!(!sidecar.log().contains("deleting expired rows"));
+    db.execute(
+        "DELETE FROM realtime.messages WHERE topic LIKE 'inserted-expiry:%'",
+        &[],
+    )
+    .await
+    .unwrap();
+}

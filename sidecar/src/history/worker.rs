@@ -12,7 +12,7 @@
 //! `realtime.history` call and the persisted messages merged in), `resume` and `replay`
 //! (each join's share, decided from what a `Source` answers and unit-tested from memory in
 //! `tests`), `changes` (a resume's Postgres Changes checked), `pace` (the paced send and the
-//! gate's opening), `expire` (persisted messages past their retention).
+//! gate's opening), `expire` (what is kept past its retention: persisted messages, inserted rows).
 //!
 //! A resume whose position covers its Postgres Changes (`ask::change_positions`) also gets
 //! the changes of its bindings' tables after its position, read in the same walk (decoded
@@ -29,7 +29,7 @@
 
 use super::ask::Ask;
 use super::budget::Budget;
-use super::expire::{expire_persisted, EXPIRE_EVERY};
+use super::expire::{expire_round, EXPIRE_EVERY};
 use super::pace::unavailable;
 use super::replay::serve_replays;
 use super::request::Request;
@@ -104,7 +104,7 @@ pub async fn run(
                 tokio::select! {
                     b = db_worker::next_batch(&mut rx, BATCH, &mut shutdown) => b,
                     _ = expire.tick() => {
-                        expire_persisted(&client, &cfg, &metrics).await;
+                        expire_round(&client, &cfg, &metrics).await;
                         continue;
                     }
                 }

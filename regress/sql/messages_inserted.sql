@@ -1,0 +1,116 @@
+-- Rows the app inserts into realtime.messages are delivered at commit, as Supabase's server
+-- delivers each row it decodes (extension/src/inserted.rs): a row with an event and a payload
+-- (or binary_payload) is a broadcast to its topic, with the row's id as the message's id, in
+-- call order with the transaction's other messages; the read probes' rows (no event) are not.
+-- The INSERT policies are the check: RLS lets a row in or refuses it. Rows go after
+-- Supabase's 72 hours, deleted as the table's owner (extension/src/messages_expiry.rs).
+
+-- The trigger: internal (never dumped: dump_restore and supabase_dump restore with
+-- --exit-on-error), on the table, with the WHEN clause that leaves out probes.
+SELECT tgisinternal, tgname ~ '^realtime_deliver_[0-9]+$' AS named,
+       regexp_replace(pg_get_triggerdef(oid), 'realtime_deliver_[0-9]+', 'realtime_deliver_N') AS definition
+FROM pg_trigger WHERE tgrelid = 'realtime.messages'::regclass AND tgfoid = 'realtime.deliver_inserted()'::regprocedure;
+
+-- Delivered, with the row's id; payload as inserted (Supabase injects no id into it).
+INSERT INTO realtime.messages (topic, extension, event, payload, private, id)
+VALUES ('room:1', 'broadcast', 'inserted', '{"a": 1}', false, '11111111-1111-4111-8111-111111111111');
+SELECT d.kind, d.topic, d.event, d.payload, d.private, d.id
+FROM realtime.drain('test', NULL, 10, 0) d;
+SELECT count(*) AS confirmed FROM take();
+
+-- A probe's row (no event), a row without a payload, and a rolled-back row: nothing.
+INSERT INTO realtime.messages (topic, extension) VALUES ('room:1', 'broadcast');
+INSERT INTO realtime.messages (topic, extension, event) VALUES ('room:1', 'broadcast', 'no_payload');
+BEGIN;
+INSERT INTO realtime.messages (topic, extension, event, payload) VALUES ('room:1', 'broadcast', 'rolled_back', '{}');
+ROLLBACK;
+SELECT * FROM take();
+
+-- In call order with send's, in one transaction; private as the row says, binary too; a
+-- multi-row INSERT in its rows' order.
+BEGIN;
+SELECT realtime.send('{"n": 1}', 'sent', 'room:1', false);
+INSERT INTO realtime.messages (topic, extension, event, payload, private)
+VALUES ('room:1', 'broadcast', 'row', '{"n": 2}', true), ('room:1', 'broadcast', 'row', '{"n": 3}', false);
+INSERT INTO realtime.messages (topic, extension, event, binary_payload, private)
+VALUES ('room:2', 'broadcast', 'bytes', '\x0102', false);
+SELECT realtime.send('{"n": 4}', 'sent', 'room:1', false);
+COMMIT;
+SELECT n, kind, topic, event, payload, private FROM take();
+
+-- What cannot be sent is dropped as send's is: the WARNING, the row stays, a dropped record
+-- tells the topic. A NULL private is neither topic: counted and warned only.
+SELECT count(*) AS rows_before FROM realtime.messages \gset
+INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:1', 'broadcast', 'array', '[1]', false);
+INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:1', 'broadcast', 'null_private', '{}', NULL);
+INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('', 'broadcast', 'empty_topic', '{}', false);
+SELECT count(*) - :rows_before AS rows_kept FROM realtime.messages;
+SELECT n, kind, topic, event, payload - 'size' AS payload FROM take();
+-- realtime.strict_send makes it the ERROR, and the INSERT fails.
+SET realtime.strict_send = on;
+INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:1', 'broadcast', 'array', '[1]', false);
+RESET realtime.strict_send;
+
+-- The INSERT policies decide, as for Supabase: a role allowed to insert for the topic
+-- delivers; a refused one inserts nothing and so sends nothing.
+CREATE ROLE inserting_user NOLOGIN;
+GRANT USAGE ON SCHEMA realtime TO inserting_user;
+GRANT INSERT ON realtime.messages TO inserting_user;
+CREATE POLICY insert_room_3 ON realtime.messages FOR INSERT TO inserting_user WITH CHECK (topic = 'room:3');
+SET ROLE inserting_user;
+INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:3', 'broadcast', 'allowed', '{}', true);
+INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:4', 'broadcast', 'refused', '{}', true);
+RESET ROLE;
+SELECT n, kind, topic, event FROM take();
+
+-- A held send's policy check inserts a row of its own: it is a check, not a message, so
+-- the send is delivered once.
+CREATE POLICY insert_room_5 ON realtime.messages FOR INSERT TO inserting_user WITH CHECK (topic = 'room:5');
+GRANT EXECUTE ON FUNCTION realtime.send(jsonb, text, text, boolean) TO inserting_user;
+SET ROLE inserting_user;
+SELECT realtime.send('{"once": true}', 'held', 'room:5', false);
+RESET ROLE;
+SELECT n, kind, topic, event, payload FROM take();
+DROP POLICY insert_room_3 ON realtime.messages;
+DROP POLICY insert_room_5 ON realtime.messages;
+
+-- Expiry: rows older than 72 hours go, newer ones stay, deleted as the table's owner, never
+-- as the caller or the installer: a DELETE trigger of the app's records who ran it.
+CREATE ROLE messages_owner NOLOGIN;
+GRANT USAGE ON SCHEMA realtime TO messages_owner;
+CREATE TABLE public.expired_by (who text, topic text);
+GRANT INSERT ON public.expired_by TO messages_owner;
+CREATE FUNCTION public.record_expiry() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.expired_by VALUES (current_user, OLD.topic);
+    RETURN OLD;
+END
+$$;
+CREATE TRIGGER record_expiry AFTER DELETE ON realtime.messages FOR EACH ROW EXECUTE FUNCTION public.record_expiry();
+ALTER TABLE realtime.messages OWNER TO messages_owner;
+INSERT INTO realtime.messages (topic, extension, inserted_at) VALUES
+    ('expired:1', 'broadcast', now() - interval '73 hours'),
+    ('expired:2', 'broadcast', now() - interval '80 hours'),
+    ('expired:3', 'broadcast', now() - interval '100 hours'),
+    ('kept', 'broadcast', now() - interval '71 hours');
+-- In bounded chunks: 2, then 1, then none.
+SELECT realtime.expire_messages(2) AS first, realtime.expire_messages(2) AS second, realtime.expire_messages(2) AS third;
+SELECT who, topic FROM public.expired_by ORDER BY topic;
+SELECT topic FROM realtime.messages WHERE topic IN ('expired:1', 'expired:2', 'expired:3', 'kept');
+SELECT realtime.expire_messages(0);
+DROP TRIGGER record_expiry ON realtime.messages;
+ALTER TABLE realtime.messages OWNER TO CURRENT_USER;
+DELETE FROM realtime.messages;
+
+-- Granted to no one by default.
+SELECT has_function_privilege('public', 'realtime.expire_messages(integer)', 'EXECUTE') AS public_expires,
+       has_function_privilege('public', 'realtime.add_delivery_trigger(oid)', 'EXECUTE') AS public_adds,
+       has_function_privilege('public', 'realtime.sync_delivery()', 'EXECUTE') AS public_syncs;
+SET ROLE inserting_user;
+SELECT realtime.add_delivery_trigger('realtime.messages'::regclass);
+RESET ROLE;
+DROP OWNED BY inserting_user, messages_owner;
+DROP ROLE inserting_user;
+DROP ROLE messages_owner;
+DROP TABLE public.expired_by;
+DROP FUNCTION public.record_expiry();
