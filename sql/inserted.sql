@@ -7,8 +7,9 @@
 -- Creates the delivery trigger on each leaf that lacks it. realtime.sync_capture() calls it,
 -- so it runs at CREATE EXTENSION and ALTER EXTENSION UPDATE, and by the event trigger after
 -- CREATE TABLE and ALTER TABLE (a partition made or attached, by the app or by a restore).
--- pg_upgrade carries no internal trigger: SELECT realtime.sync_capture() after it makes them
--- again (extension/README.md, "Versions and upgrades"). SECURITY DEFINER, owned by the
+-- pg_upgrade carries no internal trigger: each sidecar calls this whenever its drain connects
+-- (granted to its login by scripts/sidecar_login.sql), so the first after a pg_upgrade makes
+-- them again (extension/README.md, "Versions and upgrades"). SECURITY DEFINER, owned by the
 -- installing superuser: creating a trigger on the app's table needs it; it reads catalogs and
 -- calls realtime.add_delivery_trigger, which runs no code of another role's.
 CREATE FUNCTION realtime.sync_delivery() RETURNS void

@@ -547,8 +547,9 @@ AS 'MODULE_PATHNAME', 'expire_messages_wrapper';
 -- Creates the delivery trigger on each leaf that lacks it. realtime.sync_capture() calls it,
 -- so it runs at CREATE EXTENSION and ALTER EXTENSION UPDATE, and by the event trigger after
 -- CREATE TABLE and ALTER TABLE (a partition made or attached, by the app or by a restore).
--- pg_upgrade carries no internal trigger: SELECT realtime.sync_capture() after it makes them
--- again (extension/README.md, "Versions and upgrades"). SECURITY DEFINER, owned by the
+-- pg_upgrade carries no internal trigger: each sidecar calls this whenever its drain connects
+-- (granted to its login by scripts/sidecar_login.sql), so the first after a pg_upgrade makes
+-- them again (extension/README.md, "Versions and upgrades"). SECURITY DEFINER, owned by the
 -- installing superuser: creating a trigger on the app's table needs it; it reads catalogs and
 -- calls realtime.add_delivery_trigger, which runs no code of another role's.
 CREATE FUNCTION realtime.sync_delivery() RETURNS void
@@ -626,7 +627,8 @@ END
 $$;
 SELECT realtime.sync_capture();
 
--- The roles that may expire persisted messages (a sidecar's login) may expire these.
+-- The roles that may expire persisted messages (a sidecar's login) may expire these, and make
+-- the delivery triggers again (the sidecar asks at each connection: pg_upgrade carries none).
 DO $$
 DECLARE
     r text;
@@ -635,6 +637,7 @@ BEGIN
              WHERE NOT a.rolsuper
                AND pg_catalog.has_function_privilege(a.oid, 'realtime.expire_persisted(integer)', 'EXECUTE') LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.expire_messages(integer) TO %s', r);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.sync_delivery() TO %s', r);
     END LOOP;
 END
 $$;

@@ -74,6 +74,23 @@ SELECT n, kind, topic, event, payload FROM take();
 DROP POLICY insert_room_3 ON realtime.messages;
 DROP POLICY insert_room_5 ON realtime.messages;
 
+-- pg_upgrade carries no internal trigger (its dump leaves them out, as pg_dump's does): the
+-- sidecar's login asks realtime.sync_delivery() at each connection, and it makes them again,
+-- as the installer (SECURITY DEFINER) on behalf of a login that is no superuser.
+SELECT tgname AS delivery_trigger FROM pg_trigger
+WHERE tgrelid = 'realtime.messages'::regclass AND tgfoid = 'realtime.deliver_inserted()'::regprocedure \gset
+DROP TRIGGER :"delivery_trigger" ON realtime.messages;
+INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:6', 'broadcast', 'lost', '{}', false);
+SELECT * FROM take();
+GRANT EXECUTE ON FUNCTION realtime.sync_delivery() TO inserting_user;
+SET ROLE inserting_user;
+SELECT realtime.sync_delivery();
+RESET ROLE;
+SELECT count(*) AS delivery_triggers FROM pg_trigger
+WHERE tgrelid = 'realtime.messages'::regclass AND tgisinternal AND tgfoid = 'realtime.deliver_inserted()'::regprocedure;
+INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:6', 'broadcast', 'back', '{}', false);
+SELECT n, kind, topic, event FROM take();
+
 -- Expiry: rows older than 72 hours go, newer ones stay, deleted as the table's owner, never
 -- as the caller or the installer: a DELETE trigger of the app's records who ran it.
 CREATE ROLE messages_owner NOLOGIN;
