@@ -18,6 +18,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/pg17-root.sh"
+. "$root/scripts/debian-root.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
 out="$root/target/debian"
 work=$(mktemp -d /tmp/pg_realtime_package.XXXXXX)
@@ -105,33 +106,6 @@ fi
 POSTINST
     chmod 755 "$pkg/DEBIAN/postinst"
     dpkg-deb --root-owner-group --build "$pkg" "$out/realtime-sidecar_${sidecar_version}_amd64.deb" >/dev/null
-}
-
-# A pristine Debian root of release $1 at $2, made once.
-pristine() {
-    local release=$1 dir=$2
-    [ -e "$dir/debootstrap.done" ] && return
-    rm -rf --one-file-system "$dir"
-    mkdir -p "$(dirname "$dir")"
-    debootstrap --variant=minbase "$release" "$dir" http://deb.debian.org/debian > "$work/debootstrap-$release.log" 2>&1 ||
-        { tail -n 40 "$work/debootstrap-$release.log" >&2; exit 1; }
-    printf '#!/bin/sh\nexit 101\n' > "$dir/usr/sbin/policy-rc.d"
-    chmod +x "$dir/usr/sbin/policy-rc.d"
-    mkdir -p "$dir/etc/postgresql-common"
-    echo 'create_main_cluster = false' > "$dir/etc/postgresql-common/createcluster.conf"
-    touch "$dir/debootstrap.done"
-}
-
-in_root() {
-    local dir=$1
-    shift
-    unshare --mount --propagation private sh -ec '
-        root=$1; shift
-        mount -t proc proc "$root/proc"
-        mount --rbind /dev "$root/dev"
-        cp /etc/resolv.conf "$root/etc/resolv.conf"
-        exec chroot "$root" "$@"
-    ' sh "$dir" "$@"
 }
 
 # Installs the packages $3... into a copy of the pristine root of release $1, for

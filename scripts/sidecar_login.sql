@@ -38,7 +38,7 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
         text[], integer, bigint, bigint, bigint),
     realtime.persisted_history(text[], boolean[], timestamptz, integer),
     realtime.expire_persisted(integer), realtime.expire_messages(integer),
-    realtime.sync_delivery() TO realtime_sidecar;
+    realtime.sync_app_objects() TO realtime_sidecar;
 -- Persisted client broadcasts (through the functions above, which run as their caller):
 -- written when relayed, read at a replay, deleted when expired.
 GRANT SELECT, INSERT, DELETE ON realtime.persisted_messages TO realtime_sidecar;

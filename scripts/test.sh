@@ -124,6 +124,8 @@ scripts/package.sh test 2>&1 | tee "$log/package.log" || regress_status=1
 for version in 15 17; do
     cp "target/debian/regress-$version.log" "$log/regress$version.log" 2>/dev/null || true
 done
+echo "== pg_upgrade from 15 to 17 in a Debian 13 root, on a database Supabase made (scripts/pg_upgrade.sh)"
+scripts/pg_upgrade.sh 2>&1 | tee "$log/pg_upgrade.log" || regress_status=1
 
 # The numbers in the matches of $1 in file $2, added up; 0 when nothing matches (no `set -e`
 # exit then: pytest's closing line names "failed" only when something failed).

@@ -10,7 +10,7 @@
 -- wal_level need not be `logical` (Postgres warns at CREATE PUBLICATION if it is not).
 
 -- Creates the capture trigger on every published table that lacks it and drops it from
--- every table no longer published; then the delivery triggers of realtime.messages. Run by the event trigger below after any DDL that can
+-- every table no longer published; then what the extension keeps on the app's objects. Run by the event trigger below after any DDL that can
 -- change the set; callable by hand (it is idempotent).
 CREATE FUNCTION realtime.sync_capture() RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -53,8 +53,8 @@ BEGIN
             NULL;
         END;
     END LOOP;
-    -- And the delivery trigger of rows inserted into realtime.messages (sql/inserted.sql).
-    PERFORM realtime.sync_delivery();
+    -- And what the extension keeps on the app's objects (sql/app_objects.sql).
+    PERFORM realtime.sync_app_objects();
 END
 $$;
 

@@ -544,19 +544,40 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'expire_messages_wrapper';
 
--- Creates the delivery trigger on each leaf that lacks it. realtime.sync_capture() calls it,
--- so it runs at CREATE EXTENSION and ALTER EXTENSION UPDATE, and by the event trigger after
--- CREATE TABLE and ALTER TABLE (a partition made or attached, by the app or by a restore).
--- pg_upgrade carries no internal trigger: each sidecar calls this whenever its drain connects
--- (granted to its login by scripts/sidecar_login.sql), so the first after a pg_upgrade makes
--- them again (extension/README.md, "Versions and upgrades"). SECURITY DEFINER, owned by the
--- installing superuser: creating a trigger on the app's table needs it; it reads catalogs and
--- calls realtime.add_delivery_trigger, which runs no code of another role's.
-CREATE FUNCTION realtime.sync_delivery() RETURNS void
+-- sql/app_objects.sql: what the extension keeps on the app's objects, made again wherever
+-- it is missing (its dependencies were recorded by a bare statement before).
+-- What the extension keeps on the app's objects (sql/schema.sql adopts or creates them),
+-- made wherever it is missing:
+-- * the extension's recorded dependencies on them: pg_dump then puts them before CREATE
+--   EXTENSION in a dump, so that a restore adopts them, and they cannot be dropped from under
+--   it. The DEFAULT partition sql/schema.sql adds to a partitioned realtime.messages too:
+--   restored after CREATE EXTENSION, it would meet the one the script had made meanwhile.
+-- * the delivery trigger of rows inserted into realtime.messages (extension/src/inserted.rs:
+--   internal, so that no dump carries it), on each leaf.
+-- The dump pg_upgrade makes carries neither: it makes the extension's members one by one and
+-- records no other dependency of the extension's, and leaves internal triggers out. So each
+-- sidecar calls this whenever its drain connects (granted to its login by
+-- scripts/sidecar_login.sql), and the first after a pg_upgrade makes them again; so does
+-- realtime.sync_capture(), at CREATE EXTENSION, ALTER EXTENSION UPDATE and after CREATE TABLE
+-- and ALTER TABLE (a partition made or attached, by the app or by a restore). SECURITY
+-- DEFINER, owned by the installing superuser: recording a dependency and creating a trigger
+-- on the app's table need it; it reads catalogs and calls realtime.depend_on and
+-- realtime.add_delivery_trigger (superusers only), which run no code of another role's.
+CREATE FUNCTION realtime.sync_app_objects() RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     leaf oid;
 BEGIN
+    PERFORM realtime.depend_on(o.catalog, o.object)
+    FROM (VALUES ('pg_catalog.pg_class'::regclass, to_regclass('realtime.messages')::oid),
+                 ('pg_catalog.pg_proc'::regclass, to_regprocedure('realtime.topic()')::oid),
+                 ('pg_catalog.pg_class'::regclass, to_regclass('realtime.messages_9999_12_31')::oid)
+         ) AS o(catalog, object)
+    WHERE o.object IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                      WHERE d.classid = 'pg_catalog.pg_extension'::regclass
+                        AND d.objid = (SELECT oid FROM pg_extension WHERE extname = 'pg_realtime')
+                        AND d.refclassid = o.catalog AND d.refobjid = o.object);
     IF to_regclass('realtime.messages') IS NULL THEN
         RETURN;
     END IF;
@@ -574,12 +595,13 @@ BEGIN
     END LOOP;
 END
 $$;
-
-REVOKE EXECUTE ON FUNCTION realtime.sync_delivery() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.sync_app_objects() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.depend_on(oid, oid) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.add_delivery_trigger(oid) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.expire_messages(integer) FROM PUBLIC;
 
--- sql/capture.sql: sync_capture keeps the delivery triggers too, and makes them now.
+-- sql/capture.sql: sync_capture keeps what the extension keeps on the app's objects too,
+-- and makes it now.
 CREATE OR REPLACE FUNCTION realtime.sync_capture() RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -621,14 +643,14 @@ BEGIN
             NULL;
         END;
     END LOOP;
-    -- And the delivery trigger of rows inserted into realtime.messages (sql/inserted.sql).
-    PERFORM realtime.sync_delivery();
+    -- And what the extension keeps on the app's objects (sql/app_objects.sql).
+    PERFORM realtime.sync_app_objects();
 END
 $$;
 SELECT realtime.sync_capture();
 
 -- The roles that may expire persisted messages (a sidecar's login) may expire these, and make
--- the delivery triggers again (the sidecar asks at each connection: pg_upgrade carries none).
+-- what pg_upgrade leaves out again (the sidecar asks at each connection).
 DO $$
 DECLARE
     r text;
@@ -637,7 +659,7 @@ BEGIN
              WHERE NOT a.rolsuper
                AND pg_catalog.has_function_privilege(a.oid, 'realtime.expire_persisted(integer)', 'EXECUTE') LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.expire_messages(integer) TO %s', r);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.sync_delivery() TO %s', r);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.sync_app_objects() TO %s', r);
     END LOOP;
 END
 $$;

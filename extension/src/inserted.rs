@@ -16,12 +16,13 @@
 //! made it, and the restore would stop there. An internal one is never dumped: the restore's
 //! `CREATE EXTENSION` makes it, and the partitions a restore attaches later get theirs from
 //! `realtime.sync_capture()`, which the extension's event trigger runs after `CREATE TABLE`
-//! and `ALTER TABLE` (`sql/inserted.sql`). It depends on the extension (`DROP EXTENSION`
+//! and `ALTER TABLE` (`sql/app_objects.sql`); after a `pg_upgrade`, whose dump leaves them out too,
+//! the sidecar's first connection does. It depends on the extension (`DROP EXTENSION`
 //! drops it) and on its leaf (dropped with it).
 //!
 //! Who runs what: `deliver_inserted` runs as the inserting role (a trigger function is no
 //! definer) and runs nothing another role wrote: it reads the row's columns and copies them.
-//! `add_delivery_trigger` is called by `realtime.sync_delivery()`, the installer's SECURITY
+//! `add_delivery_trigger` is called by `realtime.sync_app_objects()`, the installer's SECURITY
 //! DEFINER, and creates the trigger by a catalog call (no event trigger, no user code: the
 //! WHEN clause calls no function or operator).
 
@@ -203,7 +204,7 @@ impl Columns {
 
 /// Creates the internal delivery trigger on `leaf` (a leaf of `realtime.messages`), unless
 /// the leaf lacks an `event` column or both payload columns. Superusers only: it is
-/// `realtime.sync_delivery()`'s step, run as the installer.
+/// `realtime.sync_app_objects()`'s step, run as the installer.
 #[pg_extern(volatile, parallel_unsafe)]
 fn add_delivery_trigger(leaf: pg_sys::Oid) -> bool {
     unsafe {

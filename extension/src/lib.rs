@@ -18,11 +18,12 @@
 //! * `subscribable` (SQL) renders a filter's values through `filter_values.rs`, as the
 //!   binding's role; it and `selectable` read only catalogs, as the caller, and call the
 //!   extension's functions by their exact signatures.
-//! * `sync_capture` and `sync_delivery` (SQL, the event trigger) are the SECURITY DEFINER
-//!   functions, owned by the installing superuser: creating a trigger on another role's
-//!   table needs it, and they run catalog reads, `CREATE`/`DROP TRIGGER realtime_capture` and
-//!   the catalog call that makes the internal delivery trigger of `realtime.messages`
-//!   (`inserted.rs`), nothing else.
+//! * `sync_capture` and `sync_app_objects` (SQL; the event trigger, and the sidecar's login at
+//!   each connection) are the SECURITY DEFINER functions, owned by the installing superuser:
+//!   recording a dependency and creating a trigger on another role's table need it, and they
+//!   run catalog reads, `CREATE`/`DROP TRIGGER realtime_capture`, `depend_on` and the catalog
+//!   call that makes the internal delivery trigger of `realtime.messages` (`inserted.rs`),
+//!   nothing else.
 //! * `deliver_inserted` (that trigger) runs as the role that inserted the row, and reads it.
 //! * `expire_messages` deletes `realtime.messages` rows past Supabase's 72 hours as the
 //!   table's owner (`messages_expiry.rs`).
@@ -74,9 +75,10 @@ pgrx::pg_module_magic!();
 
 extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
 extension_sql_file!(
-    "../../sql/inserted.sql",
-    name = "inserted",
+    "../../sql/app_objects.sql",
+    name = "app_objects",
     requires = [
+        app_objects::depend_on,
         inserted::deliver_inserted,
         inserted::add_delivery_trigger,
         messages_expiry::expire_messages
@@ -85,7 +87,7 @@ extension_sql_file!(
 extension_sql_file!(
     "../../sql/capture.sql",
     name = "capture",
-    requires = [capture, "inserted"]
+    requires = [capture, "app_objects"]
 );
 extension_sql_file!(
     "../../sql/subscribable.sql",
@@ -102,11 +104,6 @@ extension_sql_file!(
     "../../sql/presence.sql",
     name = "presence",
     requires = [presence::queue_presence]
-);
-extension_sql_file!(
-    "../../sql/app_objects.sql",
-    name = "app_objects",
-    requires = [app_objects::depend_on]
 );
 extension_sql_file!("../../sql/check_privileges.sql", name = "check_privileges");
 extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);

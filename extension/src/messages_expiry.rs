@@ -4,11 +4,14 @@
 //! `realtime.expire_persisted`). Supabase's server drops its daily partitions after that
 //! long; here every row lands in one table or one DEFAULT partition, so rows go one by one.
 //!
-//! As the table's owner, in a security-restricted operation (`identity::as_role`): the
-//! DELETE runs the owner's DELETE triggers and sees what the owner sees, never with the
-//! caller's rights (the sidecar's login) or the installer's. In a database Supabase made the
-//! owner is `supabase_realtime_admin`, the role Supabase's own janitor deletes as. Every name
-//! and operator in the statement is schema-qualified, so nothing on the search path is run.
+//! As the table's owner, in a security-restricted operation (`identity::as_role`), never with
+//! the caller's rights (the sidecar's login) or the installer's: it sees what the owner sees.
+//! In a database Supabase made the owner is `supabase_realtime_admin`, the role Supabase's own
+//! janitor drops partitions as. With `session_replication_role = replica`: the only triggers
+//! that fire are those the owner made `ENABLE ALWAYS` (its own code); a trigger by a role
+//! granted TRIGGER on the table (Supabase grants it to `postgres` and `dashboard_user`) does
+//! not, or its code would run with the owner's rights. Every name and operator in the
+//! statement is schema-qualified, so nothing on the search path is run.
 
 use crate::identity::as_role;
 use pgrx::pg_sys;
@@ -54,6 +57,21 @@ fn expire_messages(max_rows: default!(i32, 10000)) -> i32 {
         }
         let mut types = [pg_sys::INT4OID];
         let args = [pg_sys::Datum::from(max_rows)];
+        // Triggers fire only if the owner made them ALWAYS: in replica mode, as Supabase's
+        // janitor fires none (it drops partitions). A role granted TRIGGER on the table must
+        // not have its code run with the owner's rights. Restored when the level ends, and
+        // by the transaction's abort on an error.
+        let level = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"session_replication_role".as_ptr(),
+            c"replica".as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
         let gone = as_role(owner, || {
             let rc = pg_sys::SPI_execute_with_args(
                 sql.as_ptr(),
@@ -69,6 +87,7 @@ fn expire_messages(max_rows: default!(i32, 10000)) -> i32 {
             }
             pg_sys::SPI_processed
         });
+        pg_sys::AtEOXact_GUC(true, level);
         pg_sys::SPI_finish();
         gone as i32
     }

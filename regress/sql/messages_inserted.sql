@@ -74,25 +74,36 @@ SELECT n, kind, topic, event, payload FROM take();
 DROP POLICY insert_room_3 ON realtime.messages;
 DROP POLICY insert_room_5 ON realtime.messages;
 
--- pg_upgrade carries no internal trigger (its dump leaves them out, as pg_dump's does): the
--- sidecar's login asks realtime.sync_delivery() at each connection, and it makes them again,
--- as the installer (SECURITY DEFINER) on behalf of a login that is no superuser.
+-- pg_upgrade carries no internal trigger (its dump leaves them out, as pg_dump's does), nor
+-- the extension's recorded dependencies on the app's objects: the sidecar's login asks
+-- realtime.sync_app_objects() at each connection, and it makes both again, as the installer
+-- (SECURITY DEFINER) on behalf of a login that is no superuser.
 SELECT tgname AS delivery_trigger FROM pg_trigger
 WHERE tgrelid = 'realtime.messages'::regclass AND tgfoid = 'realtime.deliver_inserted()'::regprocedure \gset
 DROP TRIGGER :"delivery_trigger" ON realtime.messages;
+DELETE FROM pg_depend WHERE classid = 'pg_extension'::regclass
+  AND objid = (SELECT oid FROM pg_extension WHERE extname = 'pg_realtime')
+  AND refobjid IN ('realtime.messages'::regclass, 'realtime.topic()'::regprocedure);
+SELECT count(*) AS dependencies_left FROM pg_depend WHERE classid = 'pg_extension'::regclass
+  AND refobjid IN ('realtime.messages'::regclass, 'realtime.topic()'::regprocedure);
 INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:6', 'broadcast', 'lost', '{}', false);
 SELECT * FROM take();
-GRANT EXECUTE ON FUNCTION realtime.sync_delivery() TO inserting_user;
+GRANT EXECUTE ON FUNCTION realtime.sync_app_objects() TO inserting_user;
 SET ROLE inserting_user;
-SELECT realtime.sync_delivery();
+SELECT realtime.sync_app_objects();
 RESET ROLE;
 SELECT count(*) AS delivery_triggers FROM pg_trigger
 WHERE tgrelid = 'realtime.messages'::regclass AND tgisinternal AND tgfoid = 'realtime.deliver_inserted()'::regprocedure;
+SELECT pg_describe_object(refclassid, refobjid, refobjsubid) AS depends_on, deptype FROM pg_depend
+WHERE classid = 'pg_extension'::regclass AND refobjid IN ('realtime.messages'::regclass, 'realtime.topic()'::regprocedure)
+ORDER BY 1;
 INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:6', 'broadcast', 'back', '{}', false);
 SELECT n, kind, topic, event FROM take();
 
 -- Expiry: rows older than 72 hours go, newer ones stay, deleted as the table's owner, never
--- as the caller or the installer: a DELETE trigger of the app's records who ran it.
+-- as the caller or the installer, in replica mode: a trigger someone granted TRIGGER put
+-- there does not fire (its code would run with the owner's rights); one the owner made
+-- ALWAYS does, and records who ran it.
 CREATE ROLE messages_owner NOLOGIN;
 GRANT USAGE ON SCHEMA realtime TO messages_owner;
 CREATE TABLE public.expired_by (who text, topic text);
@@ -110,9 +121,13 @@ INSERT INTO realtime.messages (topic, extension, inserted_at) VALUES
     ('expired:2', 'broadcast', now() - interval '80 hours'),
     ('expired:3', 'broadcast', now() - interval '100 hours'),
     ('kept', 'broadcast', now() - interval '71 hours');
--- In bounded chunks: 2, then 1, then none.
-SELECT realtime.expire_messages(2) AS first, realtime.expire_messages(2) AS second, realtime.expire_messages(2) AS third;
-SELECT who, topic FROM public.expired_by ORDER BY topic;
+SELECT realtime.expire_messages(1) AS first;
+SELECT count(*) AS fired_in_replica_mode FROM public.expired_by;
+ALTER TABLE realtime.messages ENABLE ALWAYS TRIGGER record_expiry;
+-- In bounded chunks: 1 (above), then 1, then 1, then none.
+SELECT realtime.expire_messages(1) AS second, realtime.expire_messages(1) AS third, realtime.expire_messages(1) AS fourth;
+SELECT who, count(*) AS rows_deleted FROM public.expired_by GROUP BY who;
+SELECT current_setting('session_replication_role') AS replication_role_after;
 SELECT topic FROM realtime.messages WHERE topic IN ('expired:1', 'expired:2', 'expired:3', 'kept');
 SELECT realtime.expire_messages(0);
 DROP TRIGGER record_expiry ON realtime.messages;
@@ -122,7 +137,7 @@ DELETE FROM realtime.messages;
 -- Granted to no one by default.
 SELECT has_function_privilege('public', 'realtime.expire_messages(integer)', 'EXECUTE') AS public_expires,
        has_function_privilege('public', 'realtime.add_delivery_trigger(oid)', 'EXECUTE') AS public_adds,
-       has_function_privilege('public', 'realtime.sync_delivery()', 'EXECUTE') AS public_syncs;
+       has_function_privilege('public', 'realtime.sync_app_objects()', 'EXECUTE') AS public_syncs;
 SET ROLE inserting_user;
 SELECT realtime.add_delivery_trigger('realtime.messages'::regclass);
 RESET ROLE;

@@ -3,7 +3,9 @@
 // login), served to the official @supabase/realtime-js client with nothing of the app
 // changed: private channels authorized by the policies the app wrote on realtime.messages,
 // the broadcasts of the app's trigger (realtime.broadcast_changes), Postgres Changes of its
-// published table with its RLS, presence on a private channel.
+// published table with its RLS, presence on a private channel, rows the app inserts into
+// realtime.messages, replay of a persisted broadcast. scripts/pg_upgrade.sh runs it against
+// the same database upgraded from PostgreSQL 15 to 17.
 // PG_REALTIME_SUPABASE_DSN: that database as supabase_admin; PG_REALTIME_SUPABASE_SIDECAR_DSN:
 // as the sidecar's login.
 import { test, before, after } from 'node:test';
@@ -148,5 +150,49 @@ test("presence on a private channel, allowed by the app's policy for the presenc
   } finally {
     await close(a);
     await close(b);
+  }
+});
+
+test('a row the app inserts into realtime.messages (its DEFAULT partition) reaches the room\'s members', async () => {
+  const member = await connect(MEMBER);
+  try {
+    const channel = member.channel('room:lobby', { config: { private: true } });
+    const got = [];
+    channel.on('broadcast', { event: 'from_a_job' }, (m) => got.push(m));
+    await subscribed(channel);
+    const { rows } = await db.query(
+      `INSERT INTO realtime.messages (topic, extension, event, payload, private)
+       VALUES ('room:lobby', 'broadcast', 'from_a_job', '{"text": "written by an integration"}', true) RETURNING id::text`);
+    await waitFor(() => got.length > 0, 10000, 'the inserted row');
+    assert.equal(got[0].payload.text, 'written by an integration');
+    assert.equal(got[0].meta.id, rows[0].id);
+  } finally {
+    await close(member);
+  }
+});
+
+// The row a persisted client broadcast leaves; scripts/pg_upgrade.sh writes the same one on
+// PostgreSQL 15 before it upgrades, so there the replay reads it across pg_upgrade.
+const KEPT = '66666666-6666-4666-8666-666666666666';
+
+test('a persisted broadcast is replayed to a member of its private channel', async () => {
+  await db.query(
+    `INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, expires_at)
+     VALUES ($1, 'room:lobby', true, 'kept', '{"text": "kept across pg_upgrade"}', now() + interval '3 days')
+     ON CONFLICT (id) DO NOTHING`,
+    [KEPT]);
+  const member = await connect(MEMBER);
+  try {
+    const since = Date.now() - 24 * 3600 * 1000;
+    const channel = member.channel('room:lobby', { config: { private: true, broadcast: { replay: { since, limit: 25 } } } });
+    const got = [];
+    channel.on('broadcast', { event: 'kept' }, (m) => got.push(m));
+    await subscribed(channel);
+    await waitFor(() => got.length > 0, 10000, 'the replayed broadcast');
+    assert.equal(got[0].payload.text, 'kept across pg_upgrade');
+    assert.equal(got[0].meta.id, KEPT);
+    assert.equal(got[0].meta.replayed, true);
+  } finally {
+    await close(member);
   }
 });

@@ -155,12 +155,13 @@
 //! - **The database workers**: `db_worker` (a connection kept up; the batched-worker shape),
 //!   `db_tls` (TLS to Postgres, verified), `db_thread`, `authorizer` and `verdict_queue` (batched verdicts, a line per address),
 //!   `privileges` (the rights that reach the extension's code, logged at start),
-//!   `delivery_triggers` (the triggers that deliver rows inserted into `realtime.messages`,
-//!   made again after a `pg_upgrade`).
+//!   `app_objects` (what the extension keeps on the app's objects, made again after a
+//!   `pg_upgrade`).
 //! - **Vocabulary and plumbing**: `config/`, `state`, `reason` (every reason a client can be
 //!   given), `metrics`, `shutdown`, `fuzz` (tests).
 
 pub mod address;
+pub mod app_objects;
 pub mod authorizer;
 pub mod broadcast;
 pub mod channels;
@@ -171,7 +172,6 @@ pub mod cors;
 pub mod db_thread;
 pub mod db_tls;
 pub mod db_worker;
-pub mod delivery_triggers;
 pub mod drainer;
 pub mod frame;
 #[cfg(test)]

@@ -118,7 +118,7 @@ impl Session {
         if epoch.is_none() {
             crate::privileges::log(&client, setup).await;
         }
-        crate::delivery_triggers::sync(&client, setup).await;
+        crate::app_objects::sync(&client, setup).await;
         *epoch = Some(now_epoch);
         metrics.db_up.store(1, Relaxed);
         tracing::info!(consumer = %cfg.consumer, position = pos, "draining");
