@@ -18,9 +18,29 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 /// What every connection of the sidecar connects with.
 pub type Tls = MakeRustlsConnect;
 
+/// The connector for the CA file `ca` (None: the system's trust store), built at its first
+/// use (the startup check) and shared after: built at every (re)connection of each of the
+/// sidecar's connections, it read the file, or the whole system store, again each time. A
+/// CA file replaced on disk is read at the next start, as most clients read theirs.
+pub fn shared(ca: Option<&std::path::Path>) -> Result<Tls, String> {
+    type Built = std::collections::HashMap<Option<std::path::PathBuf>, Tls>;
+    static BUILT: std::sync::LazyLock<std::sync::Mutex<Built>> =
+        std::sync::LazyLock::new(Default::default);
+    let key = ca.map(std::path::Path::to_path_buf);
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(tls) = built.get(&key) {
+        return Ok(tls.clone());
+    }
+    let tls = connector(ca)?;
+    built.insert(key, tls.clone());
+    Ok(tls)
+}
+
 /// The connector for the CA file `ca` (None: the system's trust store), its roots read now.
 /// Err names what is wrong with the file.
-pub fn connector(ca: Option<&std::path::Path>) -> Result<Tls, String> {
+fn connector(ca: Option<&std::path::Path>) -> Result<Tls, String> {
     let mut roots = rustls::RootCertStore::empty();
     match ca {
         Some(path) => {

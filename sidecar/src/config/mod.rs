@@ -674,9 +674,10 @@ impl Config {
         Ok(c)
     }
 
-    /// What every connection to Postgres connects with (`db_tls`): DB_SSL_CA_CERT read now.
+    /// What every connection to Postgres connects with (`db_tls::shared`): DB_SSL_CA_CERT read
+    /// at the first call, the startup check, and the connector shared after.
     pub fn db_tls(&self) -> Result<crate::db_tls::Tls, InvalidConfig> {
-        crate::db_tls::connector(self.db_ssl_ca_cert.as_deref()).map_err(InvalidConfig)
+        crate::db_tls::shared(self.db_ssl_ca_cert.as_deref()).map_err(InvalidConfig)
     }
 
     /// The latest an authorization or relay call may answer before its connection is given
