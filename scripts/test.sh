@@ -7,7 +7,8 @@
 # a database Supabase made, switched to pg_realtime), then builds the Debian packages and
 # installs each into a fresh root of its release, where the pg_regress, isolation,
 # not-preloaded, lifecycle (upgrade, dump and restore), Supabase and standby suites run
-# against it (15 on Debian 12, 17 on Debian 13) and the sidecar's unit is checked.
+# against it (15 on Debian 12, 17 on Debian 13) and the sidecar's unit is checked, and
+# pg_upgrade from 15 to 17 runs on a database Supabase made (scripts/pg_upgrade.sh).
 # The last line is "N passed, N failed" over everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,19 +16,23 @@ root=$(pwd)
 export PATH="$HOME/.cargo/bin:$PATH"
 log=$(mktemp -d /tmp/pg_realtime_test.XXXXXX)
 chmod 755 "$log"
+# Each section's heading carries the minutes and seconds since the start, so a run's log
+# shows where its time went.
+section() { printf '== [%02d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
+section "what the suite needs (scripts/install-deps.sh, scripts/install-peers.sh)"
 scripts/install-deps.sh
 # The benchmark smokes below run Centrifugo and k6 (built from the Go module proxy).
 scripts/install-peers.sh
 
-echo "== cargo fmt"
+section "cargo fmt"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+section "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== install the extension (PostgreSQL 15 and 17)"
+section "install the extension (PostgreSQL 15 and 17)"
 scripts/install-extension.sh 15 17
 
-echo "== fixed ports refused inside the ephemeral range (a benchmark sidecar once failed to start on one)"
+section "fixed ports refused inside the ephemeral range (a benchmark sidecar once failed to start on one)"
 if scripts/cluster.sh start "$log/ephemeral" 54999 2>/dev/null; then
     echo "scripts/cluster.sh started a cluster on port 54999, inside the ephemeral range" >&2
     exit 1
@@ -39,7 +44,7 @@ except ValueError:
     sys.exit(0)
 sys.exit('harness.fixed_port accepted 54999, inside the ephemeral range')"
 
-echo "== cluster for the end-to-end tests"
+section "cluster for the end-to-end tests"
 cluster="$log/cluster"
 port=${TEST_PG_PORT:-24350}
 # Every test's sidecar keeps its consumer slot for the server's life (a test that restarts
@@ -63,13 +68,13 @@ export PG_REALTIME_TEST_DSN="host=$cluster port=$port user=postgres dbname=postg
 export PG_REALTIME_SIDECAR_DSN="host=$cluster port=$port user=realtime_sidecar dbname=postgres"
 export PG_REALTIME_TEST_PGDATA="$cluster/data"
 
-echo "== Rust unit and end-to-end tests"
+section "Rust unit and end-to-end tests"
 cargo test --workspace 2>&1 | tee "$log/cargo.log"
-echo "== realtime-js end-to-end tests and the demo page in headless Chromium"
+section "realtime-js end-to-end tests and the demo page in headless Chromium"
 (cd sidecar/web && npm ci --no-audit --no-fund --loglevel=error && npm run -s build)
 (cd sidecar/e2e && npm ci --no-audit --no-fund --loglevel=error)
 SIDECAR_BIN="$root/target/debug/realtime-sidecar" npm --prefix sidecar/e2e test 2>&1 | tee "$log/node.log"
-echo "== supabase-py's realtime client (sidecar/e2e/python, in the venv scripts/install-deps.sh made)"
+section "supabase-py's realtime client (sidecar/e2e/python, in the venv scripts/install-deps.sh made)"
 python_status=0
 (cd sidecar/e2e/python && SIDECAR_BIN="$root/target/debug/realtime-sidecar" .venv/bin/pytest -q) 2>&1 |
     tee "$log/python.log" || python_status=$?
@@ -78,7 +83,7 @@ scripts/cluster.sh stop "$cluster"
 scripts/supabase-cluster.sh stop "$supabase_cluster"
 trap - EXIT
 
-echo "== benchmark smoke (seconds long, so the runners do not rot; figures not kept)"
+section "benchmark smoke (seconds long, so the runners do not rot; figures not kept)"
 python3 pgbench/trigger_cost.py --seconds 1 --rounds 1 --clients 2 > "$log/trigger_cost.md"
 python3 pgbench/capture_cost.py --seconds 1 --rounds 1 --clients 2 > "$log/capture_cost.md"
 python3 pgbench/fanout.py --seconds 2 --subscribers 20 --rates 100 > "$log/fanout.md"
@@ -108,7 +113,7 @@ python3 pgbench/profile.py drain --messages 20000 >> "$log/profile.md"
 python3 pgbench/profile.py consumers --seconds 1 --clients 2 --lingers 0,2 >> "$log/profile.md"
 cat "$log"/{trigger_cost,capture_cost,fanout,authorize,send_cost,visible,pattern_memory,changes,joins,resume,presence,scenarios,routed,peers,connections,soak,profile}.md
 
-echo "== expected outputs hold no wall-clock text (the suite once passed only on Saturdays)"
+section "expected outputs hold no wall-clock text (the suite once passed only on Saturdays)"
 if grep -n -E '\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\b' regress/expected/*.out; then
     echo "an expected output holds a date: mask it" >&2
     exit 1
@@ -118,13 +123,13 @@ fi
 # version, against the Debian packages installed into a fresh root of their release (Debian
 # 12 with PostgreSQL 15, Debian 13 with 17), with the sidecar's package and unit checked
 # there too. scripts/regress.sh runs the same suites against a development install.
-echo "== Debian packages in fresh roots, and the regress suites against them (scripts/package.sh test)"
+section "Debian packages in fresh roots, and the regress suites against them (scripts/package.sh test)"
 regress_status=0
 scripts/package.sh test 2>&1 | tee "$log/package.log" || regress_status=1
 for version in 15 17; do
     cp "target/debian/regress-$version.log" "$log/regress$version.log" 2>/dev/null || true
 done
-echo "== pg_upgrade from 15 to 17 in a Debian 13 root, on a database Supabase made (scripts/pg_upgrade.sh)"
+section "pg_upgrade from 15 to 17 in a Debian 13 root, on a database Supabase made (scripts/pg_upgrade.sh)"
 scripts/pg_upgrade.sh 2>&1 | tee "$log/pg_upgrade.log" || regress_status=1
 
 # The numbers in the matches of $1 in file $2, added up; 0 when nothing matches (no `set -e`
@@ -148,5 +153,6 @@ py_failed=$(( $(sum '[0-9]+ failed' <(echo "$py_summary")) + $(sum '[0-9]+ error
 passed=$((passed + py_passed))
 failed=$((failed + py_failed))
 [ "$regress_status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
+section "done"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
