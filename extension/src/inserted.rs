@@ -9,15 +9,18 @@
 //! The trigger. An `AFTER INSERT ... FOR EACH ROW WHEN (NEW.event IS NOT NULL)` on each leaf
 //! of `realtime.messages` (the table itself when it is not partitioned), calling
 //! `realtime.deliver_inserted()`. The read probes (`authorize.rs`) insert rows without an
-//! event: the WHEN clause leaves them out before any function is called. The trigger is *internal* (`tgisinternal`, as a foreign
-//! key's are), which is what keeps it out of every dump: `realtime.messages` is the app's
-//! table and pg_dump dumps its triggers, so a trigger made by `CREATE EXTENSION` would be
-//! made again by the dump's `CREATE TRIGGER` after the restore's `CREATE EXTENSION` had
-//! made it, and the restore would stop there. An internal one is never dumped: the restore's
-//! `CREATE EXTENSION` makes it, and the partitions a restore attaches later get theirs from
-//! `realtime.sync_capture()`, which the extension's event trigger runs after `CREATE TABLE`
-//! and `ALTER TABLE` (`sql/app_objects.sql`); after a `pg_upgrade`, whose dump leaves them out too,
-//! the sidecar's first connection does. It depends on the extension (`DROP EXTENSION`
+//! event: the WHEN clause leaves them out before any function is called.
+//!
+//! The trigger is *internal* (`tgisinternal`, as a foreign key's are), which is what keeps
+//! it out of every dump: `realtime.messages` is the app's table and pg_dump dumps its
+//! triggers, so a trigger made by `CREATE EXTENSION` would be made again by the dump's
+//! `CREATE TRIGGER` after the restore's `CREATE EXTENSION` had made it, and the restore
+//! would stop there. An internal one is never dumped: the restore's `CREATE EXTENSION`
+//! makes it, and the partitions a restore attaches later get theirs from
+//! `realtime.sync_app_objects()` (`sql/app_objects.sql`), which `realtime.sync_capture()`
+//! calls when the extension's event trigger runs it after `CREATE TABLE` and `ALTER TABLE`;
+//! after a `pg_upgrade`, whose dump leaves them out too, the sidecar's first connection
+//! does. It depends on the extension (`DROP EXTENSION`
 //! drops it) and on its leaf (dropped with it).
 //!
 //! Who runs what: `deliver_inserted` runs as the inserting role (a trigger function is no
@@ -34,7 +37,7 @@ use crate::xact;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::Cell;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 thread_local! {
     /// Set while `send_policy.rs` inserts the row Supabase's send would write (rolled back at
@@ -63,7 +66,7 @@ fn deliver_inserted(fcinfo: pg_sys::FunctionCallInfo) {
         let ev = row_event(
             fcinfo,
             "realtime.deliver_inserted()",
-            "realtime.sync_capture() creates its triggers; do not create them by hand.",
+            "realtime.sync_app_objects() creates its triggers; do not create them by hand.",
         );
         if ev.op != "INSERT" {
             errors::fail(
@@ -80,9 +83,10 @@ fn deliver_inserted(fcinfo: pg_sys::FunctionCallInfo) {
             tuple: ev.new,
             desc,
         };
-        let topic = row.text("topic");
-        let event = row.text("event");
-        let private = row.bool("private");
+        let topic = row.text(c"topic");
+        let event = row.text(c"event");
+        let private = row.bool(c"private");
+        // Only a row whose `private` is true is private; a NULL one is refused below.
         let flags = if private == Some(true) {
             FLAG_PRIVATE
         } else {
@@ -104,9 +108,9 @@ fn deliver_inserted(fcinfo: pg_sys::FunctionCallInfo) {
             let r = Refusal::null(Reason::InvalidTopic, "private");
             return xact::refuse(By::App, (None, Some(event)), 0, 0, r);
         };
-        let id = row.uuid("id").unwrap_or_else(crate::payload::new_id);
-        let flags = if private { FLAG_PRIVATE } else { 0 };
-        if let Some(json) = row.json("payload") {
+        debug_assert_eq!(flags != 0, private);
+        let id = row.uuid(c"id").unwrap_or_else(crate::payload::new_id);
+        if let Some(json) = row.json(c"payload") {
             let size = json.len();
             if !json.trim_start().starts_with('{') {
                 return refuse(
@@ -119,22 +123,23 @@ fn deliver_inserted(fcinfo: pg_sys::FunctionCallInfo) {
                 );
             }
             xact::append(By::App, topic, event, json.as_bytes(), flags, id, 0);
-        } else if let Some(bytes) = row.bytes("binary_payload") {
+        } else if let Some(bytes) = row.bytes(c"binary_payload") {
             xact::append(By::App, topic, event, bytes, flags | FLAG_BINARY, id, 0);
         }
     }
 }
 
 /// The inserted row's columns, read by name (Supabase's table and ours order them
-/// differently, and a partition may have dropped columns).
+/// differently, and a partition may have dropped columns). A name is found by a scan of the
+/// leaf's few columns: cheaper than a cache of positions, which would have to follow every
+/// `ALTER TABLE` of every leaf.
 struct Columns {
     tuple: pg_sys::HeapTuple,
     desc: pg_sys::TupleDesc,
 }
 
 impl Columns {
-    unsafe fn datum(&self, name: &str) -> Option<(pg_sys::Datum, pg_sys::Oid)> {
-        let name = CString::new(name).expect("column name");
+    unsafe fn datum(&self, name: &CStr) -> Option<(pg_sys::Datum, pg_sys::Oid)> {
         unsafe {
             let n = pg_sys::SPI_fnumber(self.desc, name.as_ptr());
             if n <= 0 {
@@ -146,21 +151,22 @@ impl Columns {
         }
     }
 
-    unsafe fn text<'a>(&self, name: &str) -> Option<&'a str> {
+    unsafe fn text<'a>(&self, name: &CStr) -> Option<&'a str> {
         unsafe {
             let (d, ty) = self.datum(name)?;
-            (ty == pg_sys::TEXTOID || ty == pg_sys::VARCHAROID).then(|| crate::args::text(d, name))
+            let what = name.to_str().expect("ASCII column name");
+            (ty == pg_sys::TEXTOID || ty == pg_sys::VARCHAROID).then(|| crate::args::text(d, what))
         }
     }
 
-    unsafe fn bool(&self, name: &str) -> Option<bool> {
+    unsafe fn bool(&self, name: &CStr) -> Option<bool> {
         unsafe {
             let (d, ty) = self.datum(name)?;
             (ty == pg_sys::BOOLOID).then(|| d.value() != 0)
         }
     }
 
-    unsafe fn uuid(&self, name: &str) -> Option<[u8; 16]> {
+    unsafe fn uuid(&self, name: &CStr) -> Option<[u8; 16]> {
         unsafe {
             let (d, ty) = self.datum(name)?;
             if ty != pg_sys::UUIDOID {
@@ -173,7 +179,7 @@ impl Columns {
     }
 
     /// A `jsonb` or `json` column as JSON text.
-    unsafe fn json(&self, name: &str) -> Option<String> {
+    unsafe fn json(&self, name: &CStr) -> Option<String> {
         unsafe {
             let (d, ty) = self.datum(name)?;
             if ty == pg_sys::JSONBOID {
@@ -187,14 +193,14 @@ impl Columns {
                         .into_owned(),
                 )
             } else if ty == pg_sys::JSONOID {
-                Some(crate::args::text(d, name).to_owned())
+                Some(crate::args::text(d, name.to_str().expect("ASCII column name")).to_owned())
             } else {
                 None
             }
         }
     }
 
-    unsafe fn bytes<'a>(&self, name: &str) -> Option<&'a [u8]> {
+    unsafe fn bytes<'a>(&self, name: &CStr) -> Option<&'a [u8]> {
         unsafe {
             let (d, ty) = self.datum(name)?;
             (ty == pg_sys::BYTEAOID).then(|| crate::args::varlena_bytes(d))
@@ -212,10 +218,10 @@ fn add_delivery_trigger(leaf: pg_sys::Oid) -> bool {
             errors::fail(
                 PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
                 "only a superuser may create pg_realtime's delivery triggers",
-                Some("realtime.sync_capture() creates them."),
+                Some("realtime.sync_app_objects() creates them."),
             );
         }
-        let has = |c: &std::ffi::CStr| pg_sys::get_attnum(leaf, c.as_ptr()) > 0;
+        let has = |c: &CStr| pg_sys::get_attnum(leaf, c.as_ptr()) > 0;
         if !has(c"event") || !(has(c"payload") || has(c"binary_payload")) {
             return false;
         }

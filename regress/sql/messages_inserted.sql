@@ -100,6 +100,74 @@ ORDER BY 1;
 INSERT INTO realtime.messages (topic, extension, event, payload, private) VALUES ('room:6', 'broadcast', 'back', '{}', false);
 SELECT n, kind, topic, event FROM take();
 
+-- It runs nothing a lesser role controls. The table's owner, a role that is no superuser,
+-- plants a trigger on it and look-alikes, in public, of the functions and the operator the
+-- function calls; its caller puts public first in its search_path. Each plant records that
+-- it ran, and as whom. The function makes the trigger again and no plant runs; then the
+-- caller's own statements (its path, an INSERT) run them, so the plants would have told.
+CREATE ROLE planter NOLOGIN;
+CREATE TABLE public.planted_ran (who text, what text);
+GRANT INSERT ON public.planted_ran TO PUBLIC;
+GRANT CREATE ON SCHEMA public TO planter;
+GRANT USAGE ON SCHEMA realtime TO planter;
+ALTER TABLE realtime.messages OWNER TO planter;
+SET ROLE planter;
+CREATE FUNCTION public.plant(what text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.planted_ran VALUES (current_user, what);
+    RETURN true;
+END
+$$;
+CREATE FUNCTION public.to_regclass(text) RETURNS regclass LANGUAGE sql
+AS $$ SELECT CASE WHEN public.plant('to_regclass') THEN pg_catalog.to_regclass($1) END $$;
+CREATE FUNCTION public.pg_partition_tree(regclass)
+RETURNS TABLE (relid regclass, parentrelid regclass, isleaf boolean, level integer) LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM public.plant('pg_partition_tree');
+    RETURN QUERY SELECT * FROM pg_catalog.pg_partition_tree($1);
+END
+$$;
+CREATE FUNCTION public.plant_oideq(oid, oid) RETURNS boolean LANGUAGE sql
+AS $$ SELECT public.plant('=') AND pg_catalog.oideq($1, $2) $$;
+CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = oid, FUNCTION = public.plant_oideq);
+CREATE FUNCTION public.plant_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM public.plant('trigger');
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER planted BEFORE INSERT ON realtime.messages FOR EACH ROW EXECUTE FUNCTION public.plant_trigger();
+RESET ROLE;
+SELECT tgname AS delivery_trigger FROM pg_trigger
+WHERE tgrelid = 'realtime.messages'::regclass AND tgfoid = 'realtime.deliver_inserted()'::regprocedure \gset
+DROP TRIGGER :"delivery_trigger" ON realtime.messages;
+SET ROLE inserting_user;
+SET search_path = public, pg_catalog;
+SELECT realtime.sync_app_objects();
+RESET search_path;
+RESET ROLE;
+SELECT count(*) AS delivery_triggers FROM pg_trigger
+WHERE tgrelid = 'realtime.messages'::regclass AND tgisinternal AND tgfoid = 'realtime.deliver_inserted()'::regprocedure;
+SELECT count(*) AS plants_run_by_sync FROM public.planted_ran;
+SET ROLE inserting_user;
+SET search_path = public, pg_catalog;
+SELECT to_regclass('realtime.messages') AS found, 1::oid = 1::oid AS equal,
+       (SELECT count(*) FROM pg_partition_tree('realtime.messages')) AS tree;
+RESET search_path;
+RESET ROLE;
+INSERT INTO realtime.messages (topic, extension) VALUES ('planted', 'broadcast');
+SELECT who, what FROM public.planted_ran ORDER BY what;
+DELETE FROM realtime.messages WHERE topic = 'planted';
+DROP TRIGGER planted ON realtime.messages;
+ALTER TABLE realtime.messages OWNER TO CURRENT_USER;
+DROP OPERATOR public.= (oid, oid);
+DROP FUNCTION public.plant_oideq(oid, oid), public.pg_partition_tree(regclass), public.to_regclass(text),
+    public.plant_trigger(), public.plant(text);
+REVOKE CREATE ON SCHEMA public FROM planter;
+REVOKE USAGE ON SCHEMA realtime FROM planter;
+DROP TABLE public.planted_ran;
+DROP ROLE planter;
+
 -- Expiry: rows older than 72 hours go, newer ones stay, deleted as the table's owner, never
 -- as the caller or the installer, in replica mode: a trigger someone granted TRIGGER put
 -- there does not fire (its code would run with the owner's rights); one the owner made
