@@ -8,6 +8,7 @@
 set -euo pipefail
 scripts=$(cd "$(dirname "$0")" && pwd)
 . "$scripts/pg17-root.sh"
+. "$scripts/debian-root.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
 
 # Markers written after each step succeeds say which steps are done.
@@ -20,27 +21,21 @@ if [ ! -e "$root_done" ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap
     }
     echo "making a Debian 13 root at $PG17_ROOT (about 30 s)"
-    # A root left half-made by an interrupted run is made again from nothing. Mounts into
-    # it only ever exist in private namespaces (in_pg17_root), so none can be under it;
-    # --one-file-system refuses to cross one all the same.
+    # A copy of the pristine Debian 13 root the package and pg_upgrade tests copy too
+    # (scripts/debian-root.sh): one debootstrap for all of them. Packages there do not start
+    # services, and postgresql-common makes no main cluster: clusters of the root are
+    # temporary ones that the tests make and stop. A root left half-made by an interrupted
+    # run is made again from nothing; mounts into it only ever exist in private namespaces,
+    # so none can be under it (--one-file-system refuses to cross one all the same).
+    pristine trixie /var/lib/pg_realtime/clean-trixie
     rm -rf --one-file-system "$PG17_ROOT"
-    mkdir -p "$(dirname "$PG17_ROOT")"
-    # Its hundreds of lines of progress are shown only when it fails (as apt's below).
-    debootstrap --variant=minbase trixie "$PG17_ROOT" http://deb.debian.org/debian \
-        > "$(dirname "$PG17_ROOT")/debootstrap.log" 2>&1 ||
-        { tail -n 40 "$(dirname "$PG17_ROOT")/debootstrap.log" >&2; exit 1; }
-    # Packages must not start services, and postgresql-common must not make a main cluster:
-    # clusters of the root are temporary ones that the tests make and stop.
-    printf '#!/bin/sh\nexit 101\n' > "$PG17_ROOT/usr/sbin/policy-rc.d"
-    chmod +x "$PG17_ROOT/usr/sbin/policy-rc.d"
-    mkdir -p "$PG17_ROOT/etc/postgresql-common"
-    echo 'create_main_cluster = false' > "$PG17_ROOT/etc/postgresql-common/createcluster.conf"
+    cp -a /var/lib/pg_realtime/clean-trixie "$PG17_ROOT"
     touch "$root_done"
 fi
 
 if [ ! -e "$pg_done" ]; then
     echo "installing postgresql-17 and postgresql-server-dev-17 into $PG17_ROOT (about 45 s)"
-    in_pg17_root sh -ec 'apt-get update -qq
+    in_root "$PG17_ROOT" sh -ec 'apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
             postgresql-17 postgresql-server-dev-17' > "$(dirname "$PG17_ROOT")/pg17-apt.log" 2>&1 ||
         { tail -n 40 "$(dirname "$PG17_ROOT")/pg17-apt.log" >&2; exit 1; }

@@ -14,7 +14,8 @@
 #                             its ExecStart runs as the unit's user with the unit's
 #                             environment file until /healthz answers 200.
 # As root. The roots are made once (debootstrap, about 30 s each) and kept pristine; each
-# test copies one and throws the copy away.
+# test copies one and throws the copy away. apt's downloads are kept per release
+# (scripts/debian-root.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/pg17-root.sh"
@@ -122,12 +123,15 @@ test_in_root() {
     mkdir -p "$dir/tmp/debs"
     cp "$@" "$dir/tmp/debs/"
     echo "== installing $(cd "$dir/tmp/debs" && echo *) into a fresh Debian $release root"
-    # The packages with their dependencies from Debian; pg_regress (the server's dev
-    # package) for the suite, curl for the health check and systemd (its units, for
-    # systemd-analyze verify): test tools, not dependencies.
+    # The packages with their dependencies from Debian; then test tools, not dependencies:
+    # curl for the health check, systemd (its units, for systemd-analyze verify), and
+    # pg_regress with the isolation tester, unpacked from the server's dev package without
+    # the compiler it depends on (clang and LLVM: hundreds of MB no test here runs).
     in_root "$dir" sh -ec "apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            /tmp/debs/*.deb postgresql-server-dev-$pg curl systemd" > "$work/apt-$release.log" 2>&1 ||
+            /tmp/debs/*.deb curl systemd
+        cd /tmp && apt-get download -qq postgresql-server-dev-$pg
+        dpkg-deb -x /tmp/postgresql-server-dev-${pg}_*.deb /" > "$work/apt-$release.log" 2>&1 ||
         { tail -n 40 "$work/apt-$release.log" >&2; exit 1; }
     in_root "$dir" dpkg-query -W -f='${Package} ${Version} ${Status}\n' "postgresql-$pg-pg-realtime" "postgresql-$pg"
     echo "== regress suite against the installed postgresql-$pg-pg-realtime"
