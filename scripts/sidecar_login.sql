@@ -25,7 +25,7 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
     realtime.drain_packed(text, bigint, integer, integer, integer, oid[]),
     realtime.confirm(text, bigint), realtime.listen(text, text[], text[], boolean, boolean),
     realtime.unlisten(text, text[], text[], boolean), realtime.listen_all(text),
-    realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean),
+    realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean, boolean),
     realtime.authorize(text[], text[], text[], text[], text[], text[]),
     realtime.visible(regclass, text[], text[], text[], integer[]),
     realtime.visible_current(regclass, text[], text[], text[], integer[]),
@@ -35,7 +35,7 @@ GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, b
     realtime.table_oids(text[], text[]), realtime.table_access(text, text, text[]),
     realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer, oid[]),
     realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint,
-        text[], integer, bigint, bigint, bigint),
+        text[], integer, bigint, bigint, bigint, uuid[]),
     realtime.persisted_history(text[], boolean[], timestamptz, integer),
     realtime.expire_persisted(integer), realtime.expire_messages(integer),
     realtime.sync_app_objects() TO realtime_sidecar;

@@ -61,7 +61,9 @@ REVOKE ALL ON realtime.persisted_senders FROM PUBLIC;
 -- replay's read; expiry in bounded chunks.
 
 -- Relays a batch of client broadcasts (realtime.relay), arrays in step; ttls (seconds;
--- NULL for a message not kept) may be NULL when none is kept. Returns how many were relayed.
+-- NULL for a message not kept) may be NULL when none is kept; ids (in step, NULL when no
+-- message has one) are the ids senders named (REST's `id`), delivered as `meta.id`
+-- (realtime.relay's show_id). Returns how many were relayed.
 -- A message the queue refuses fails the whole batch: nothing of it is relayed or kept.
 -- The quotas, each checked only when given (NULL: no bound), payloads counted as stored
 -- (a topic's) or as counted (a sender's, the total's; see persisted_totals), the new ones at
@@ -79,7 +81,7 @@ CREATE FUNCTION realtime.relay_batch(origins bigint[], topics text[], events tex
     max_kept integer DEFAULT NULL, max_kept_bytes bigint DEFAULT NULL,
     senders text[] DEFAULT NULL, max_kept_per_sender integer DEFAULT NULL,
     max_kept_bytes_per_sender bigint DEFAULT NULL, max_kept_total bigint DEFAULT NULL,
-    max_kept_bytes_total bigint DEFAULT NULL)
+    max_kept_bytes_total bigint DEFAULT NULL, ids uuid[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -87,8 +89,8 @@ DECLARE
     over record;
 BEGIN
     IF ttls IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(ttls) AS x(ttl) WHERE ttl IS NOT NULL) THEN
-        SELECT count(realtime.relay(o, t, e, p, j::json, b)) INTO n
-        FROM unnest(origins, topics, events, privates, payloads, binary_payloads) AS u(o, t, e, p, j, b);
+        SELECT count(realtime.relay(o, t, e, p, j::json, b, i, false, i IS NOT NULL)) INTO n
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ids) AS u(o, t, e, p, j, b, i);
         RETURN n;
     END IF;
     IF senders IS NULL THEN
@@ -148,15 +150,15 @@ BEGIN
         END IF;
     END IF;
     WITH m AS (
-        SELECT gen_random_uuid() AS id, u.*
-        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ttls, senders)
-            AS u(o, t, e, p, j, b, ttl, s)
+        SELECT coalesce(u.i, gen_random_uuid()) AS id, u.*
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ttls, senders, ids)
+            AS u(o, t, e, p, j, b, ttl, s, i)
     ), kept AS (
         INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, binary_payload, expires_at, sender)
         SELECT id, t, p, e, j::json, b, clock_timestamp() + ttl * interval '1 second', s
         FROM m WHERE ttl IS NOT NULL
     )
-    SELECT count(realtime.relay(o, t, e, p, j::json, b, id, ttl IS NOT NULL)) INTO n FROM m;
+    SELECT count(realtime.relay(o, t, e, p, j::json, b, id, ttl IS NOT NULL, i IS NOT NULL)) INTO n FROM m;
     RETURN n;
 END
 $$;
@@ -217,6 +219,6 @@ BEGIN
 END
 $$;
 
-REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint, text[], integer, bigint, bigint, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint, text[], integer, bigint, bigint, bigint, uuid[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.persisted_history(text[], boolean[], timestamptz, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.expire_persisted(integer) FROM PUBLIC;

@@ -17,7 +17,7 @@ REVOKE EXECUTE ON FUNCTION realtime.listen(text, text[], text[], boolean, boolea
 REVOKE EXECUTE ON FUNCTION realtime.unlisten(text, text[], text[], boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.listen_all(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.history(bigint, text[], boolean[], timestamptz, integer, boolean, integer, oid[]) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.authorize(text[], text[], text[], text[], text[], text[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.visible(regclass, text[], text[], text[], integer[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION realtime.visible_current(regclass, text[], text[], text[], integer[]) FROM PUBLIC;

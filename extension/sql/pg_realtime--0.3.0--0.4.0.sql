@@ -343,13 +343,26 @@ CREATE TABLE realtime.persisted_senders (
     bytes bigint NOT NULL
 );
 REVOKE ALL ON realtime.persisted_senders FROM PUBLIC;
+-- relay_batch keeps quotas per sender and in total, and takes the ids senders named; relay
+-- shows such an id (show_id). The roles that could call the old ones (a sidecar's login)
+-- may call the new ones and count the quotas' totals, as scripts/sidecar_login.sql grants.
+-- (Carried across the DROPs in a setting of this transaction: nothing is left behind.)
+SELECT pg_catalog.set_config('pg_realtime.relay_callers',
+    coalesce(pg_catalog.string_agg(pg_catalog.quote_ident(a.rolname), ','), ''), true)
+FROM pg_catalog.pg_roles a
+WHERE NOT a.rolsuper
+  AND pg_catalog.has_function_privilege(a.oid, 'realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint)', 'EXECUTE');
+DROP FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean);
+CREATE FUNCTION realtime.relay(origin bigint, topic text, event text, private boolean, payload json, binary_payload bytea, id uuid DEFAULT NULL, persist boolean DEFAULT false, show_id boolean DEFAULT false)
+RETURNS void VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'relay_wrapper';
+REVOKE EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean, boolean) FROM PUBLIC;
 DROP FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint);
 CREATE FUNCTION realtime.relay_batch(origins bigint[], topics text[], events text[],
     privates boolean[], payloads text[], binary_payloads bytea[], ttls integer[] DEFAULT NULL,
     max_kept integer DEFAULT NULL, max_kept_bytes bigint DEFAULT NULL,
     senders text[] DEFAULT NULL, max_kept_per_sender integer DEFAULT NULL,
     max_kept_bytes_per_sender bigint DEFAULT NULL, max_kept_total bigint DEFAULT NULL,
-    max_kept_bytes_total bigint DEFAULT NULL)
+    max_kept_bytes_total bigint DEFAULT NULL, ids uuid[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -357,8 +370,8 @@ DECLARE
     over record;
 BEGIN
     IF ttls IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(ttls) AS x(ttl) WHERE ttl IS NOT NULL) THEN
-        SELECT count(realtime.relay(o, t, e, p, j::json, b)) INTO n
-        FROM unnest(origins, topics, events, privates, payloads, binary_payloads) AS u(o, t, e, p, j, b);
+        SELECT count(realtime.relay(o, t, e, p, j::json, b, i, false, i IS NOT NULL)) INTO n
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ids) AS u(o, t, e, p, j, b, i);
         RETURN n;
     END IF;
     IF senders IS NULL THEN
@@ -418,19 +431,32 @@ BEGIN
         END IF;
     END IF;
     WITH m AS (
-        SELECT gen_random_uuid() AS id, u.*
-        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ttls, senders)
-            AS u(o, t, e, p, j, b, ttl, s)
+        SELECT coalesce(u.i, gen_random_uuid()) AS id, u.*
+        FROM unnest(origins, topics, events, privates, payloads, binary_payloads, ttls, senders, ids)
+            AS u(o, t, e, p, j, b, ttl, s, i)
     ), kept AS (
         INSERT INTO realtime.persisted_messages (id, topic, private, event, payload, binary_payload, expires_at, sender)
         SELECT id, t, p, e, j::json, b, clock_timestamp() + ttl * interval '1 second', s
         FROM m WHERE ttl IS NOT NULL
     )
-    SELECT count(realtime.relay(o, t, e, p, j::json, b, id, ttl IS NOT NULL)) INTO n FROM m;
+    SELECT count(realtime.relay(o, t, e, p, j::json, b, id, ttl IS NOT NULL, i IS NOT NULL)) INTO n FROM m;
     RETURN n;
 END
 $$;
-REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint, text[], integer, bigint, bigint, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint, text[], integer, bigint, bigint, bigint, uuid[]) FROM PUBLIC;
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT x FROM pg_catalog.unnest(pg_catalog.string_to_array(
+                 pg_catalog.current_setting('pg_realtime.relay_callers'), ',')) x LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean, boolean) TO %s', r);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.relay_batch(bigint[], text[], text[], boolean[], text[], bytea[], integer[], integer, bigint, text[], integer, bigint, bigint, bigint, uuid[]) TO %s', r);
+        EXECUTE format('GRANT SELECT, UPDATE ON realtime.persisted_totals TO %s', r);
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON realtime.persisted_senders TO %s', r);
+    END LOOP;
+END
+$$;
 CREATE OR REPLACE FUNCTION realtime.expire_persisted(max_rows integer DEFAULT 10000)
 RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$

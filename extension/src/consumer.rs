@@ -523,7 +523,7 @@ pub fn message_row(m: &MessageView) -> DrainRow {
         Some(m.is_private()),
         TimestampWithTimeZone::try_from(m.header.committed_at).ok(),
         Some(pgrx::Uuid::from_bytes(m.header.id)),
-        (m.header.origin != 0).then_some(m.header.origin as i64),
+        m.reported_origin(),
         None,
         None,
     )

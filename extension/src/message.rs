@@ -27,6 +27,11 @@ pub const FLAG_PRESENCE: u8 = 16;
 /// keeps only its table's part of the payload). Drained as kind 'dropped', which the
 /// sidecar tells the topic's subscribers as a `system` message; never a broadcast.
 pub const FLAG_DROPPED: u8 = 32;
+/// A relayed message whose sender named its id (`POST /api/broadcast`'s `id`, which
+/// Supabase delivers as `meta.id`). Readers report it with no origin, as a database
+/// message: its id is shown live, and there is no sending connection to leave out (a REST
+/// request has none). It stays a relayed message to the queue: a replay leaves it out.
+pub const FLAG_ID_SHOWN: u8 = 64;
 
 pub const HEADER_LEN: usize = 56;
 /// Where `committed_at` sits in an encoded header.
@@ -164,6 +169,13 @@ impl<'a> MessageView<'a> {
 
     pub fn is_dropped(&self) -> bool {
         self.header.flags & FLAG_DROPPED != 0
+    }
+
+    /// The origin readers report: none for the database's messages and for a relayed one
+    /// whose id its sender named (`FLAG_ID_SHOWN`).
+    pub fn reported_origin(&self) -> Option<i64> {
+        (self.header.origin != 0 && self.header.flags & FLAG_ID_SHOWN == 0)
+            .then_some(self.header.origin as i64)
     }
 }
 

@@ -76,7 +76,7 @@ impl DrainSink for Packed {
                 flags,
                 m,
                 Some(&m.header.id),
-                m.header.origin,
+                m.reported_origin().unwrap_or(0) as u64,
                 Some(m.payload),
             );
         } else {
@@ -88,7 +88,7 @@ impl DrainSink for Packed {
                 private,
                 m,
                 Some(&m.header.id),
-                m.header.origin,
+                m.reported_origin().unwrap_or(0) as u64,
                 payload,
             );
         }

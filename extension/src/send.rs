@@ -6,7 +6,7 @@
 use crate::args;
 use crate::dropped::{By, Reason, Refusal};
 use crate::errors;
-use crate::message::{FLAG_BINARY, FLAG_PERSIST, FLAG_PRIVATE};
+use crate::message::{FLAG_BINARY, FLAG_ID_SHOWN, FLAG_PERSIST, FLAG_PRIVATE};
 use crate::payload;
 use crate::send_policy::{self, Row};
 use crate::xact;
@@ -147,10 +147,12 @@ fn send_binary(fcinfo: pg_sys::FunctionCallInfo) {
 /// A client's broadcast, relayed by a sidecar so that every sidecar sees it in the one order
 /// the queue gives. `origin` names the sending connection (nonzero); the payload is passed
 /// through as the client sent it: JSON text, or bytes from a 2.0.0 binary push. `id` is the
-/// message's id when the sidecar chose it (a persisted message's row has the same one);
-/// `persist` marks a message its sender asked to keep, which Supabase's replay includes.
+/// message's id when the sidecar chose it (a persisted message's row has the same one) or its
+/// sender named it; `persist` marks a message its sender asked to keep, which Supabase's
+/// replay includes; `show_id`, a message whose id its sender named (REST's `id`): delivered
+/// as `meta.id`, as Supabase delivers it (`message.rs`, `FLAG_ID_SHOWN`).
 #[pg_extern(sql = r#"
-CREATE FUNCTION realtime."relay"(origin bigint, topic text, event text, private boolean, payload json, binary_payload bytea, id uuid DEFAULT NULL, persist boolean DEFAULT false)
+CREATE FUNCTION realtime."relay"(origin bigint, topic text, event text, private boolean, payload json, binary_payload bytea, id uuid DEFAULT NULL, persist boolean DEFAULT false, show_id boolean DEFAULT false)
 RETURNS void VOLATILE PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', '@FUNCTION_NAME@';
 "#)]
 fn relay(fcinfo: pg_sys::FunctionCallInfo) {
@@ -171,18 +173,20 @@ fn relay(fcinfo: pg_sys::FunctionCallInfo) {
             }
             None => payload::new_id(),
         };
-        let persist = if args::bool_or(fcinfo, 7, false) {
-            FLAG_PERSIST
-        } else {
-            0
-        };
+        let mut marks = 0;
+        if args::bool_or(fcinfo, 7, false) {
+            marks |= FLAG_PERSIST;
+        }
+        if args::bool_or(fcinfo, 8, false) {
+            marks |= FLAG_ID_SHOWN;
+        }
         match (args::datum(fcinfo, 4), args::datum(fcinfo, 5)) {
             (Some(json), None) => xact::append(
                 By::Sidecar,
                 topic,
                 event,
                 args::varlena_bytes(json),
-                flags(private) | persist,
+                flags(private) | marks,
                 id,
                 origin,
             ),
@@ -191,7 +195,7 @@ fn relay(fcinfo: pg_sys::FunctionCallInfo) {
                 topic,
                 event,
                 args::varlena_bytes(bin),
-                flags(private) | FLAG_BINARY | persist,
+                flags(private) | FLAG_BINARY | marks,
                 id,
                 origin,
             ),

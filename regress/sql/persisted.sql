@@ -74,7 +74,7 @@ SELECT count(*) FILTER (WHERE expires_at < now()) AS expired_left, count(*) AS l
 FROM realtime.persisted_messages;
 
 -- The sidecar's, not PUBLIC's.
-SELECT has_function_privilege('public', 'realtime.relay_batch(bigint[],text[],text[],boolean[],text[],bytea[],integer[],integer,bigint,text[],integer,bigint,bigint,bigint)', 'EXECUTE') AS public_relays,
+SELECT has_function_privilege('public', 'realtime.relay_batch(bigint[],text[],text[],boolean[],text[],bytea[],integer[],integer,bigint,text[],integer,bigint,bigint,bigint,uuid[])', 'EXECUTE') AS public_relays,
        has_function_privilege('public', 'realtime.persisted_history(text[],boolean[],timestamptz,integer)', 'EXECUTE') AS public_reads,
        has_function_privilege('public', 'realtime.expire_persisted(integer)', 'EXECUTE') AS public_expires;
 DELETE FROM realtime.persisted_messages;

@@ -21,7 +21,7 @@ SELECT realtime.relay(42, 'room:1', 'e', false, 'not json', NULL);
 SELECT * FROM take();
 
 -- Relaying speaks for a client connection: not for PUBLIC.
-SELECT has_function_privilege('public', 'realtime.relay(bigint,text,text,boolean,json,bytea,uuid,boolean)', 'EXECUTE') AS public_can_relay;
+SELECT has_function_privilege('public', 'realtime.relay(bigint,text,text,boolean,json,bytea,uuid,boolean,boolean)', 'EXECUTE') AS public_can_relay;
 
 -- A sidecar may choose the id (a persisted message's row shares it) and mark the message
 -- persisted: Supabase's replay (realtime.history with relayed => false) includes it, and
@@ -35,3 +35,18 @@ SELECT seq - :base AS seq, kind, event FROM realtime.history(:base, '{room:p}', 
 SELECT seq - :base AS seq, kind, event FROM realtime.history(:base, '{room:p}', '{true}');
 -- The table persisted messages are kept in is the sidecar's alone.
 SELECT has_table_privilege('public', 'realtime.persisted_messages', 'SELECT') AS public_can_read_persisted;
+
+-- A message whose id its sender named (REST's `id`, relay_batch's ids) shows it: readers
+-- report it with no origin, as a database message, so the sidecar delivers the id as
+-- `meta.id` live and at a resume (the drain's rows and packed batches, realtime.history).
+-- It stays a relayed message: Supabase's replay leaves it out.
+SELECT last_seq AS base FROM realtime.stats() \gset
+SELECT realtime.relay_batch(ARRAY[42, 42], ARRAY['room:n', 'room:n'], ARRAY['named', 'plain'], ARRAY[false, false],
+    ARRAY['{"n": 1}', '{"n": 2}'], ARRAY[NULL, NULL]::bytea[],
+    ids => ARRAY['0b0c0d0e-0000-4000-8000-0000000000aa', NULL]::uuid[]) AS relayed;
+SELECT seq - :base AS seq, event, CASE WHEN origin IS NULL THEN id END AS shown_id, origin FROM realtime.drain('test', NULL, 10, 0) ORDER BY seq;
+SELECT seq - :base AS seq, event, CASE WHEN origin IS NULL THEN id END AS shown_id, origin
+FROM realtime.drain_unpack(realtime.drain_packed('test', NULL, 10, 0)) WHERE kind = 'message' ORDER BY seq;
+SELECT count(*) AS confirmed FROM take();
+SELECT seq - :base AS seq, event, CASE WHEN origin IS NULL THEN id END AS shown_id, origin FROM realtime.history(:base, '{room:n}', '{false}') WHERE kind = 'message';
+SELECT seq - :base AS seq, kind, event FROM realtime.history(:base, '{room:n}', '{false}', relayed => false);

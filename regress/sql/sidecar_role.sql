@@ -4,7 +4,7 @@ CREATE ROLE sidecar_role LOGIN;
 GRANT USAGE ON SCHEMA realtime TO sidecar_role;
 GRANT EXECUTE ON FUNCTION realtime.create_consumer(text), realtime.drain(text, bigint, integer, integer, integer, oid[]),
     realtime.drain_packed(text, bigint, integer, integer, integer, oid[]),
-    realtime.confirm(text, bigint), realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean),
+    realtime.confirm(text, bigint), realtime.relay(bigint, text, text, boolean, json, bytea, uuid, boolean, boolean),
     realtime.authorize(text[], text[], text[], text[], text[], text[]) TO sidecar_role;
 SET ROLE sidecar_role;
 SELECT realtime.create_consumer('as_sidecar') >= 0 AS created;

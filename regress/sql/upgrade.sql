@@ -151,3 +151,35 @@ SELECT count(*) > 30 AS described_members FROM described WHERE how = 'fresh' AND
 
 SET client_min_messages = warning;
 SELECT reset();
+
+-- A sidecar's login keeps what it may call across an update: one granted every function of
+-- an old version (as that version's sidecar_login.sql granted what its sidecar called) may
+-- call this version's relay and relay_batch and count the persist quotas' totals, which the
+-- updates replaced or added (a DROP takes a function's grants along: 0.4.0's update once left
+-- them out, and every client broadcast of an updated database was refused).
+CREATE ROLE old_sidecar NOLOGIN;
+CREATE TABLE carried (version text, relay boolean, relay_batch boolean, totals boolean);
+DO $$
+DECLARE
+    v text;
+BEGIN
+    FOR v IN SELECT version FROM pg_available_extension_versions
+             WHERE name = 'pg_realtime' AND version <> (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_realtime')
+    LOOP
+        PERFORM reset();
+        EXECUTE format('CREATE EXTENSION pg_realtime VERSION %L', v);
+        GRANT USAGE ON SCHEMA realtime TO old_sidecar;
+        GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA realtime TO old_sidecar;
+        ALTER EXTENSION pg_realtime UPDATE;
+        INSERT INTO carried SELECT v,
+            has_function_privilege('old_sidecar', 'realtime.relay(bigint,text,text,boolean,json,bytea,uuid,boolean,boolean)', 'EXECUTE'),
+            has_function_privilege('old_sidecar', 'realtime.relay_batch(bigint[],text[],text[],boolean[],text[],bytea[],integer[],integer,bigint,text[],integer,bigint,bigint,bigint,uuid[])', 'EXECUTE'),
+            has_table_privilege('old_sidecar', 'realtime.persisted_totals', 'UPDATE');
+    END LOOP;
+    PERFORM reset();
+END
+$$;
+SELECT count(*) > 0 AS some_released_version_tested, bool_and(relay AND relay_batch AND totals) AS carried FROM carried;
+DROP OWNED BY old_sidecar;
+DROP ROLE old_sidecar;
+RESET client_min_messages;

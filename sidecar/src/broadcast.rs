@@ -120,6 +120,7 @@ pub fn push(
         payload,
         persist,
         sender: author.sender,
+        id: None,
         reply,
     };
     if let Some(known) = relay::known_full(&shared.persist_full, &broadcast, &shared.metrics) {

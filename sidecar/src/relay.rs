@@ -15,8 +15,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 /// A batch in one statement; its persisted messages are kept in the same statement, within
 /// their topic's, their sender's and the database's quotas (`sql/persisted.sql`).
-const RELAY_SQL: &str =
-    "SELECT realtime.relay_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+/// The ids senders named travel as text, checked at the edge (`message_id`), and become
+/// `uuid` here.
+const RELAY_SQL: &str = "SELECT realtime.relay_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+     $11, $12, $13, $14, $15::text[]::uuid[])";
 
 /// Broadcasts waiting for the relay at most (`config::RELAY_QUEUE`).
 pub use crate::config::RELAY_QUEUE as QUEUE;
@@ -108,6 +110,9 @@ pub struct Broadcast {
     pub persist: Option<i32>,
     /// Whose quota a kept message counts against (`persist::sender`).
     pub sender: Option<String>,
+    /// The id its sender named (`POST /api/broadcast`'s `id`, a UUID checked by
+    /// `message_id`), delivered as `meta.id`; a socket's broadcast names none.
+    pub id: Option<String>,
     pub reply: AckTo,
 }
 
@@ -254,6 +259,10 @@ async fn relay(
     let senders: Option<Vec<Option<&str>>> = kept
         .as_ref()
         .map(|_| batch.iter().map(|m| m.sender.as_deref()).collect());
+    let ids: Option<Vec<Option<&str>>> = batch
+        .iter()
+        .any(|m| m.id.is_some())
+        .then(|| batch.iter().map(|m| m.id.as_deref()).collect());
     client
         .execute(
             RELAY_SQL,
@@ -272,6 +281,7 @@ async fn relay(
                 &quota.sender_bytes,
                 &quota.total_messages,
                 &quota.total_bytes,
+                &ids,
             ],
         )
         .await?;
@@ -350,6 +360,7 @@ mod tests {
             payload: Payload::Json("{}".into()),
             persist: None,
             sender: None,
+            id: None,
             reply,
         }
     }

@@ -45,6 +45,8 @@ pub(crate) struct Message {
     event: String,
     payload: Value,
     private: bool,
+    /// The id its sender named, delivered as `meta.id`.
+    id: Option<String>,
 }
 
 /// A batch's messages, validated; or, past `max`, only how many it has (the rest were not
@@ -98,6 +100,14 @@ pub(crate) fn parse(body: &[u8], max: usize) -> Result<Parsed, Outcome> {
         if payload.is_none() {
             errors.insert("payload".into(), json!(["must be a JSON object"]));
         }
+        let id = match m.get("id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(id)) if message_id(id) => Some(id.clone()),
+            Some(_) => {
+                errors.insert("id".into(), json!([MESSAGE_ID_INVALID]));
+                None
+            }
+        };
         if !errors.is_empty() {
             return Err(invalid(json!({ "messages": { i.to_string(): errors } })));
         }
@@ -106,6 +116,7 @@ pub(crate) fn parse(body: &[u8], max: usize) -> Result<Parsed, Outcome> {
             event: event.unwrap(),
             payload: payload.unwrap(),
             private: m.get("private").and_then(Value::as_bool).unwrap_or(false),
+            id,
         });
     }
     Ok(Parsed::Messages(out))
@@ -249,8 +260,25 @@ async fn check_writes<'a>(
     Ok(denied)
 }
 
-/// One message to relay: topic, event, private, payload, and the ttl to keep it for.
-type ToRelay = (String, String, bool, Payload, Option<i32>);
+/// One message to relay: topic, event, private, payload, the ttl to keep it for, and the id
+/// its sender named.
+type ToRelay = (String, String, bool, Payload, Option<i32>, Option<String>);
+
+/// Why a batch message's `id` was refused. Supabase takes any string; pg_realtime carries a
+/// message's id as a `uuid` (the queue's records, `realtime.messages`), and delivers exactly
+/// what was sent, so it takes a UUID in the form Postgres prints one.
+const MESSAGE_ID_INVALID: &str =
+    "is invalid: a message's id must be a UUID, lowercase, as 8-4-4-4-12 hexadecimal digits";
+
+/// Whether `id` is a UUID as Postgres prints one (lowercase 8-4-4-4-12): what the relay's
+/// cast takes and gives back unchanged.
+fn message_id(id: &str) -> bool {
+    id.len() == 36
+        && id.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        })
+}
 
 /// Relays the messages and answers once every one of them is settled: 202 when all have
 /// committed; 503 when the database could not be reached for one; else 422 naming each
@@ -272,7 +300,7 @@ async fn relay_all(shared: &Shared, sender: Option<String>, messages: Vec<ToRela
     let mut waits = Vec::with_capacity(messages.len());
     let mut refused = Vec::new();
     let mut unavailable = None;
-    for (topic, event, private, payload, persist) in messages {
+    for (topic, event, private, payload, persist, id) in messages {
         let (tx, rx) = oneshot::channel();
         let broadcast = relay::Broadcast {
             origin,
@@ -282,6 +310,7 @@ async fn relay_all(shared: &Shared, sender: Option<String>, messages: Vec<ToRela
             payload,
             persist,
             sender: sender.clone(),
+            id,
             reply: AckTo::Http(tx),
         };
         if let Some(f) = relay::known_full(&shared.persist_full, &broadcast, &shared.metrics) {
@@ -358,7 +387,7 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared, address: Address
         .map(|m| {
             let payload = Payload::Json(m.payload.to_string());
             // Supabase's batch endpoint does not persist (realtime-js says so too).
-            (m.topic, m.event, m.private, payload, None)
+            (m.topic, m.event, m.private, payload, None, m.id)
         })
         .collect();
     match relay_all(shared, None, messages).await {
@@ -487,7 +516,14 @@ pub async fn broadcast_one(
     relay_all(
         shared,
         sender,
-        vec![(single.topic, single.event, single.private, payload, persist)],
+        vec![(
+            single.topic,
+            single.event,
+            single.private,
+            payload,
+            persist,
+            None,
+        )],
     )
     .await
 }
@@ -557,6 +593,32 @@ mod tests {
             };
             assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
             assert!(errors.unwrap().to_string().contains(field), "{field}");
+        }
+    }
+
+    #[test]
+    fn a_message_id_is_a_uuid_as_postgres_prints_one() {
+        let with = |id: &str| {
+            format!(r#"{{"messages":[{{"topic":"t","event":"e","payload":{{}},"id":{id}}}]}}"#)
+        };
+        let id = |body: String| match parse(body.as_bytes(), 10) {
+            Ok(Parsed::Messages(m)) => Ok(m.into_iter().next().unwrap().id),
+            Ok(Parsed::TooMany(_)) => panic!("one message"),
+            Err((_, errors)) => Err(errors.unwrap()["errors"]["messages"]["0"]["id"][0].clone()),
+        };
+        let uuid = "0b0c0d0e-0000-4000-8000-00000000000a";
+        assert_eq!(id(with(&format!("\"{uuid}\""))), Ok(Some(uuid.to_owned())));
+        assert_eq!(id(with("null")), Ok(None));
+        for bad in [
+            r#""msg-123""#,
+            r#""0B0C0D0E-0000-4000-8000-00000000000A""#,
+            r#""{0b0c0d0e-0000-4000-8000-00000000000a}""#,
+            r#""0b0c0d0e00004000800000000000000a""#,
+            r#""0b0c0d0e-0000-4000-8000-00000000000a ""#,
+            "12",
+            "{}",
+        ] {
+            assert_eq!(id(with(bad)), Err(json!(MESSAGE_ID_INVALID)), "{bad}");
         }
     }
 }
