@@ -15,9 +15,10 @@ cd "$scripts/../extension"
 export PATH="$HOME/.cargo/bin:$PATH"
 for version in "${@:-15}"; do
     case "$version" in
-    # pg15 is the crate's default feature.
+    # pg15 is the crate's default feature; named as scripts/package.sh names it, so that the
+    # package's build is this one's (a different feature list rebuilt the crate, 30 s).
     15) pg_config=/usr/bin/pg_config
-        cargo pgrx install --release --pg-config "$pg_config" ;;
+        cargo pgrx install --release --no-default-features --features pg15 --pg-config "$pg_config" ;;
     17) pg_config=$PG17_PG_CONFIG
         cargo pgrx install --release --no-default-features --features pg17 \
             --pg-config "$pg_config" ;;

@@ -203,6 +203,18 @@ build_extension 17
 build_sidecar
 ls -1 "$out"
 if [ "${1:-}" = test ]; then
-    test_in_root bookworm 15 "$out/postgresql-15-pg-realtime_${ext_version}_amd64.deb" "$out/realtime-sidecar_${sidecar_version}_amd64.deb"
-    test_in_root trixie 17 "$out/postgresql-17-pg-realtime_${ext_version}_amd64.deb"
+    # The two roots are tested at once, each telling its own log: much of each is waiting
+    # (debootstrap, apt, one server's fsyncs), and they share nothing: each cluster's sockets
+    # are in its own root, listening on no TCP port but the bookworm sidecar's.
+    test_in_root bookworm 15 "$out/postgresql-15-pg-realtime_${ext_version}_amd64.deb" \
+        "$out/realtime-sidecar_${sidecar_version}_amd64.deb" > "$work/test-bookworm.log" 2>&1 &
+    bookworm=$!
+    test_in_root trixie 17 "$out/postgresql-17-pg-realtime_${ext_version}_amd64.deb" \
+        > "$work/test-trixie.log" 2>&1 &
+    trixie=$!
+    status=0
+    wait "$bookworm" || status=1
+    wait "$trixie" || status=1
+    cat "$work/test-bookworm.log" "$work/test-trixie.log"
+    exit "$status"
 fi
