@@ -24,6 +24,14 @@ section "what the suite needs (scripts/install-deps.sh, scripts/install-peers.sh
 scripts/install-deps.sh
 # The benchmark smokes below run Centrifugo and k6 (built from the Go module proxy).
 scripts/install-peers.sh
+# Debian 12's pristine root for the package tests (scripts/debian-root.sh; Debian 13's was
+# made by scripts/install-pg17.sh above), made while the sections below build and test:
+# debootstrap mostly waits on the network. Stopped if the run ends first.
+# Its own process group, so that stopping it stops debootstrap too.
+setsid bash -c 'set -euo pipefail; . scripts/debian-root.sh; pristine bookworm /var/lib/pg_realtime/clean-bookworm' \
+    > "$log/roots.log" 2>&1 &
+roots=$!
+trap 'kill -- -"$roots" 2>/dev/null || true' EXIT
 
 section "cargo fmt"
 cargo fmt --all -- --check
@@ -56,7 +64,7 @@ scripts/cluster.sh start "$cluster" "$port" "realtime.max_consumers = 128" "max_
 # pg_realtime (sidecar/e2e/supabase_database.test.mjs).
 supabase_cluster="$log/supabase_cluster"
 supabase_port=${TEST_SUPABASE_PG_PORT:-24351}
-trap 'scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true; scripts/supabase-cluster.sh stop "$supabase_cluster" >/dev/null 2>&1 || true' EXIT
+trap 'kill -- -"$roots" 2>/dev/null || true; scripts/cluster.sh stop "$cluster" >/dev/null 2>&1 || true; scripts/supabase-cluster.sh stop "$supabase_cluster" >/dev/null 2>&1 || true' EXIT
 scripts/supabase-cluster.sh start "$supabase_cluster" "$supabase_port"
 export PG_REALTIME_SUPABASE_DSN="host=$supabase_cluster port=$supabase_port user=supabase_admin dbname=postgres"
 export PG_REALTIME_SUPABASE_SIDECAR_DSN="host=$supabase_cluster port=$supabase_port user=realtime_sidecar dbname=postgres"
@@ -81,7 +89,7 @@ python_status=0
 
 scripts/cluster.sh stop "$cluster"
 scripts/supabase-cluster.sh stop "$supabase_cluster"
-trap - EXIT
+trap 'kill -- -"$roots" 2>/dev/null || true' EXIT
 
 section "benchmark smoke (seconds long, so the runners do not rot; figures not kept)"
 python3 pgbench/trigger_cost.py --seconds 1 --rounds 1 --clients 2 > "$log/trigger_cost.md"
@@ -124,6 +132,8 @@ fi
 # 12 with PostgreSQL 15, Debian 13 with 17), with the sidecar's package and unit checked
 # there too. scripts/regress.sh runs the same suites against a development install.
 section "Debian packages in fresh roots, and the regress suites against them (scripts/package.sh test)"
+wait "$roots" || { cat "$log/roots.log"; echo "Debian 12's root could not be made" >&2; exit 1; }
+trap - EXIT
 regress_status=0
 scripts/package.sh test 2>&1 | tee "$log/package.log" || regress_status=1
 for version in 15 17; do

@@ -31,6 +31,8 @@ FROM pg_proc p WHERE p.pronamespace = 'realtime'::regnamespace ORDER BY 1;
 
 -- Test helper used by the following files: drains consumer "test", numbering messages
 -- from 1 after its position (so gaplessness and order show), and confirms what it read.
+-- It first waits until no other live session holds the consumer: the previous file's
+-- session may still be exiting (under load, limits.sql once found it "in use").
 SELECT realtime.create_consumer('test') >= 0 AS created;
 CREATE FUNCTION take(timeout_ms int DEFAULT 0, max_messages int DEFAULT 10000)
 RETURNS TABLE(n bigint, kind text, topic text, event text, payload jsonb, private boolean,
@@ -39,6 +41,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     base bigint;
 BEGIN
+    PERFORM wait_until_released('test');
     SELECT c.confirmed_seq INTO base FROM realtime.consumers() c WHERE c.name = 'test';
     RETURN QUERY
         SELECT d.seq - base, d.kind, d.topic, d.event, d.payload::jsonb - 'id', d.private,
@@ -47,7 +50,6 @@ BEGIN
     PERFORM realtime.confirm('test', c.last_read_seq) FROM realtime.consumers() c WHERE c.name = 'test';
 END
 $$;
-SELECT * FROM take();
 
 -- Test helper: waits until the boolean SQL expression `condition` holds, checking every
 -- 25 ms for at most 10 s (then false): the suite waits for conditions, never for time.
@@ -74,3 +76,4 @@ $$;
 CREATE FUNCTION wait_until_released(consumer text) RETURNS boolean LANGUAGE sql AS $$
     SELECT wait_for(format('NOT EXISTS (SELECT 1 FROM realtime.consumers() c JOIN pg_stat_activity a ON a.pid = c.active_pid
                             WHERE c.name = %L AND c.active_pid <> pg_backend_pid())', consumer)) $$;
+SELECT * FROM take();

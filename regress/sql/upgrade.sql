@@ -34,7 +34,7 @@ CREATE FUNCTION catalog() RETURNS SETOF text LANGUAGE sql AS $$
     UNION ALL
     SELECT format('function %s owner=%s acl=%s %s', p.oid::regprocedure, p.proowner::regrole, p.proacl, pg_get_functiondef(p.oid))
     FROM pg_proc p WHERE p.pronamespace IN (to_regnamespace('realtime'), 'public'::regnamespace)
-      AND p.proname NOT IN ('catalog', 'app_objects', 'reset')
+      AND p.proname NOT IN ('catalog', 'app_objects', 'reset', 'released_versions')
     UNION ALL
     SELECT format('relation %s kind=%s owner=%s acl=%s rls=%s', c.oid::regclass, c.relkind, c.relowner::regrole, c.relacl, c.relrowsecurity)
     FROM rels c
@@ -99,6 +99,12 @@ BEGIN
 END
 $$;
 
+-- Every released version: each one installed beside the current one.
+CREATE FUNCTION released_versions() RETURNS SETOF text LANGUAGE sql AS $$
+    SELECT version FROM pg_available_extension_versions
+    WHERE name = 'pg_realtime' AND version <> (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_realtime')
+$$;
+
 CREATE TABLE described (version text, how text, line text);
 CREATE TABLE kept (version text, persisted bigint, app_send_works boolean);
 
@@ -109,9 +115,7 @@ DO $$
 DECLARE
     v text;
 BEGIN
-    FOR v IN SELECT version FROM pg_available_extension_versions
-             WHERE name = 'pg_realtime' AND version <> (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_realtime')
-    LOOP
+    FOR v IN SELECT released_versions() LOOP
         PERFORM reset();
         EXECUTE format('CREATE EXTENSION pg_realtime VERSION %L', v);
         PERFORM app_objects();
@@ -163,9 +167,7 @@ DO $$
 DECLARE
     v text;
 BEGIN
-    FOR v IN SELECT version FROM pg_available_extension_versions
-             WHERE name = 'pg_realtime' AND version <> (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_realtime')
-    LOOP
+    FOR v IN SELECT released_versions() LOOP
         PERFORM reset();
         EXECUTE format('CREATE EXTENSION pg_realtime VERSION %L', v);
         GRANT USAGE ON SCHEMA realtime TO old_sidecar;
