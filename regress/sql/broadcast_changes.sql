@@ -1,3 +1,5 @@
+-- The previous file's session may still be exiting with consumer "test" held.
+SELECT wait_until_released('test') AS released;
 -- realtime.broadcast_changes from a plpgsql trigger, as Supabase's docs write it. Each
 -- payload must equal what Supabase's own plpgsql builds (jsonb_build_object over NEW/OLD),
 -- which the trigger records beside it for comparison.

@@ -1,3 +1,5 @@
+-- The previous file's session may still be exiting with consumer "test" held.
+SELECT wait_until_released('test') AS released;
 -- Draining an empty queue waits for about the timeout, then returns nothing.
 SELECT clock_timestamp() AS t0 \gset
 SELECT count(*) AS rows FROM realtime.drain('test', NULL, 10, 300);

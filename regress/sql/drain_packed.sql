@@ -1,3 +1,5 @@
+-- The previous file's session may still be exiting with consumer "test" held.
+SELECT wait_until_released('test') AS released;
 -- realtime.drain_packed: the same drain as realtime.drain, its batch returned as one bytea
 -- (layout in extension/src/packed.rs) that the sidecar reads in place; realtime.drain_unpack
 -- turns it back into realtime.drain's rows. The same batch read both ways carries the same

@@ -1,3 +1,5 @@
+-- The previous file's session may still be exiting with consumer "test" held.
+SELECT wait_until_released('test') AS released;
 -- Rows the app inserts into realtime.messages are delivered at commit, as Supabase's server
 -- delivers each row it decodes (extension/src/inserted.rs): a row with an event and a payload
 -- (or binary_payload) is a broadcast to its topic, with the row's id as the message's id, in

@@ -1,3 +1,5 @@
+-- The previous file's session may still be exiting with consumer "test" held.
+SELECT wait_until_released('test') AS released;
 -- Presence held by the database: members leased to a sidecar session, every change queued
 -- as a Phoenix presence_diff (drained as kind 'presence', never history), tombstones for
 -- the refs that left, and a reaper for sessions whose lease expired. Refs come from a

@@ -1,3 +1,5 @@
+-- The previous file's session may still be exiting with consumer "test" held.
+SELECT wait_until_released('test') AS released;
 -- realtime.relay: how a sidecar publishes a client's broadcast through the queue, so that
 -- every sidecar sees it in the one order. The origin (the sending connection) travels with
 -- the message; the payload passes through as the client sent it, with no id injected.

@@ -1,3 +1,5 @@
+-- The previous file's session may still be exiting with consumer "test" held.
+SELECT wait_until_released('test') AS released;
 -- The native trigger prints rows itself, with each column's output function looked up
 -- once per table (row_json.rs): its record must be byte for byte row_to_json's, for
 -- every JSON category, edge values, NULLs, and after the table or a cast changes.

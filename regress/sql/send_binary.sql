@@ -1,3 +1,5 @@
+-- The previous file's session may still be exiting with consumer "test" held.
+SELECT wait_until_released('test') AS released;
 -- realtime.send_binary: bytes round-trip unchanged, NUL bytes included; no id injection.
 SELECT realtime.send_binary('\x00ff10'::bytea, 'bin', 'room:1');
 SELECT realtime.send_binary(convert_to('plain', 'UTF8'), 'bin', 'room:1', false);
