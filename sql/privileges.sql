@@ -1,5 +1,9 @@
 -- Hand-written part of the pg_realtime extension script, run after the generated functions.
 
+-- Runs as the installer: unqualified names resolve in pg_catalog alone (extension/README.md,
+-- "Who runs what": roles that are no superuser may create in schema realtime).
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- Grants on realtime.messages and the schema: sql/schema.sql, on what it creates.
 
 -- Draining moves a consumer's position and sees every message, private or not; relaying

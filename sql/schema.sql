@@ -13,6 +13,11 @@
 -- before CREATE EXTENSION. Grants are given only on what this script created, as Supabase
 -- grants them.
 
+-- Runs as the installer: unqualified names resolve in pg_catalog alone until the end of this
+-- file (extension/README.md, "Who runs what": roles that are no superuser may create in
+-- schema realtime).
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 DO $$
 DECLARE
     parent regclass := to_regclass('realtime.messages');
@@ -214,3 +219,7 @@ BEGIN
     REVOKE ALL ON FUNCTION realtime.restore_replaced_functions() FROM PUBLIC;
 END
 $$;
+
+-- The path CREATE EXTENSION gave this script: the generated statements that follow create the
+-- extension's functions under unqualified names, in its first schema.
+SET LOCAL search_path = realtime;

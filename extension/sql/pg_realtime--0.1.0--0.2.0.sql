@@ -4,6 +4,10 @@
 -- publication supabase_realtime, which a restore then failed to create again; and it did
 -- not dump persisted broadcasts.
 
+-- Runs as the installer: unqualified names resolve in pg_catalog alone (extension/README.md,
+-- "Who runs what": roles that are no superuser may create in schema realtime).
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- Released, as 0.2.0 releases what it creates; their grants and policies stay as they are.
 ALTER EXTENSION pg_realtime DROP TABLE realtime.messages;
 ALTER EXTENSION pg_realtime DROP FUNCTION realtime.topic();

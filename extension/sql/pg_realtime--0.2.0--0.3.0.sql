@@ -2,6 +2,10 @@
 -- extension/released/pg_realtime--0.2.0.sql) is written here as well, in the order the
 -- changes landed; regress/sql/upgrade.sql proves the result equals a fresh install.
 
+-- Runs as the installer: unqualified names resolve in pg_catalog alone (extension/README.md,
+-- "Who runs what": roles that are no superuser may create in schema realtime).
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- extension/src/history.rs: realtime.history returns the captured changes of the tables a
 -- resuming channel's Postgres Changes bindings name (`changes`). The roles that could call
 -- the old signature (a sidecar's login) may call the new one.

@@ -3,6 +3,10 @@
 -- extension/released/pg_realtime--0.3.0.sql) is written here as well; regress/sql/upgrade.sql
 -- proves the result equals a fresh install.
 
+-- Runs as the installer: unqualified names resolve in pg_catalog alone (extension/README.md,
+-- "Who runs what": roles that are no superuser may create in schema realtime).
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- sql/schema.sql: the role the read probe's rows are inserted as.
 DO $$
 BEGIN
