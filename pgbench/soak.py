@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The soak: a thousand ordinary subscribers beside twenty-three attackers, against the same run
+"""The soak: a thousand ordinary subscribers beside twenty-six attackers, against the same run
 without the attackers, on one throwaway cluster and one sidecar with its default limits.
 
 Ordinary (each group from its own loopback address, so none is near a per-address limit):
@@ -17,8 +17,11 @@ a 10,000-row insert under a 2 ms-a-row policy every 15 s, a user persisting 200 
 messages a second on a new topic every 500, a connection rejoining 150 channels a second, a socket a second asking
 for 1,600 `like` patterns in one join and then the most a connection may hold, held long
 enough that its address passes MAX_PATTERNS_PER_ADDRESS, a socket every two seconds resuming
-200 messages of 100 KB from seq 0 and reading nothing for ten seconds, and 20 UPDATEs a
-second of a cheap column of a row whose 100 KB value compresses well, watched by a channel.
+200 messages of 100 KB from seq 0 and reading nothing for ten seconds, 20 UPDATEs a
+second of a cheap column of a row whose 100 KB value compresses well, watched by a channel,
+and at the largest sizes (MAX_FRAME_SIZE 5 MB, realtime.max_message_size 3,000 KB): eight
+sockets sending 5 MB frames at 256 KB/s, 3,000 KB broadcasts ten a second to a topic a socket of
+the same address never reads, and REST bodies of one 3,000 KB message four at a time.
 
 With --attackers-apart, a third run sends the same attackers to a second sidecar on the
 same database: the ordinary groups' sidecar serves none of them, so what is left of their

@@ -4,8 +4,10 @@ use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 
 /// Ring size in kB. 256 MB holds about 4.5 s of 100k msg/s with 512-byte payloads.
 static QUEUE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(256 * 1024);
-/// Largest message (topic + event + payload) in kB.
-static MAX_MESSAGE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(1024);
+/// Largest message (topic + event + payload) in kB: Supabase's max_payload_size_in_kb, 3000,
+/// in this setting's unit (1,024 bytes), so 3,072,000 bytes. The sidecar reads client frames
+/// of up to 5 MB (MAX_FRAME_SIZE) within its byte budgets.
+static MAX_MESSAGE_SIZE_KB: GucSetting<i32> = GucSetting::<i32>::new(3000);
 static MAX_CONSUMERS: GucSetting<i32> = GucSetting::<i32>::new(8);
 /// Topics and tables one consumer may listen to (`interest.rs`); each costs 32 bytes of
 /// shared memory per consumer slot, whether used or not.

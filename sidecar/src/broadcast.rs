@@ -112,6 +112,22 @@ pub fn push(
         ack: state.ack,
         persist: persist.is_some(),
     };
+    let held = match relay::hold_bytes(
+        &shared.relay_bytes,
+        author.address,
+        &key.topic,
+        &event,
+        &payload,
+        &shared.metrics,
+    ) {
+        Ok(held) => held,
+        Err(busy) => {
+            // Answered like any failed relay (an error reply, or a system message without ack).
+            reply.settle(Err(busy));
+            shared.metrics.client_broadcast_failures_total.increment(1);
+            return Ok(());
+        }
+    };
     let broadcast = relay::Broadcast {
         origin: author.origin,
         topic: key.topic.clone(),
@@ -122,6 +138,7 @@ pub fn push(
         sender: author.sender,
         id: None,
         reply,
+        held,
     };
     if let Some(known) = relay::known_full(&shared.persist_full, &broadcast, &shared.metrics) {
         relay::settle(vec![broadcast], Err(known), &shared.metrics);

@@ -106,6 +106,15 @@ pub(crate) trait Batched {
     const WHAT: &'static str;
     /// Most requests in one call.
     const MAX: usize;
+    /// Most bytes of requests in one call, as `size` counts them (a call always takes one
+    /// request, whatever its size): a statement's parameters stay far under what Postgres
+    /// takes in one value (1 GB) however large each request may be.
+    const MAX_BYTES: usize = usize::MAX;
+
+    /// A request's bytes, as `MAX_BYTES` counts them.
+    fn size(_req: &Self::Req) -> usize {
+        0
+    }
 
     /// One call over `batch`: an answer per request, in order.
     async fn call(&self, db: &Db, batch: &[Self::Req]) -> Result<Vec<Self::Out>, CallError>;
@@ -151,6 +160,8 @@ pub(crate) async fn serve<B: Batched>(
     mut rx: mpsc::Receiver<B::Req>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    // A request the last batch had no room for in bytes: the next batch's first.
+    let mut carry = None;
     loop {
         let fail = |r: B::Req| worker.fail(r, DbFailure::Unreachable);
         let Some(client) = connect(cfg, B::WHAT, &mut rx, &mut shutdown, fail).await else {
@@ -161,9 +172,21 @@ pub(crate) async fn serve<B: Batched>(
             worker: &worker,
             db: &db,
         };
-        while let Some(batch) = next_batch(&mut rx, B::MAX, &mut shutdown).await {
+        while let Some(batch) = next_sized_batch(
+            &mut rx,
+            &mut carry,
+            (B::MAX, B::MAX_BYTES),
+            B::size,
+            &mut shutdown,
+        )
+        .await
+        {
             worker.taken(&batch);
             if !settle(&worker, &on, batch).await {
+                // The connection is gone: the request waiting its turn fails as the others did.
+                if let Some(r) = carry.take() {
+                    worker.fail(r, DbFailure::Unreachable);
+                }
                 break;
             }
         }
@@ -316,6 +339,42 @@ pub async fn next_batch<T>(
     Some(batch)
 }
 
+/// `next_batch` within `max.1` bytes of requests as `size` counts them: the request that
+/// would pass them waits in `carry` and is the next batch's first (a batch always takes its
+/// first, whatever its size).
+pub async fn next_sized_batch<T>(
+    rx: &mut mpsc::Receiver<T>,
+    carry: &mut Option<T>,
+    (max, max_bytes): (usize, usize),
+    size: impl Fn(&T) -> usize,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Vec<T>> {
+    let first = match carry.take() {
+        Some(r) => r,
+        None => tokio::select! {
+            r = rx.recv() => r?,
+            _ = shutdown.changed() => return None,
+        },
+    };
+    let mut bytes = size(&first);
+    let mut batch = vec![first];
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(r) => {
+                let n = size(&r);
+                if bytes.saturating_add(n) > max_bytes {
+                    *carry = Some(r);
+                    break;
+                }
+                bytes += n;
+                batch.push(r);
+            }
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
 /// Adds to `batch` what arrives within `within`, up to `max`, but only when the batch already
 /// found company (more than one request was waiting): that is a storm of requests (a
 /// thousand clients rejoining after a network blip), and one round trip for many of them
@@ -384,5 +443,23 @@ mod tests {
         gather_storm(&mut rx, &mut batch, 3, Duration::from_millis(50)).await;
         assert_eq!(batch.len(), 3);
         assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn a_batch_stops_before_the_request_that_would_pass_its_bytes() {
+        let (tx, mut rx) = mpsc::channel(100);
+        let (_stop, mut shutdown) = watch::channel(false);
+        for n in [40usize, 50, 30, 200, 5] {
+            tx.send(n).await.unwrap();
+        }
+        let mut carry = None;
+        let mut batches = Vec::new();
+        for _ in 0..4 {
+            let size = |n: &usize| *n;
+            let b = next_sized_batch(&mut rx, &mut carry, (10, 100), size, &mut shutdown).await;
+            batches.push(b.unwrap());
+        }
+        // The one that did not fit goes first next time; one larger than the bound goes alone.
+        assert_eq!(batches, vec![vec![40, 50], vec![30], vec![200], vec![5]]);
     }
 }

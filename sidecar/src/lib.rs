@@ -134,7 +134,8 @@
 //! - **The edge**: `server` (the listener, HTTP routes, upgrades), `supabase_health`
 //!   (Supabase's health routes), `url`, `cors`, `address`
 //!   (who a client is on the network, trusted proxies), `tally` (per-key rates and counts in
-//!   flight), `rate`, `rest`, `rest_body` and `rest_limits` (the REST broadcast, its body and
+//!   flight), `byte_budget` (bytes held for clients, per address and in all), `reading` (the
+//!   bytes of client frames being read, metered under tungstenite), `rate`, `rest`, `rest_body` and `rest_limits` (the REST broadcast, its body and
 //!   its bounds), `metrics_auth`, `jwt/` (tokens as Supabase verifies them: cleaning, the key
 //!   an `alg` and `kid` choose from API_JWT_SECRET and API_JWT_JWKS, the claims).
 //! - **A connection**: `socket` (its loop), `command` (a client frame parsed into what it
@@ -164,6 +165,7 @@ pub mod address;
 pub mod app_objects;
 pub mod authorizer;
 pub mod broadcast;
+pub mod byte_budget;
 pub mod channels;
 pub mod client_text;
 pub mod command;
@@ -192,6 +194,7 @@ pub mod postgres_changes;
 pub mod presence;
 pub mod privileges;
 pub mod rate;
+pub mod reading;
 pub mod reason;
 pub mod relay;
 pub mod rest;
@@ -233,7 +236,11 @@ pub async fn run(cfg: config::Config, stop: impl Future<Output = ()>) -> std::io
     let instance = state::instance_id();
     let interest = interest::Interest::new(cfg.filter_topics);
     let persist_full = Arc::new(persist_full::FullQuotas::default());
+    let (reading, relay_bytes) = cfg.byte_budgets();
     let shared = Arc::new(state::Shared {
+        reading,
+        relay_bytes,
+        outbound: cfg.outbound_bytes(),
         persist_full: persist_full.clone(),
         interest: interest.clone(),
         cfg: cfg.clone(),

@@ -45,6 +45,8 @@ pub struct Metrics {
     pub client_broadcasts_total: Counter,
     pub client_broadcast_failures_total: Counter,
     pub persist_full_refusals_total: Counter,
+    pub reading_refusals_total: Counter,
+    pub relay_bytes_refusals_total: Counter,
     pub auth_batches_total: Counter,
     pub auth_requests_total: Counter,
     pub auth_isolations_total: Counter,
@@ -76,6 +78,11 @@ pub struct Metrics {
     pub history_cut_by_bytes_total: Counter,
     /// Bytes of history frames made and not yet queued to their sockets (`history::budget`).
     pub history_bytes_held: Gauge,
+    /// Bytes of client frames being read, and of broadcasts waiting for the relay, held
+    /// (`byte_budget`); set when the metrics are read.
+    pub reading_bytes_held: Gauge,
+    pub relay_bytes_held: Gauge,
+    pub outbound_bytes_held: Gauge,
     /// Joins whose history is being read or sent, and those waiting in their address's
     /// line (MAX_RESUMES_PER_ADDRESS, `history::line`), and those the full line turned away.
     pub resumes_running: Gauge,
@@ -217,6 +224,14 @@ impl Default for Metrics {
                 "realtime_persist_full_refusals_total",
                 "kept broadcasts refused without the database: their topic was just found at its quota",
             ),
+            reading_refusals_total: r.counter(
+                "realtime_reading_refusals_total",
+                "client frames and REST bodies refused: the bytes being read would pass MAX_READING_BYTES_PER_ADDRESS or MAX_READING_BYTES",
+            ),
+            relay_bytes_refusals_total: r.counter(
+                "realtime_relay_bytes_refusals_total",
+                "client broadcasts refused: the bytes waiting for the relay would pass MAX_RELAY_BYTES_PER_ADDRESS or MAX_RELAY_BYTES",
+            ),
             auth_batches_total: r
                 .counter("realtime_auth_batches_total", "realtime.authorize calls"),
             auth_requests_total: r.counter(
@@ -305,6 +320,18 @@ impl Default for Metrics {
             history_bytes_held: r.gauge(
                 "realtime_history_bytes_held",
                 "bytes of history frames made and not yet queued to their sockets (at most MAX_RESUME_BYTES_IN_FLIGHT)",
+            ),
+            reading_bytes_held: r.gauge(
+                "realtime_reading_bytes_held",
+                "bytes of client frames and REST bodies being read, held against MAX_READING_BYTES",
+            ),
+            relay_bytes_held: r.gauge(
+                "realtime_relay_bytes_held",
+                "bytes of client broadcasts waiting for the relay, held against MAX_RELAY_BYTES",
+            ),
+            outbound_bytes_held: r.gauge(
+                "realtime_outbound_bytes_held",
+                "bytes of the distinct large frames queued to connections, held against MAX_SIDECAR_OUTBOUND_BYTES",
             ),
             resumes_running: r.gauge(
                 "realtime_resumes_running",
@@ -458,8 +485,10 @@ mod tests {
 
     /// The names and types the hand-written exposition had; dashboards and the test suite
     /// read them.
-    const COUNTERS: [&str; 45] = [
+    const COUNTERS: [&str; 47] = [
         "realtime_resumes_refused_total",
+        "realtime_reading_refusals_total",
+        "realtime_relay_bytes_refusals_total",
         "realtime_persist_full_refusals_total",
         "realtime_auth_batches_total",
         "realtime_auth_requests_total",
@@ -505,7 +534,10 @@ mod tests {
         "realtime_presence_reaped_total",
         "realtime_presence_sessions_lost_total",
     ];
-    const GAUGES: [&str; 14] = [
+    const GAUGES: [&str; 17] = [
+        "realtime_outbound_bytes_held",
+        "realtime_reading_bytes_held",
+        "realtime_relay_bytes_held",
         "realtime_resumes_running",
         "realtime_resumes_waiting",
         "realtime_rest_requests_in_flight",

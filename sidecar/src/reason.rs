@@ -24,16 +24,29 @@ pub enum Disconnect {
     /// The client sent a close frame.
     ClientClosed,
     JoinRateLimit,
+    /// The large frames queued for the client's address would pass
+    /// MAX_OUTBOUND_BYTES_PER_ADDRESS (`out::SharedBytes`).
+    TooSlowForAddress,
+    /// ... every connection's, MAX_SIDECAR_OUTBOUND_BYTES.
+    TooSlowForSidecar,
+    /// A frame would pass MAX_READING_BYTES_PER_ADDRESS (`reading`).
+    ReadingFromAddress,
+    /// A frame would pass MAX_READING_BYTES.
+    Reading,
 }
 
 impl Disconnect {
     pub fn code(self) -> CloseCode {
         match self {
             Disconnect::ShuttingDown => CloseCode::Away,
-            Disconnect::TooSlow | Disconnect::JoinRateLimit => CloseCode::Policy,
+            Disconnect::TooSlow
+            | Disconnect::TooSlowForAddress
+            | Disconnect::TooSlowForSidecar
+            | Disconnect::JoinRateLimit => CloseCode::Policy,
             Disconnect::FrameTooLarge => CloseCode::Size,
             Disconnect::InvalidFrame => CloseCode::Protocol,
             Disconnect::IdleTimeout | Disconnect::ClientClosed => CloseCode::Normal,
+            Disconnect::ReadingFromAddress | Disconnect::Reading => CloseCode::Again,
         }
     }
 
@@ -41,11 +54,41 @@ impl Disconnect {
         match self {
             Disconnect::ShuttingDown => "server shutting down",
             Disconnect::TooSlow => "too slow: the client did not keep up with its messages",
+            Disconnect::TooSlowForAddress => "too slow: large frames queued for this address would pass MAX_OUTBOUND_BYTES_PER_ADDRESS",
+            Disconnect::TooSlowForSidecar => "too slow: large frames queued for every client would pass MAX_SIDECAR_OUTBOUND_BYTES",
             Disconnect::FrameTooLarge => "frame too large",
             Disconnect::InvalidFrame => "invalid WebSocket frame",
             Disconnect::IdleTimeout => "idle timeout: no heartbeat received",
             Disconnect::ClientClosed => "bye",
             Disconnect::JoinRateLimit => "ClientJoinRateLimitReached: Too many joins per second",
+            Disconnect::ReadingFromAddress => READING_FROM_ADDRESS,
+            Disconnect::Reading => READING,
+        }
+    }
+}
+
+/// A socket's frame or a REST body would pass MAX_READING_BYTES_PER_ADDRESS.
+pub const READING_FROM_ADDRESS: &str = "ReadingBytesLimitReached: frames being read from this address would pass MAX_READING_BYTES_PER_ADDRESS";
+/// ... or MAX_READING_BYTES.
+pub const READING: &str =
+    "ReadingBytesLimitReached: frames being read would pass MAX_READING_BYTES; retry later";
+
+impl Disconnect {
+    /// The close for a queue that overflowed: its own bounds, or the shared ones on large
+    /// frames (`out::Receiver::cut_by`).
+    pub fn too_slow(cut_by: Option<crate::byte_budget::Over>) -> Disconnect {
+        match cut_by {
+            None => Disconnect::TooSlow,
+            Some(crate::byte_budget::Over::Address) => Disconnect::TooSlowForAddress,
+            Some(crate::byte_budget::Over::Sidecar) => Disconnect::TooSlowForSidecar,
+        }
+    }
+
+    /// The close for a frame the reading bound refused (`reading`).
+    pub fn reading(over: crate::byte_budget::Over) -> Disconnect {
+        match over {
+            crate::byte_budget::Over::Address => Disconnect::ReadingFromAddress,
+            crate::byte_budget::Over::Sidecar => Disconnect::Reading,
         }
     }
 }
@@ -453,5 +496,35 @@ mod tests {
         );
         assert_eq!(Disconnect::TooSlow.code(), CloseCode::Policy);
         assert_eq!(Disconnect::FrameTooLarge.code(), CloseCode::Size);
+    }
+
+    /// Regression: the reading bound's first close reasons were 150 bytes long; a close
+    /// frame is a control frame (125 bytes of payload at most, 2 of them the code), and
+    /// tungstenite's client dropped the connection on it instead of reporting the reason.
+    #[test]
+    fn every_close_reason_fits_a_close_frame() {
+        use Disconnect::*;
+        let all = [
+            ShuttingDown,
+            TooSlow,
+            TooSlowForAddress,
+            TooSlowForSidecar,
+            FrameTooLarge,
+            InvalidFrame,
+            IdleTimeout,
+            ClientClosed,
+            JoinRateLimit,
+            ReadingFromAddress,
+            Reading,
+        ];
+        for d in all {
+            // A variant added without being listed here fails to compile.
+            match d {
+                ShuttingDown | TooSlow | TooSlowForAddress | TooSlowForSidecar | FrameTooLarge
+                | InvalidFrame | IdleTimeout | ClientClosed | JoinRateLimit
+                | ReadingFromAddress | Reading => {}
+            }
+            assert!(d.text().len() <= 123, "{d:?}: {} bytes", d.text().len());
+        }
     }
 }

@@ -3,6 +3,8 @@
 //! sidecar delivers them in the one order the queue gives; each sender hears how its
 //! broadcast ended once the batch has committed (or failed).
 
+use crate::address::AddressKey;
+use crate::byte_budget::{ByteBudget, Hold, Over};
 use crate::config::Config;
 use crate::db_worker::{self, Batched, CallError, Db, DbFailure};
 use crate::hub::Payload;
@@ -92,11 +94,13 @@ pub fn refusal(why: &str, persist: bool) -> serde_json::Value {
     json!({"status": "error", "response": response})
 }
 
-/// Who sends a client broadcast: its connection as `realtime.relay` origins name it, and
-/// whose persist quota it counts against (`persist::sender`).
+/// Who sends a client broadcast: its connection as `realtime.relay` origins name it, whose
+/// persist quota it counts against (`persist::sender`), and the client address whose relay
+/// bytes it counts against (None: a backend's, the sidecar's bound only).
 pub struct Author {
     pub origin: i64,
     pub sender: Option<String>,
+    pub address: Option<AddressKey>,
 }
 
 /// A client broadcast on its way to the database.
@@ -114,6 +118,30 @@ pub struct Broadcast {
     /// `message_id`), delivered as `meta.id`; a socket's broadcast names none.
     pub id: Option<String>,
     pub reply: AckTo,
+    /// Its bytes, held against MAX_RELAY_BYTES_PER_ADDRESS and MAX_RELAY_BYTES until it is
+    /// settled (`hold_bytes`).
+    pub held: Hold,
+}
+
+/// Holds the bytes of a broadcast about to be queued for the relay: its payload, topic and
+/// event, against its address's and the sidecar's bound; the refusal its sender hears when
+/// they would pass one. Nothing waits for room: the sender may retry.
+pub fn hold_bytes(
+    budget: &ByteBudget,
+    address: Option<AddressKey>,
+    topic: &str,
+    event: &str,
+    payload: &Payload,
+    metrics: &Metrics,
+) -> Result<Hold, Failure> {
+    let bytes = persist_full::size(payload) + topic.len() + event.len();
+    budget.take(address, bytes).map_err(|over| {
+        metrics.relay_bytes_refusals_total.increment(1);
+        Failure::Unavailable(match over {
+            Over::Address => "this client address's broadcasts waiting for the database would pass MAX_RELAY_BYTES_PER_ADDRESS; retry",
+            Over::Sidecar => "the broadcasts waiting for the database would pass MAX_RELAY_BYTES; retry",
+        })
+    })
 }
 
 impl Broadcast {
@@ -185,6 +213,12 @@ impl Batched for Relay {
     type Out = ();
     const WHAT: &'static str = "relay";
     const MAX: usize = 1000;
+    /// Messages may be megabytes each: a statement carries at most this much of them.
+    const MAX_BYTES: usize = 16 << 20;
+
+    fn size(b: &Broadcast) -> usize {
+        b.held.amount()
+    }
 
     async fn call(&self, db: &Db, batch: &[Broadcast]) -> Result<Vec<()>, CallError> {
         db.run(relay(&db.client, batch, self.quota)).await?;
@@ -362,6 +396,7 @@ mod tests {
             sender: None,
             id: None,
             reply,
+            held: crate::byte_budget::ByteBudget::new(usize::MAX, usize::MAX).holder(None),
         }
     }
 

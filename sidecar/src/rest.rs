@@ -7,14 +7,17 @@
 
 use crate::address::AddressKey;
 use crate::authorizer::{self, Identity, Verdict};
+use crate::byte_budget::{Hold, Over};
 use crate::hub::Payload;
 use crate::persist::{self, PersistError};
+use crate::reading;
+use crate::reason;
 use crate::reason::Refusal;
 use crate::relay::{self, AckTo, Failure};
 use crate::rest_limits::{Admitted, Sender};
 use crate::state::Shared;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 use serde_json::{json, Value};
@@ -209,16 +212,63 @@ fn admit(
     Ok((caller, admitted))
 }
 
-/// The request body, bounded in size and in time (a body that trickles in is cut off like
-/// slow headers are).
-async fn body(req: Request<Incoming>, shared: &Shared) -> Result<Bytes, Outcome> {
-    let body = Limited::new(req.into_body(), shared.cfg.max_frame_size).collect();
-    match tokio::time::timeout(shared.cfg.http_header_timeout(), body).await {
-        Ok(Ok(b)) => Ok(b.to_bytes()),
-        Ok(Err(_)) => Err((
-            StatusCode::PAYLOAD_TOO_LARGE,
-            Some(json!({"message": "Payload too large"})),
-        )),
+/// The request body, bounded in size (MAX_FRAME_SIZE), in time (a body that trickles in is
+/// cut off like slow headers are), and in the bytes being read: past `reading::FREE`, each
+/// chunk is held against its address's and the sidecar's bound before it is kept
+/// (`reading`), until the request is answered (the `Hold` returned). Nothing waits for room.
+async fn body(
+    req: Request<Incoming>,
+    shared: &Shared,
+    address: Option<AddressKey>,
+) -> Result<(Bytes, Hold), Outcome> {
+    let max = shared.cfg.max_frame_size;
+    let mut hold = shared.reading.holder(address);
+    let read = async {
+        let mut body = req.into_body();
+        let mut kept = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else {
+                return Err((
+                    StatusCode::BAD_REQUEST,
+                    Some(json!({"message": "the request body could not be read"})),
+                ));
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let len = kept.len() + data.len();
+            if len > max {
+                return Err((
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    Some(json!({"message": "Payload too large"})),
+                ));
+            }
+            if let Err(over) = hold.set(len.saturating_sub(reading::FREE)) {
+                shared.metrics.reading_refusals_total.increment(1);
+                let (status, text) = match over {
+                    Over::Address => (StatusCode::TOO_MANY_REQUESTS, reason::READING_FROM_ADDRESS),
+                    Over::Sidecar => (StatusCode::SERVICE_UNAVAILABLE, reason::READING),
+                };
+                // The rest is read and dropped (MAX_FRAME_SIZE at most, within the body's
+                // time), so that the client reads the answer: a connection closed with
+                // unread bytes is reset, and the answer may be lost with it.
+                let mut rest = len;
+                while let Some(Ok(frame)) = body.frame().await {
+                    rest += frame.data_ref().map_or(0, Bytes::len);
+                    if rest > max {
+                        break;
+                    }
+                }
+                return Err((status, Some(json!({ "message": text }))));
+            }
+            kept.extend_from_slice(&data);
+        }
+        Ok(kept.freeze())
+    };
+    let read = tokio::time::timeout(shared.cfg.http_header_timeout(), read).await;
+    match read {
+        Ok(Ok(b)) => Ok((b, hold)),
+        Ok(Err(refused)) => Err(refused),
         Err(_) => Err((
             StatusCode::REQUEST_TIMEOUT,
             Some(json!({"message": "the request body did not arrive in time"})),
@@ -287,7 +337,12 @@ fn message_id(id: &str) -> bool {
 /// half of the relay stays held until then (an answer at the first refusal gave the half
 /// back while the rest were still in the relay: issue 39, L5). `sender`: whose persist quota
 /// the kept ones count against.
-async fn relay_all(shared: &Shared, sender: Option<String>, messages: Vec<ToRelay>) -> Outcome {
+async fn relay_all(
+    shared: &Shared,
+    address: Option<AddressKey>,
+    sender: Option<String>,
+    messages: Vec<ToRelay>,
+) -> Outcome {
     let _room = match shared
         .rest_limits
         .relay_room(messages.len(), shared.cfg.http_header_timeout())
@@ -301,6 +356,20 @@ async fn relay_all(shared: &Shared, sender: Option<String>, messages: Vec<ToRela
     let mut refused = Vec::new();
     let mut unavailable = None;
     for (topic, event, private, payload, persist, id) in messages {
+        let held = match relay::hold_bytes(
+            &shared.relay_bytes,
+            address,
+            &topic,
+            &event,
+            &payload,
+            &shared.metrics,
+        ) {
+            Ok(held) => held,
+            Err(busy) => {
+                unavailable = Some(busy.reason());
+                break;
+            }
+        };
         let (tx, rx) = oneshot::channel();
         let broadcast = relay::Broadcast {
             origin,
@@ -312,6 +381,7 @@ async fn relay_all(shared: &Shared, sender: Option<String>, messages: Vec<ToRela
             sender: sender.clone(),
             id,
             reply: AckTo::Http(tx),
+            held,
         };
         if let Some(f) = relay::known_full(&shared.persist_full, &broadcast, &shared.metrics) {
             refused.push(f.reason());
@@ -354,7 +424,9 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared, address: Address
         Ok(admitted) => admitted,
         Err(outcome) => return outcome,
     };
-    let body = match body(req, shared).await {
+    // A backend's request counts against the sidecar's bounds only, as its socket does.
+    let counted = (!caller.backend).then_some(address);
+    let (body, _reading) = match body(req, shared, counted).await {
         Ok(b) => b,
         Err(outcome) => return outcome,
     };
@@ -390,7 +462,7 @@ pub async fn broadcast(req: Request<Incoming>, shared: &Shared, address: Address
             (m.topic, m.event, m.private, payload, None, m.id)
         })
         .collect();
-    match relay_all(shared, None, messages).await {
+    match relay_all(shared, counted, None, messages).await {
         (StatusCode::ACCEPTED, None) if !denied.is_empty() => {
             let refused: Vec<Value> = denied
                 .into_iter()
@@ -487,7 +559,9 @@ pub async fn broadcast_one(
             )
         }
     };
-    let body = match body(req, shared).await {
+    // A backend's request counts against the sidecar's bounds only, as its socket does.
+    let counted = (!caller.backend).then_some(address);
+    let (body, _reading) = match body(req, shared, counted).await {
         Ok(b) => b,
         Err(outcome) => return outcome,
     };
@@ -515,6 +589,7 @@ pub async fn broadcast_one(
         .and_then(|_| crate::persist::sender(caller.sub.as_deref(), Some(address), caller.backend));
     relay_all(
         shared,
+        counted,
         sender,
         vec![(
             single.topic,

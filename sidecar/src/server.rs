@@ -164,6 +164,10 @@ async fn route(
                 .get(hyper::header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok());
             if shared.metrics_auth.allows(authorization) {
+                let m = &shared.metrics;
+                m.reading_bytes_held.set(shared.reading.held() as f64);
+                m.relay_bytes_held.set(shared.relay_bytes.held() as f64);
+                m.outbound_bytes_held.set(shared.outbound.held() as f64);
                 respond(
                     StatusCode::OK,
                     "text/plain; version=0.0.4",

@@ -18,6 +18,7 @@ use crate::frame::{self, Vsn};
 use crate::jwt::{self, Claims};
 use crate::out::{self, Duplex, Written};
 use crate::postgres_changes::bounds::Bounds;
+use crate::reading::{Meter, Refused};
 use crate::reason::Disconnect;
 use crate::state::Shared;
 use bytes::Bytes;
@@ -50,15 +51,20 @@ pub async fn serve(
     headers: String,
     address: Option<AddressKey>,
 ) {
-    let (tx, rx) = out::bounded(
+    let (tx, rx) = out::connection(
         shared.cfg.max_outbound_frames,
         shared.cfg.max_outbound_bytes,
+        shared.outbound.clone(),
+        address,
     );
     let (reader, writer) = tcp.into_split();
     let socket = Arc::new(writer);
     rx.attach(socket.clone());
+    // The client's frames being read are held against its address's and the sidecar's
+    // bounds (`reading`).
+    let meter = Meter::new(shared.reading.holder(address), shared.cfg.max_frame_size);
     let mut stream = WebSocketStream::from_raw_socket(
-        Duplex::new(ahead, reader, rx.raw()),
+        Duplex::new(ahead, reader, rx.raw(), meter),
         Role::Server,
         Some(ws_config),
     )
@@ -102,7 +108,7 @@ pub async fn serve(
         tokio::select! {
             biased;
             _ = shutdown.changed() => break Some(Disconnect::ShuttingDown),
-            _ = rx.overflowed() => break Some(too_slow_close(&shared)),
+            _ = rx.overflowed() => break Some(too_slow_close(&shared, &rx)),
             // Each branch that may answer the client holds direct writes first (`hold`),
             // so that nothing of a channel it opens is written before its reply.
             Some(answer) = conn.next_answer() => {
@@ -134,6 +140,11 @@ pub async fn serve(
                     Some(Err(WsError::Capacity(e))) => {
                         tracing::debug!(conn = conn.id(), error = %e, "frame too large");
                         break Some(Disconnect::FrameTooLarge);
+                    }
+                    Some(Err(WsError::Io(e))) if Refused::of(&e).is_some() => {
+                        let over = Refused::of(&e).expect("matched above");
+                        shared.metrics.reading_refusals_total.increment(1);
+                        break Some(Disconnect::reading(over));
                     }
                     Some(Err(e)) => {
                         tracing::debug!(conn = conn.id(), error = %e, "websocket error");
@@ -193,9 +204,9 @@ async fn write_all(
     }
 }
 
-fn too_slow_close(shared: &Shared) -> Disconnect {
+fn too_slow_close(shared: &Shared, rx: &out::Receiver) -> Disconnect {
     shared.metrics.slow_disconnects_total.increment(1);
-    Disconnect::TooSlow
+    Disconnect::too_slow(rx.cut_by())
 }
 
 /// What one WebSocket message amounts to.

@@ -65,6 +65,13 @@ pub struct Shared {
     /// Histories read or sent per client address, and the lines the others wait in
     /// (MAX_RESUMES_PER_ADDRESS, `history::line`); joins reach `history` through it.
     pub resumes: crate::history::line::Line<crate::history::Request>,
+    /// Bytes of client frames being read (MAX_READING_BYTES_PER_ADDRESS, MAX_READING_BYTES).
+    pub reading: crate::byte_budget::ByteBudget,
+    /// Bytes of broadcasts waiting for the relay (MAX_RELAY_BYTES_PER_ADDRESS, MAX_RELAY_BYTES).
+    pub relay_bytes: crate::byte_budget::ByteBudget,
+    /// Large frames queued to connections, each counted once (MAX_OUTBOUND_BYTES_PER_ADDRESS,
+    /// MAX_SIDECAR_OUTBOUND_BYTES).
+    pub outbound: crate::out::SharedBytes,
     /// Random per process: the high half of this sidecar's relay origins.
     pub instance: u32,
 }
@@ -140,6 +147,8 @@ pub mod testing {
             history.clone(),
             metrics.clone(),
         );
+        let cfg_budgets = cfg.byte_budgets();
+        let outbound = cfg.outbound_bytes();
         let shared = Shared {
             persist_full: Arc::default(),
             resumes,
@@ -173,6 +182,9 @@ pub mod testing {
             shutdown,
             authorize,
             relay,
+            reading: cfg_budgets.0,
+            relay_bytes: cfg_budgets.1,
+            outbound,
             instance: 7,
         };
         let backends = Backends {

@@ -261,14 +261,14 @@ async fn client_broadcasts_go_through_the_database_with_self_and_ack() {
 /// reported as a system message on the channel, and counted.
 #[tokio::test]
 async fn a_refused_broadcast_without_ack_is_reported_on_the_channel() {
-    let sidecar = Sidecar::start("t_refused_noack", &[("MAX_FRAME_SIZE", "4194304")]).await;
+    let sidecar = Sidecar::start("t_refused_noack", &[]).await;
     let mut c = Client::connect(sidecar.port, "1.0.0").await;
     c.join_public("realtime:too-big").await;
-    // Over realtime.max_message_size (1 MB), under the frame limit.
+    // Over realtime.max_message_size (3000 kB), under the frame limit (5 MB).
     c.broadcast(
         "realtime:too-big",
         "big",
-        json!({"blob": "x".repeat(1_500_000)}),
+        json!({"blob": "x".repeat(3_200_000)}),
     )
     .await;
     let m = loop {

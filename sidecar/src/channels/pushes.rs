@@ -41,6 +41,7 @@ impl Channels {
         let persisted = b.persist != Ok(None);
         let author = crate::relay::Author {
             origin: self.link.origin,
+            address: self.presence_source.address,
             sender: persisted
                 .then(|| {
                     let address = self.presence_source.address;

@@ -105,9 +105,34 @@ pub struct Config {
     /// Channels one connection may join (Supabase's default).
     #[arg(long, env = "MAX_CHANNELS_PER_CLIENT", default_value_t = 100)]
     pub max_channels_per_client: usize,
-    /// Largest WebSocket frame or message accepted from a client, in bytes.
-    #[arg(long, env = "MAX_FRAME_SIZE", default_value_t = 1_048_576)]
+    /// Largest WebSocket frame or message accepted from a client, and largest REST body, in
+    /// bytes (Supabase's 5,000,000). What is being read is bounded per address and in all
+    /// (MAX_READING_BYTES_PER_ADDRESS, MAX_READING_BYTES).
+    #[arg(long, env = "MAX_FRAME_SIZE", default_value_t = 5_000_000)]
     pub max_frame_size: usize,
+    /// Bytes of client frames being read from one client address, its connections together
+    /// (`reading`): past the first 64 KiB of each message, a frame's bytes are taken when
+    /// its header announces them. A frame that would pass it closes its connection (1013,
+    /// "ReadingBytesLimitReached: ... MAX_READING_BYTES_PER_ADDRESS ..."). At least
+    /// MAX_FRAME_SIZE.
+    #[arg(long, env = "MAX_READING_BYTES_PER_ADDRESS", default_value_t = 64 << 20)]
+    pub max_reading_bytes_per_address: usize,
+    /// Bytes of client frames being read by the whole sidecar (REST bodies included); past it
+    /// as MAX_READING_BYTES_PER_ADDRESS, naming MAX_READING_BYTES. At least
+    /// MAX_READING_BYTES_PER_ADDRESS.
+    #[arg(long, env = "MAX_READING_BYTES", default_value_t = 512 << 20)]
+    pub max_reading_bytes: usize,
+    /// Bytes of one client address's broadcasts waiting for the relay (its connections' and
+    /// REST requests' together): a broadcast that would pass it is refused
+    /// ("UnableToBroadcast: ... MAX_RELAY_BYTES_PER_ADDRESS ...; retry"). At least
+    /// MAX_FRAME_SIZE.
+    #[arg(long, env = "MAX_RELAY_BYTES_PER_ADDRESS", default_value_t = 64 << 20)]
+    pub max_relay_bytes_per_address: usize,
+    /// Bytes of every broadcast waiting for the relay; past it as
+    /// MAX_RELAY_BYTES_PER_ADDRESS, naming MAX_RELAY_BYTES. At least
+    /// MAX_RELAY_BYTES_PER_ADDRESS.
+    #[arg(long, env = "MAX_RELAY_BYTES", default_value_t = 512 << 20)]
+    pub max_relay_bytes: usize,
     /// Frames queued for one connection before it counts as too slow and is disconnected.
     /// Keep it above DRAIN_BATCH: one drain batch may all go to one busy topic at once.
     #[arg(long, env = "MAX_OUTBOUND_FRAMES", default_value_t = 20_000)]
@@ -117,6 +142,16 @@ pub struct Config {
     /// most this much, whatever its frames' sizes.
     #[arg(long, env = "MAX_OUTBOUND_BYTES", default_value_t = 64 << 20)]
     pub max_outbound_bytes: usize,
+    /// Bytes of the large frames (16 KiB or more) queued to one client address's
+    /// connections, each distinct frame counted once however many of them queue it
+    /// (`out::SharedBytes`): a push past it closes that connection (1008, "too slow: ...
+    /// MAX_OUTBOUND_BYTES_PER_ADDRESS").
+    #[arg(long, env = "MAX_OUTBOUND_BYTES_PER_ADDRESS", default_value_t = 256 << 20)]
+    pub max_outbound_bytes_per_address: usize,
+    /// The same for every connection: a push past it closes its connection (1008, "too
+    /// slow: ... MAX_SIDECAR_OUTBOUND_BYTES").
+    #[arg(long, env = "MAX_SIDECAR_OUTBOUND_BYTES", default_value_t = 2 << 30)]
+    pub max_sidecar_outbound_bytes: usize,
     /// Postgres Changes bindings one join may carry (realtime-js sends one per `.on()`);
     /// every binding of a schema-wide channel runs against every change drained.
     #[arg(long, env = "MAX_BINDINGS_PER_JOIN", default_value_t = 100)]
@@ -601,6 +636,29 @@ pub const RELAY_QUEUE: usize = 10_000;
 pub use crate::jwt::MIN_SECRET_BYTES;
 
 impl Config {
+    /// The bytes of frames being read and of broadcasts waiting for the relay, each bounded
+    /// per address and for the sidecar (`byte_budget`).
+    pub fn byte_budgets(
+        &self,
+    ) -> (
+        crate::byte_budget::ByteBudget,
+        crate::byte_budget::ByteBudget,
+    ) {
+        use crate::byte_budget::ByteBudget;
+        (
+            ByteBudget::new(self.max_reading_bytes_per_address, self.max_reading_bytes),
+            ByteBudget::new(self.max_relay_bytes_per_address, self.max_relay_bytes),
+        )
+    }
+
+    /// The table of large frames queued to connections (`out::SharedBytes`).
+    pub fn outbound_bytes(&self) -> crate::out::SharedBytes {
+        crate::out::SharedBytes::new(
+            self.max_outbound_bytes_per_address,
+            self.max_sidecar_outbound_bytes,
+        )
+    }
+
     /// The limit of connections of `block` (MAX_CONNECTIONS_PER_IPV6_56 and friends).
     pub fn max_connections_per_block(&self, block: &crate::address::Block) -> usize {
         match block.prefix {

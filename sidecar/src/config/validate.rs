@@ -187,6 +187,42 @@ impl Config {
             ),
             ("MAX_FRAME_SIZE", self.max_frame_size as u64, 1024, 1 << 30),
             (
+                "MAX_READING_BYTES_PER_ADDRESS",
+                self.max_reading_bytes_per_address as u64,
+                1024,
+                1 << 40,
+            ),
+            (
+                "MAX_READING_BYTES",
+                self.max_reading_bytes as u64,
+                1024,
+                1 << 40,
+            ),
+            (
+                "MAX_RELAY_BYTES_PER_ADDRESS",
+                self.max_relay_bytes_per_address as u64,
+                1024,
+                1 << 40,
+            ),
+            (
+                "MAX_RELAY_BYTES",
+                self.max_relay_bytes as u64,
+                1024,
+                1 << 40,
+            ),
+            (
+                "MAX_OUTBOUND_BYTES_PER_ADDRESS",
+                self.max_outbound_bytes_per_address as u64,
+                1 << 20,
+                1 << 40,
+            ),
+            (
+                "MAX_SIDECAR_OUTBOUND_BYTES",
+                self.max_sidecar_outbound_bytes as u64,
+                1 << 20,
+                1 << 40,
+            ),
+            (
                 "MAX_OUTBOUND_FRAMES",
                 self.max_outbound_frames as u64,
                 1,
@@ -252,6 +288,44 @@ impl Config {
             if !(low..=high).contains(&value) {
                 return Err(InvalidConfig(format!(
                     "{name} must be between {low} and {high} (it is {value})"
+                )));
+            }
+        }
+        for (lesser, low, greater, high) in [
+            (
+                "MAX_FRAME_SIZE",
+                self.max_frame_size,
+                "MAX_READING_BYTES_PER_ADDRESS",
+                self.max_reading_bytes_per_address,
+            ),
+            (
+                "MAX_READING_BYTES_PER_ADDRESS",
+                self.max_reading_bytes_per_address,
+                "MAX_READING_BYTES",
+                self.max_reading_bytes,
+            ),
+            (
+                "MAX_FRAME_SIZE",
+                self.max_frame_size,
+                "MAX_RELAY_BYTES_PER_ADDRESS",
+                self.max_relay_bytes_per_address,
+            ),
+            (
+                "MAX_RELAY_BYTES_PER_ADDRESS",
+                self.max_relay_bytes_per_address,
+                "MAX_RELAY_BYTES",
+                self.max_relay_bytes,
+            ),
+            (
+                "MAX_OUTBOUND_BYTES_PER_ADDRESS",
+                self.max_outbound_bytes_per_address,
+                "MAX_SIDECAR_OUTBOUND_BYTES",
+                self.max_sidecar_outbound_bytes,
+            ),
+        ] {
+            if low > high {
+                return Err(InvalidConfig(format!(
+                    "{greater} must be at least {lesser} ({high} < {low})"
                 )));
             }
         }

@@ -3,6 +3,7 @@
 //! writes frames itself).
 
 use super::queue;
+use crate::reading::{Meter, Refused};
 use bytes::Bytes;
 use std::io;
 use std::pin::Pin;
@@ -12,16 +13,23 @@ use tokio::net::tcp::OwnedReadHalf;
 
 /// What tungstenite reads from and writes to: the socket's read half (after the bytes the
 /// HTTP upgrade read ahead), and the connection's outbound queue for what it writes (pongs,
-/// the answer to a client's close), so that its frames keep to frame boundaries.
+/// the answer to a client's close), so that its frames keep to frame boundaries. What is read
+/// passes the connection's `Meter` (`reading`): a frame past the reading bounds fails the read.
 pub struct Duplex {
     ahead: Bytes,
     read: OwnedReadHalf,
     out: queue::Raw,
+    meter: Meter,
 }
 
 impl Duplex {
-    pub fn new(ahead: Bytes, read: OwnedReadHalf, out: queue::Raw) -> Self {
-        Duplex { ahead, read, out }
+    pub fn new(ahead: Bytes, read: OwnedReadHalf, out: queue::Raw, meter: Meter) -> Self {
+        Duplex {
+            ahead,
+            read,
+            out,
+            meter,
+        }
     }
 }
 
@@ -31,13 +39,23 @@ impl AsyncRead for Duplex {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if !self.ahead.is_empty() {
-            let n = self.ahead.len().min(buf.remaining());
-            let taken = self.ahead.split_to(n);
+        let this = &mut *self;
+        this.meter.reading();
+        let from = buf.filled().len();
+        if !this.ahead.is_empty() {
+            let n = this.ahead.len().min(buf.remaining());
+            let taken = this.ahead.split_to(n);
             buf.put_slice(&taken);
-            return Poll::Ready(Ok(()));
+        } else {
+            match Pin::new(&mut this.read).poll_read(cx, buf) {
+                Poll::Ready(Ok(())) => {}
+                pending_or_failed => return pending_or_failed,
+            }
         }
-        Pin::new(&mut self.read).poll_read(cx, buf)
+        match this.meter.read(&buf.filled()[from..]) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(over) => Poll::Ready(Err(io::Error::other(Refused(over)))),
+        }
     }
 }
 

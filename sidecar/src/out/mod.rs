@@ -23,9 +23,12 @@
 //!    pending slot goes on. May cut off: a channel whose held frames and slots exceed its
 //!    connection's outbound bounds closes its connection as too slow; what it held is
 //!    dropped.
-//! 3. **The queue** (`queue.rs`), bounded in frames and bytes. May cut off: a push that
-//!    finds it full marks it overflowed, and the socket loop closes the connection as too
-//!    slow (`Disconnect::TooSlow`: close 1008, "too slow: ..."); nothing more is queued.
+//! 3. **The queue** (`queue.rs`), bounded in frames and bytes; its large frames are also
+//!    counted, each distinct frame once, for the sidecar and the client's address
+//!    (`shared_bytes.rs`). May cut off: a push that finds it full, or whose frame would pass
+//!    one of those bounds, marks it overflowed, and the socket loop closes the connection as
+//!    too slow (`Disconnect::TooSlow` and friends: close 1008, "too slow: ..."); nothing
+//!    more is queued.
 //! 4. **The write** (`write.rs`): when nothing waits in the queue and the connection's task
 //!    is not answering a client frame, the pusher writes the frames to the socket itself in
 //!    one vectored `send(2)`; what the socket does not take, and everything pushed while
@@ -39,13 +42,14 @@
 //!
 //! Locks, each held for a few instructions and never across an await, always taken in this
 //! order: a registry's (the hub's topics, the listeners) → the gate's → the slots' → the
-//! queue's. The gate merges what it held into the slots under its own lock, so no live
+//! queue's → the shared large frames' table. The gate merges what it held into the slots under its own lock, so no live
 //! frame overtakes them; the slots let frames out into the queue under theirs.
 
 mod duplex;
 mod gate;
 mod queue;
 mod reach;
+mod shared_bytes;
 mod slots;
 #[cfg(test)]
 mod tests;
@@ -53,6 +57,7 @@ mod write;
 
 pub use duplex::Duplex;
 pub use gate::Opened;
-pub use queue::{bounded, channel, Receiver, Sender, Sent, TryRecvError, Written};
+pub use queue::{bounded, channel, connection, Receiver, Sender, Sent, TryRecvError, Written};
 pub use reach::{At, ConnId, Fill, Link, Reach, ReplyTo};
+pub use shared_bytes::SharedBytes;
 pub use write::{close_frame, encode, socket, Socket};

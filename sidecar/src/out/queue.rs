@@ -30,7 +30,10 @@
 //! handling a client frame (`hold`) nothing is written directly: its replies are put ahead
 //! of what was queued meanwhile (`put_first`), as when the task wrote them first itself.
 
+use super::shared_bytes::SharedBytes;
 use super::write::{self, Socket};
+use crate::address::AddressKey;
+use crate::byte_budget::Over;
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -77,6 +80,9 @@ struct State {
     socket: Option<Arc<dyn Socket>>,
     /// The connection's task is handling a client frame: nothing is written directly.
     held: bool,
+    /// The sidecar's or the address's bound on large frames cut the connection off
+    /// (`shared_bytes`); None when its own bounds did.
+    cut_by: Option<Over>,
 }
 
 impl State {
@@ -88,12 +94,18 @@ impl State {
         self.socket.clone()
     }
 
-    /// Queues `frame` within the bounds; false (and marked overflowed) if they are reached.
-    fn push(&mut self, frame: Message, capacity: usize, max_bytes: usize) -> bool {
+    /// Queues `frame` within the bounds (the connection's, then the sidecar's and its
+    /// address's on large frames); false (and marked overflowed) if one is reached.
+    fn push(&mut self, frame: Message, inner: &Inner) -> bool {
         let n = frame.len();
-        let too_many_bytes = !self.frames.is_empty() && self.bytes + n > max_bytes;
-        if self.frames.len() >= capacity || too_many_bytes {
+        let too_many_bytes = !self.frames.is_empty() && self.bytes + n > inner.max_bytes;
+        if self.frames.len() >= inner.capacity || too_many_bytes {
             self.overflowed = true;
+            return false;
+        }
+        if let Err(over) = inner.enter(&frame, false) {
+            self.overflowed = true;
+            self.cut_by = Some(over);
             return false;
         }
         self.bytes += n;
@@ -110,6 +122,23 @@ struct Inner {
     cut: Notify,
     capacity: usize,
     max_bytes: usize,
+    /// The table of large frames every queue shares, and this connection's address there.
+    counted: Option<(SharedBytes, Option<AddressKey>)>,
+}
+
+impl Inner {
+    fn enter(&self, frame: &Message, force: bool) -> Result<(), Over> {
+        match &self.counted {
+            Some((shared, address)) => shared.enter(frame, *address, force),
+            None => Ok(()),
+        }
+    }
+
+    fn leave(&self, frame: &Message) {
+        if let Some((shared, address)) = &self.counted {
+            shared.leave(frame, *address);
+        }
+    }
 }
 
 /// The pushing side; cloned into every place that writes to the connection.
@@ -159,8 +188,27 @@ pub fn channel(capacity: usize) -> (Sender, Receiver) {
     bounded(capacity, usize::MAX)
 }
 
-/// A queue of at most `capacity` frames and `max_bytes` bytes (a connection's).
+/// A queue of at most `capacity` frames and `max_bytes` bytes.
 pub fn bounded(capacity: usize, max_bytes: usize) -> (Sender, Receiver) {
+    made(capacity, max_bytes, None)
+}
+
+/// A connection's queue: `bounded`, its large frames counted in `shared` for `address`
+/// (None: a backend's).
+pub fn connection(
+    capacity: usize,
+    max_bytes: usize,
+    shared: SharedBytes,
+    address: Option<AddressKey>,
+) -> (Sender, Receiver) {
+    made(capacity, max_bytes, Some((shared, address)))
+}
+
+fn made(
+    capacity: usize,
+    max_bytes: usize,
+    counted: Option<(SharedBytes, Option<AddressKey>)>,
+) -> (Sender, Receiver) {
     let inner = Arc::new(Inner {
         state: Mutex::new(State {
             frames: VecDeque::new(),
@@ -171,11 +219,13 @@ pub fn bounded(capacity: usize, max_bytes: usize) -> (Sender, Receiver) {
             rest: VecDeque::new(),
             socket: None,
             held: false,
+            cut_by: None,
         }),
         readable: Notify::new(),
         cut: Notify::new(),
         capacity,
         max_bytes,
+        counted,
     });
     (
         Sender {
@@ -197,7 +247,7 @@ impl Sender {
             if s.overflowed {
                 return Sent::Full;
             }
-            if !s.push(frame, self.inner.capacity, self.inner.max_bytes) {
+            if !s.push(frame, &self.inner) {
                 drop(s);
                 self.inner.cut.notify_one();
                 return Sent::Full;
@@ -250,7 +300,7 @@ impl Sender {
             }
             let mut taken = (frames.len(), Sent::Queued);
             for (i, f) in frames.iter().enumerate().skip(start) {
-                if !s.push(f.clone(), self.inner.capacity, self.inner.max_bytes) {
+                if !s.push(f.clone(), &self.inner) {
                     taken = (i, Sent::Full);
                     break;
                 }
@@ -346,6 +396,9 @@ impl Receiver {
         let mut s = self.inner.state.lock().unwrap();
         s.held = false;
         for m in replies.into_iter().rev() {
+            // Replies are always taken (they answer what the client asked): counted, never
+            // refused.
+            let _ = self.inner.enter(&m, true);
             s.bytes += m.len();
             s.frames.push_front(m);
         }
@@ -399,6 +452,7 @@ impl Receiver {
             let st = &mut *s;
             for m in st.frames.drain(..done) {
                 st.bytes -= m.len();
+                self.inner.leave(&m);
             }
             if let Some(cut) = cut {
                 s.rest.push_back(cut);
@@ -418,7 +472,9 @@ impl Receiver {
     /// stream must end at a frame boundary): a closing connection sends its last words only.
     pub fn discard_queued(&self) {
         let mut s = self.inner.state.lock().unwrap();
-        s.frames = VecDeque::new();
+        for m in std::mem::take(&mut s.frames) {
+            self.inner.leave(&m);
+        }
         s.bytes = 0;
     }
 
@@ -436,6 +492,11 @@ impl Receiver {
                 Err(false) => notified.await,
             }
         }
+    }
+
+    /// Which shared bound on large frames cut the connection off, if one did.
+    pub fn cut_by(&self) -> Option<Over> {
+        self.inner.state.lock().unwrap().cut_by
     }
 
     /// Resolves once the queue overflowed (or was cut off): the connection must close as
@@ -469,6 +530,7 @@ impl Receiver {
         match s.frames.pop_front() {
             Some(frame) => {
                 s.bytes -= frame.len();
+                self.inner.leave(&frame);
                 if s.frames.is_empty() && s.frames.capacity() > KEEP {
                     s.frames = VecDeque::new();
                 }
@@ -483,7 +545,9 @@ impl Drop for Receiver {
     fn drop(&mut self) {
         let mut s = self.inner.state.lock().unwrap();
         s.closed = true;
-        s.frames = VecDeque::new();
+        for m in std::mem::take(&mut s.frames) {
+            self.inner.leave(&m);
+        }
         s.bytes = 0;
         s.rest = VecDeque::new();
         s.socket = None;

@@ -485,8 +485,8 @@ async fn main() {
             },
         )));
     }
-    // 10-11. REST floods: 18,000 messages a request (as many as fit the 1 MB body), four
-    // requests at a time.
+    // 10-11. REST floods: 18,000 messages a request (a 1 MB body), four requests at a time
+    // (MAX_REST_MESSAGES_PER_REQUEST refuses more messages whatever the body's size).
     for name in ["rest-flood-a", "rest-flood-b"] {
         let (cx, t, from) = enlist(name);
         let messages: Vec<Value> = (0..18_000)
@@ -495,25 +495,7 @@ async fn main() {
         let body = Arc::new(json!({ "messages": messages }).to_string().into_bytes());
         for _ in 0..4 {
             let (cx, t, body) = (cx.clone(), t.clone(), body.clone());
-            tasks.push(tokio::spawn(async move {
-                let token = cx.token("anon");
-                while cx.live() {
-                    t.sent.fetch_add(1, Relaxed);
-                    match cx
-                        .post(from, "/api/broadcast", &token, "application/json", &body)
-                        .await
-                    {
-                        202 => {
-                            t.accepted.fetch_add(1, Relaxed);
-                        }
-                        0 => {
-                            t.connect_failures.fetch_add(1, Relaxed);
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                        s => t.refuse(&format!("http {s}")),
-                    }
-                }
-            }));
+            tasks.push(tokio::spawn(post_loop(cx, t, from, body)));
         }
     }
     // 12. REST events with a NUL (`%00`).
@@ -839,6 +821,117 @@ async fn main() {
         }));
     }
 
+    // 24. Slow 5 MB frames (MAX_FRAME_SIZE): eight sockets at a time each announce a frame of
+    // 5,000,000 bytes and send it at 256 KB a second, holding what tungstenite gathers; the
+    // reading bounds (MAX_READING_BYTES_PER_ADDRESS) close what passes them. Each socket is
+    // made again when closed.
+    {
+        let (cx, t, from) = enlist("slow-5mb-frames");
+        for _ in 0..8 {
+            let (cx, t) = (cx.clone(), t.clone());
+            tasks.push(tokio::spawn(async move {
+                while cx.live() {
+                    let Some(mut ws) = cx.ws(from, "1.0.0", "anon", &t).await else {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    };
+                    t.sent.fetch_add(1, Relaxed);
+                    let tcp = ws.get_mut();
+                    // A text frame's header announcing 5,000,000 bytes, masked with a zero key.
+                    let mut header = vec![0x81u8, 0x80 | 127];
+                    header.extend(5_000_000u64.to_be_bytes());
+                    header.extend([0u8; 4]);
+                    let chunk = vec![b'x'; 64 * 1024];
+                    let mut sent = 0;
+                    let mut ok = tcp.write_all(&header).await.is_ok();
+                    while ok && cx.live() && sent < 5_000_000 {
+                        let n = chunk.len().min(5_000_000 - sent);
+                        ok = tcp.write_all(&chunk[..n]).await.is_ok();
+                        sent += n;
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    // Closed by the sidecar, or the whole frame sent (it is no Phoenix frame).
+                    let mut answer = vec![0u8; 512];
+                    match tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut answer))
+                        .await
+                    {
+                        Ok(Ok(n)) if n > 4 && answer[0] == 0x88 => {
+                            let code = u16::from_be_bytes([answer[2], answer[3]]);
+                            let why = String::from_utf8_lossy(&answer[4..n]).into_owned();
+                            t.refuse(&format!("closed {code}: {why}"));
+                        }
+                        _ if sent >= 5_000_000 => {
+                            t.accepted.fetch_add(1, Relaxed);
+                        }
+                        _ => {}
+                    }
+                }
+            }));
+        }
+    }
+    // 25. Large broadcasts (3,000 KB, realtime.max_message_size) from a socket as fast as they
+    // are answered, to a topic a second socket of the same address joined and never reads:
+    // the relay's bytes (MAX_RELAY_BYTES_PER_ADDRESS) and the large frames queued for an
+    // address (MAX_OUTBOUND_BYTES_PER_ADDRESS).
+    {
+        let (cx, t, from) = enlist("big-broadcasts");
+        tasks.push(tokio::spawn(async move {
+            if !cx.live() {
+                return;
+            }
+            let topic = "realtime:big-f";
+            let join = json!({"config": {"broadcast": {"ack": true, "self": false}}});
+            if let Some(mut reader) = cx.ws(from, "1.0.0", "anon", &t).await {
+                let _ = reader
+                    .send(frame(topic, "phx_join", join.clone(), 1, Some("1")))
+                    .await;
+                // Held, never read, until the run ends.
+                let hold = cx.deadline.saturating_duration_since(Instant::now());
+                tokio::spawn(async move {
+                    tokio::time::sleep(hold).await;
+                    drop(reader);
+                });
+            }
+            let Some(ws) = cx.ws(from, "1.0.0", "anon", &t).await else {
+                return;
+            };
+            let (mut write, read) = ws.split();
+            count_answers(read, t.clone());
+            let _ = write
+                .send(frame(topic, "phx_join", join, 1, Some("1")))
+                .await;
+            let payload = json!({"x": "x".repeat(3_000_000)});
+            let mut r = 2;
+            while cx.live() {
+                t.sent.fetch_add(1, Relaxed);
+                let push = json!({"type": "broadcast", "event": "big", "payload": payload});
+                if write
+                    .send(frame(topic, "broadcast", push, r, Some("1")))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                r += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }));
+    }
+    // 26. REST bodies of one 3,000 KB message, four requests at a time: the bodies being read
+    // and the relay's bytes of one address.
+    {
+        let (cx, t, from) = enlist("rest-big-bodies");
+        let body = Arc::new(
+            json!({"messages": [{"topic": "f", "event": "e", "payload": {"x": "x".repeat(3_000_000)}}]})
+                .to_string()
+                .into_bytes(),
+        );
+        for _ in 0..4 {
+            let (cx, t, body) = (cx.clone(), t.clone(), body.clone());
+            tasks.push(tokio::spawn(post_loop(cx, t, from, body)));
+        }
+    }
+
     for task in tasks {
         let _ = tokio::time::timeout(
             cx.deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(20),
@@ -852,6 +945,28 @@ async fn main() {
         .collect();
     println!("{}", json!({ "attackers": report }));
     std::process::exit(0);
+}
+
+/// Posts `body` to the REST batch route from `from`, one request after another, while the
+/// run lasts, as the anonymous role.
+async fn post_loop(cx: Arc<Ctx>, t: Arc<Tally>, from: IpAddr, body: Arc<Vec<u8>>) {
+    let token = cx.token("anon");
+    while cx.live() {
+        t.sent.fetch_add(1, Relaxed);
+        match cx
+            .post(from, "/api/broadcast", &token, "application/json", &body)
+            .await
+        {
+            202 => {
+                t.accepted.fetch_add(1, Relaxed);
+            }
+            0 => {
+                t.connect_failures.fetch_add(1, Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            s => t.refuse(&format!("http {s}")),
+        }
+    }
 }
 
 /// `count_answers` for a 2.0.0 socket (JSON arrays).
