@@ -51,6 +51,15 @@ fn validate_name(name: &str) {
 #[pg_extern(volatile, parallel_unsafe)]
 fn create_consumer(name: &str) -> i64 {
     validate_name(name);
+    // A standby's queue is its own shared memory: the primary's commits never reach it, so
+    // a consumer there would drain nothing, and its sidecar's clients would never know.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        errors::fail(
+            PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            "cannot create a realtime consumer during recovery",
+            Some("Drain from the primary: a standby's queue never holds the primary's messages (connect with target_session_attrs=read-write)."),
+        );
+    }
     let q = queue();
     let mut g = q.exclusive();
     if let Some(s) = find(q, name) {
