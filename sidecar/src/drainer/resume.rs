@@ -84,6 +84,21 @@ impl Session {
             )
             .await?;
         }
+        // The slot is claimed before anything is told: another backend may still hold it (a
+        // cut connection's, until its server notices), and then every attempt fails at its
+        // first drain; telling "available" at each reconnect and "unavailable" at each
+        // failure told clients both, again and again (issue 42). A drain of one message,
+        // decoding nothing, claims it; what it returns is read again by the first real call
+        // (no position is confirmed here).
+        let packed_form: bool = within(setup, "setup", client.query_one(HAS_PACKED_SQL, &[]))
+            .await?
+            .get("packed");
+        let claim = if packed_form {
+            "SELECT realtime.drain_packed($1, NULL, 1, 0, 0, '{}') IS NULL"
+        } else {
+            "SELECT count(*) FROM realtime.drain($1, NULL, 1, 0, 0, '{}')"
+        };
+        within(setup, "claim", client.query(claim, &[&cfg.consumer])).await?;
         // The epoch as unix microseconds: the `meta.epoch` of every message delivered.
         let now_epoch: i64 = within(
             setup,
@@ -123,9 +138,6 @@ impl Session {
         metrics.db_up.store(1, Relaxed);
         tracing::info!(consumer = %cfg.consumer, position = pos, "draining");
 
-        let packed_form: bool = within(setup, "setup", client.query_one(HAS_PACKED_SQL, &[]))
-            .await?
-            .get("packed");
         // How a drain's answer is read: one packed value, or rows by column name.
         let (stmt, col) = if packed_form {
             (
