@@ -78,7 +78,8 @@ impl ByteBudget {
     }
 
     /// Bytes held for `address`.
-    pub fn held_by(&self, address: &AddressKey) -> usize {
+    #[cfg(test)]
+    fn held_by(&self, address: &AddressKey) -> usize {
         self.inner.by_address.total(address)
     }
 }

@@ -40,15 +40,20 @@ async fn closed(c: &mut Client) -> (u16, String) {
 
 /// Waits (at most 10 s) until the sidecar's gauge `name` reads `expected`.
 async fn gauge_reaches(sidecar: &Sidecar, name: &str, expected: f64) {
+    gauge_until(sidecar, name, |v| v == expected, &format!("{expected}")).await;
+}
+
+/// Waits (at most 10 s) until the sidecar's gauge `name` passes `ok` (`wanted` says how).
+async fn gauge_until(sidecar: &Sidecar, name: &str, ok: impl Fn(f64) -> bool, wanted: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let value = sidecar.metric(name).await;
-        if value == expected {
+        if ok(value) {
             return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "{name} stayed at {value}, expected {expected}"
+            "{name} stayed at {value}, expected {wanted}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
@@ -213,14 +218,14 @@ async fn broadcasts_past_the_relay_bounds_are_refused_and_what_fits_is_relayed()
         .await
         .unwrap()
     });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while sidecar.metric("realtime_relay_bytes_held").await < 200_000.0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the kept message never reached the relay"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // The kept message reached the relay, and waits there.
+    gauge_until(
+        &sidecar,
+        "realtime_relay_bytes_held",
+        |v| v >= 200_000.0,
+        "at least 200000",
+    )
+    .await;
 
     // That address's next broadcast would pass its bound: over REST, and from its socket.
     let public = format!("relay-bytes-public:{nanos}");
