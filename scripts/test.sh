@@ -8,7 +8,9 @@
 # installs each into a fresh root of its release, where the pg_regress, isolation,
 # not-preloaded, lifecycle (upgrade, dump and restore), Supabase and standby suites run
 # against it (15 on Debian 12, 17 on Debian 13) and the sidecar's unit is checked, and
-# pg_upgrade from 15 to 17 runs on a database Supabase made (scripts/pg_upgrade.sh).
+# pg_upgrade from 15 to 17 runs on a database Supabase made (scripts/pg_upgrade.sh); after the
+# benchmark smokes, the lab's short form (scripts/lab.sh: hosts in network namespaces behind
+# HAProxy, a PostgreSQL 15 pair under pg_auto_failover; routing, a partition, a switchover).
 # The last line is "N passed, N failed" over everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -121,6 +123,12 @@ python3 pgbench/profile.py drain --messages 20000 >> "$log/profile.md"
 python3 pgbench/profile.py consumers --seconds 1 --clients 2 --lingers 0,2 >> "$log/profile.md"
 cat "$log"/{trigger_cost,capture_cost,fanout,authorize,send_cost,visible,pattern_memory,changes,joins,resume,presence,scenarios,routed,peers,connections,soak,profile}.md
 
+section "the lab's short form: hosts, routing, a partition, a switchover (scripts/lab.sh test --short)"
+lab_status=0
+scripts/lab.sh test --short 2>&1 | tee "$log/lab.log" || lab_status=1
+# Whatever happened, nothing the lab started may be left behind.
+scripts/lab.sh left || lab_status=1
+
 section "expected outputs hold no wall-clock text (the suite once passed only on Saturdays)"
 if grep -n -E '\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\b' regress/expected/*.out; then
     echo "an expected output holds a date: mask it" >&2
@@ -162,6 +170,11 @@ py_failed=$(( $(sum '[0-9]+ failed' <(echo "$py_summary")) + $(sum '[0-9]+ error
 [ "$python_status" -eq 0 ] || [ "$py_failed" -gt 0 ] || py_failed=1
 passed=$((passed + py_passed))
 failed=$((failed + py_failed))
+# The lab's checks: "lab: N of M checks passed".
+read -r lab_passed lab_total < <(sed -nE 's/^lab: ([0-9]+) of ([0-9]+) checks passed.*/\1 \2/p' "$log/lab.log") || true
+passed=$((passed + ${lab_passed:-0}))
+failed=$((failed + ${lab_total:-1} - ${lab_passed:-0}))
+[ "$lab_status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
 [ "$regress_status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
 section "done"
 echo "$passed passed, $failed failed"

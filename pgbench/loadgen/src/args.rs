@@ -71,10 +71,17 @@ pub struct Args {
     /// (`config.broadcast.resume = {changes: true}`: a `system` message per batch).
     #[arg(long)]
     pub change_positions: bool,
-    /// Local address to connect from (several 127.x addresses give more than the ~28,000
-    /// ephemeral ports one source address has towards one server port).
+    /// Local addresses to connect from, comma-separated; client i connects from the
+    /// (i mod n)th. Several give more than the ~28,000 ephemeral ports one source address has
+    /// towards one server port, and, behind a proxy that names them in X-Forwarded-For,
+    /// several clients as the server's per-address limits count them.
+    #[arg(long, value_delimiter = ',')]
+    pub source_ip: Vec<std::net::IpAddr>,
+    /// Adds `&<name>=<the client's first topic>` to the WebSocket URL, as an app does with
+    /// realtime-js's `params` so that a proxy hashing on that parameter (HAProxy's
+    /// `balance url_param`) puts each topic's clients on one server.
     #[arg(long)]
-    pub source_ip: Option<std::net::IpAddr>,
+    pub route_param: Option<String>,
     /// Connection attempts in flight at once.
     #[arg(long, default_value_t = 256)]
     pub connect_concurrency: usize,

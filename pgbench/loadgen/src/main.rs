@@ -183,7 +183,7 @@ async fn main() {
             "label": args.label, "protocol": format!("{:?}", args.protocol).to_lowercase(), "vsn": args.vsn,
             "publisher": format!("{:?}", args.publisher).to_lowercase(), "clients": clients,
             "topics": args.topics, "channels_per_client": args.channels_per_client, "rate": args.rate,
-            "pad": args.pad, "seconds": args.seconds, "source_ip": args.source_ip.map(|i| i.to_string()),
+            "pad": args.pad, "seconds": args.seconds, "source_ip": args.source_ip.iter().map(|i| i.to_string()).collect::<Vec<_>>(),
             "connected": totals.connected.load(Relaxed), "failed_connections": totals.failed.load(Relaxed),
             "closed_early": totals.closed_early.load(Relaxed), "held_to_end": held,
             "connect_seconds": connect_secs, "connects_per_second": totals.connected.load(Relaxed) as f64 / connect_secs,

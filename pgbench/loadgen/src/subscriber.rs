@@ -64,9 +64,14 @@ fn no_port_at_bind(socket: &TcpSocket) {
 }
 
 /// Connects under the connection-concurrency limit, within 30 s.
-async fn connect_limited(ctx: &Ctx, server: usize) -> Option<WebSocketStream<TcpStream>> {
+async fn connect_limited(
+    ctx: &Ctx,
+    server: usize,
+    client: usize,
+    route: Option<&str>,
+) -> Option<WebSocketStream<TcpStream>> {
     let _permit = ctx.connect_slots.acquire().await.unwrap();
-    match tokio::time::timeout(Duration::from_secs(30), connect(ctx, server)).await {
+    match tokio::time::timeout(Duration::from_secs(30), connect(ctx, server, client, route)).await {
         Ok(Ok(ws)) => Some(ws),
         _ => None,
     }
@@ -75,6 +80,8 @@ async fn connect_limited(ctx: &Ctx, server: usize) -> Option<WebSocketStream<Tcp
 async fn connect(
     ctx: &Ctx,
     server: usize,
+    client: usize,
+    route: Option<&str>,
 ) -> Result<WebSocketStream<TcpStream>, Box<dyn std::error::Error>> {
     let (base, addr) = &ctx.servers[server];
     let socket = if addr.is_ipv4() {
@@ -82,13 +89,17 @@ async fn connect(
     } else {
         TcpSocket::new_v6()?
     };
-    if let Some(ip) = ctx.args.source_ip {
+    let sources = &ctx.args.source_ip;
+    if !sources.is_empty() {
         no_port_at_bind(&socket);
-        socket.bind(SocketAddr::new(ip, 0))?;
+        socket.bind(SocketAddr::new(sources[client % sources.len()], 0))?;
     }
     let stream = socket.connect(*addr).await?;
     stream.set_nodelay(true)?;
-    let url = format!("{}{}", base, ctx.wire.path(&ctx.token, &ctx.args.vsn));
+    let mut url = format!("{}{}", base, ctx.wire.path(&ctx.token, &ctx.args.vsn));
+    if let (Some(name), Some(topic)) = (&ctx.args.route_param, route) {
+        url.push_str(&format!("&{name}={topic}"));
+    }
     // Small buffers: a load generator holding 17,000 connections must not be the limit.
     let config = WebSocketConfig::default()
         .read_buffer_size(8192)
@@ -113,7 +124,9 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
     let server = names
         .first()
         .map_or(0, |t| plan::route(t, ctx.servers.len()));
-    let Some(mut ws) = connect_limited(&ctx, server).await else {
+    let Some(mut ws) =
+        connect_limited(&ctx, server, client, names.first().map(String::as_str)).await
+    else {
         totals.failed.fetch_add(1, Relaxed);
         return;
     };
@@ -275,7 +288,7 @@ pub async fn run(ctx: Arc<Ctx>, client: usize) {
                     .or(samples.front())
                     .cloned();
                 drop(ws);
-                let Some(new) = connect_limited(&ctx, server).await else {
+                let Some(new) = connect_limited(&ctx, server, client, names.first().map(String::as_str)).await else {
                     totals.closed_early.fetch_add(1, Relaxed);
                     return;
                 };

@@ -1,0 +1,193 @@
+// The lab's realtime-js clients and their publisher (pgbench/lab.py runs this on the edge
+// host): what an app does, counted so that a fault's effect on each client can be judged.
+//
+// Each client is the official RealtimeClient, through the proxy, with `params.route` set to
+// its topic (so HAProxy's `balance url_param route` puts a topic's clients on one sidecar),
+// connecting from one of the edge's source addresses. It joins one public channel, keeps the
+// position of the last message it saw in its join payload (sidecar/README.md, "Replay and
+// resume": realtime-js's own rejoin then resumes there), and records every message, every
+// `system` message and every status change, with the time.
+//
+// The publisher sends `--rate` messages a second round the topics with realtime.send, each
+// {n: the topic's counter}, and counts a message as published only once its statement
+// returned (an acknowledged commit). It connects to whichever of `--db-hosts` is the primary
+// (pg_is_in_recovery() false), as target_session_attrs=read-write does, and tries again when
+// its connection fails: a message whose statement failed is not counted, and is sent again
+// with the same n.
+//
+// stdin takes commands, one per line: `publish` starts the publisher, `stop` stops it and
+// then, once every client has what was published or `--settle` seconds passed, prints the
+// result as one JSON line and exits. stdout also gets `{"ready": ...}` once every client
+// joined.
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import readline from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+// The packages the end-to-end tests install (sidecar/e2e/package.json, pinned there).
+const require = createRequire(path.join(path.dirname(fileURLToPath(import.meta.url)), '../sidecar/e2e/package.json'));
+const { RealtimeClient } = require('@supabase/realtime-js');
+const WebSocket = require('ws');
+const pg = require('pg');
+const { SignJWT } = require('jose');
+
+function options() {
+  const o = { clients: 100, topics: 50, rate: 100, prefix: 'lab', settle: 30 };
+  const argv = process.argv.slice(2);
+  for (let i = 0; i < argv.length; i += 2) {
+    const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
+    o[key] = argv[i + 1];
+  }
+  for (const k of ['clients', 'topics', 'rate', 'settle']) o[k] = Number(o[k]);
+  o.sources = o.sources ? o.sources.split(',') : [];
+  o.dbHosts = o.dbHosts.split(',');
+  return o;
+}
+
+const o = options();
+const now = () => Date.now();
+// Resolves once written: stdout to a pipe is asynchronous, and exiting before would cut
+// the result line.
+const out = (obj) => new Promise((resolve) => process.stdout.write(`${JSON.stringify(obj)}\n`, resolve));
+
+/// A WebSocket from source address `local`, which notes the server HAProxy chose (the
+/// X-Served-By header of the upgrade's answer) on `record`.
+function transportFrom(local, record) {
+  return class extends WebSocket {
+    constructor(url, protocols) {
+      super(url, protocols, { localAddress: local });
+      this.on('upgrade', (res) => {
+        record.servers.push([now(), res.headers['x-served-by'] ?? null]);
+      });
+    }
+  };
+}
+
+async function client(i, apikey) {
+  const topic = `${o.prefix}-${i % o.topics}`;
+  const record = { topic, servers: [], statuses: [], systems: [], received: [], joinedAt: null };
+  const c = new RealtimeClient(`${o.url}/realtime/v1`, {
+    transport: transportFrom(o.sources.length ? o.sources[i % o.sources.length] : undefined, record),
+    params: { apikey, route: topic },
+  });
+  await c.setAuth(apikey);
+  const channel = c.channel(topic, { config: { private: false } });
+  channel.on('broadcast', { event: 'n' }, (m) => {
+    record.received.push([m.payload.n, m.meta?.replayed === true ? 1 : 0]);
+    const { config } = channel.joinPush.payload();
+    channel.updateJoinPayload({
+      config: { ...config, broadcast: { ...config.broadcast, resume: { epoch: m.meta.epoch, seq: m.meta.seq } } },
+    });
+  });
+  channel.on('system', {}, (m) => record.systems.push([now(), m]));
+  await new Promise((resolve) => {
+    channel.subscribe((status, err) => {
+      record.statuses.push([now(), status, err ? String(err.message ?? err) : null]);
+      if (status === 'SUBSCRIBED' && record.joinedAt === null) {
+        record.joinedAt = now();
+        resolve();
+      }
+    });
+  });
+  return { c, record };
+}
+
+/// The publisher: per topic a counter; the next n of a topic is sent until acknowledged.
+function publisher() {
+  // primaries: [host, when a message was first committed there, the topics' counters
+  // before it], one per primary written to, so that a message can be placed before or
+  // after a failover.
+  const state = { published: new Array(o.topics).fill(0), errors: 0, reconnects: 0, running: true, done: null,
+    primaries: [] };
+  const primary = async () => {
+    for (;;) {
+      for (const host of o.dbHosts) {
+        const db = new pg.Client({ host, port: 5432, user: 'postgres', database: 'postgres',
+          connectionTimeoutMillis: 2000, keepAlive: true, query_timeout: 10000 });
+        db.on('error', () => {});
+        try {
+          await db.connect();
+          const { rows } = await db.query('select pg_is_in_recovery() as r');
+          if (!rows[0].r) {
+            db.host = host;
+            return db;
+          }
+        } catch { /* next host */ }
+        await db.end().catch(() => {});
+      }
+      if (!state.running) return null;
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  };
+  state.done = (async () => {
+    let db = await primary();
+    const every = 1000 / o.rate;
+    let next = now();
+    let k = 0;
+    while (state.running && db) {
+      const t = k % o.topics;
+      const counters = [...state.published];
+      try {
+        // The audit row commits with the message: a message received whose row the primary
+        // of the end lacks was committed on a primary that failed over without it.
+        await db.query(`with audit as (insert into lab_audit (topic, n) values ($2, $1) returning 1)
+          select realtime.send(jsonb_build_object('n', $1::int), 'n', $2, false) from audit`,
+        [state.published[t], `${o.prefix}-${t}`]);
+        if (state.primaries.at(-1)?.[0] !== db.host) state.primaries.push([db.host, now(), counters]);
+        state.published[t] += 1;
+        k += 1;
+      } catch {
+        state.errors += 1;
+        await db.end().catch(() => {});
+        state.reconnects += 1;
+        db = await primary();
+        continue;
+      }
+      next += every;
+      const wait = next - now();
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+      else if (wait < -1000) next = now();
+    }
+    await db?.end().catch(() => {});
+  })();
+  return state;
+}
+
+async function main() {
+  const apikey = await new SignJWT({ role: 'anon' }).setProtectedHeader({ alg: 'HS256', typ: 'JWT' })
+    .setExpirationTime('2h').sign(new TextEncoder().encode(o.secret));
+  const clients = [];
+  for (let start = 0; start < o.clients; start += 50) {
+    const batch = [];
+    for (let i = start; i < Math.min(start + 50, o.clients); i += 1) batch.push(client(i, apikey));
+    clients.push(...(await Promise.all(batch)));
+  }
+  out({ ready: now(), clients: clients.length });
+  let pub = null;
+  const lines = readline.createInterface({ input: process.stdin });
+  for await (const line of lines) {
+    if (line === 'publish') {
+      pub = publisher();
+      out({ publishing: now() });
+    } else if (line === 'stop') {
+      pub.running = false;
+      await pub.done;
+      const stopped = now();
+      const want = (r) => pub.published[Number(r.topic.slice(o.prefix.length + 1))];
+      const complete = (r) => new Set(r.received.map(([n]) => n)).size >= want(r);
+      while (now() - stopped < o.settle * 1000 && !clients.every(({ record }) => complete(record))) {
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      await out({ stopped, settled: now(), published: pub.published, publish_errors: pub.errors,
+        publisher_reconnects: pub.reconnects, primaries: pub.primaries, clients: clients.map(({ record }) => record) });
+      break;
+    }
+  }
+  for (const { c } of clients) c.disconnect();
+  process.exit(0);
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

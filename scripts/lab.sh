@@ -1,0 +1,334 @@
+#!/usr/bin/env bash
+# Hosts on this box: pg_realtime past one machine, on the engines operators run (issue 42).
+#
+#   scripts/lab.sh up            build the hosts and start everything; prints the addresses
+#   scripts/lab.sh test [--short] up, the checks (pgbench/lab.py), then down, whatever happens
+#   scripts/lab.sh down          stop everything the lab started and remove its hosts
+#   scripts/lab.sh left          exit 1, naming it, if anything the lab makes is still there
+#
+# The hosts are network namespaces joined by one bridge, in 198.18.0.0/16 (RFC 2544's
+# benchmarking range) with no default route anywhere and no route from the root namespace:
+# nothing can leave the bridge. Each host's processes live in a cgroup of their own
+# (cpuacct, /sys/fs/cgroup/cpuacct/rtlab/<host>), so each host's CPU is accounted apart and
+# `down` finds every process a host started, its children included, by PID.
+#
+#   db1 198.18.0.11, db2 .12   PostgreSQL 15 from Debian 12, pg_realtime preloaded, kept by
+#                              pg_auto_failover's keeper (pg_autoctl); TLS from the lab's CA
+#   mon 198.18.0.13            pg_auto_failover's monitor
+#   sc1 198.18.0.21, sc2 .22   the release sidecar, port 4000, a multi-host connection string
+#                              with target_session_attrs=read-write, TLS verified against
+#                              the lab's CA, TRUSTED_PROXIES = the edge
+#   edge 198.18.0.31           HAProxy on :8080 (balance url_param route, consistent hash,
+#                              X-Forwarded-For), the load generators, whose connections come
+#                              from 198.18.K.1 for K = 1..20: each its own /24, so the
+#                              sidecars' address keys (prefixes included) see 20 clients
+#
+# Why pg_auto_failover rather than Patroni with etcd: one Debian package, no consensus store
+# to run beside it, and a synchronous standby by default. With two data nodes its setting is
+# availability-first (number_sync_standbys 0): while the standby is away the monitor
+# moves the primary to wait_primary, which empties synchronous_standby_names, and writes go
+# on without it. sidecar/README.md, "Past one machine", has the trade-off.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+LAB=${LAB_DIR:-/var/tmp/pg_realtime_lab}
+NS=rtlab
+CG=/sys/fs/cgroup/cpuacct/$NS
+PGBIN=/usr/lib/postgresql/15/bin
+SECRET=lab-secret-with-enough-length-for-hs256
+HOSTS="db1:11 db2:12 mon:13 sc1:21 sc2:22 edge:31"
+CLIENT_NETS=20
+SIDECAR_BIN=${SIDECAR_BIN:-$root/target/release/realtime-sidecar}
+
+addr() { case $1 in db1) echo 198.18.0.11 ;; db2) echo 198.18.0.12 ;; mon) echo 198.18.0.13 ;;
+    sc1) echo 198.18.0.21 ;; sc2) echo 198.18.0.22 ;; edge) echo 198.18.0.31 ;; esac; }
+
+# A command on host $1, in its namespace and cgroup, in its own session (so a terminal's
+# signals do not reach it); its children stay in the cgroup.
+on() {
+    local h=$1
+    shift
+    # The cgroup is joined before entering the namespace: `ip netns exec` mounts the
+    # namespace's own /sys, where the cgroup hierarchy is not.
+    setsid bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$CG/$h" ip netns exec "$NS-$h" "$@"
+}
+# The same, as the postgres OS user (Postgres refuses root). The hosts share one file system
+# but each has its own /var/run/postgresql (a bind mount in the namespace's own mount table,
+# which `ip netns exec` makes), so the servers' sockets and lock files do not meet.
+# pg_autoctl keeps its configuration and state under the XDG directories: the lab's own,
+# so that nothing of it outlives the lab.
+on_pg() {
+    local h=$1
+    shift
+    mkdir -p "$LAB/run/$h" && chown postgres: "$LAB/run/$h"
+    on "$h" bash -c 'mount --bind "$0" /var/run/postgresql && exec "$@"' "$LAB/run/$h" \
+        runuser -u postgres -- env PATH="$PGBIN:/usr/bin:/bin" XDG_CONFIG_HOME="$LAB/xdg/config" \
+        XDG_DATA_HOME="$LAB/xdg/data" XDG_RUNTIME_DIR="$LAB/xdg/run" "$@"
+}
+
+install() {
+    local missing=()
+    for p in haproxy postgresql-15-auto-failover pg-auto-failover-cli nftables iproute2 openssl; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing Debian packages: ${missing[*]}"
+        apt-get update -qq
+        # The haproxy package starts its own service where an init system runs; the lab
+        # starts its own HAProxy in the edge host, so stop any that the install started.
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+        service haproxy stop >/dev/null 2>&1 || true
+    fi
+    # The release builds (nothing to do when they are current), and realtime-js with the
+    # other packages the end-to-end tests pin, which the lab's clients use.
+    cargo build --release -q -p realtime-sidecar -p realtime-loadgen
+    [ -d sidecar/e2e/node_modules ] || (cd sidecar/e2e && npm ci --no-audit --no-fund --loglevel=error)
+    [ -f "$PGBIN/../lib/pg_realtime.so" ] || [ -f "$(pg_config --pkglibdir)/pg_realtime.so" ] ||
+        scripts/install-extension.sh 15
+}
+
+# The lab's certificate authority and one server certificate per database host, for its
+# address (the sidecars verify the server; the keepers use verify-ca between themselves).
+certificates() {
+    local d=$LAB/tls
+    mkdir -p "$d"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=pg_realtime lab CA" \
+        -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
+    for h in db1 db2 mon; do
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=$h" -keyout "$d/$h.key" -out "$d/$h.csr" 2>/dev/null
+        printf 'subjectAltName = IP:%s\n' "$(addr "$h")" > "$d/$h.ext"
+        openssl x509 -req -in "$d/$h.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
+            -extfile "$d/$h.ext" -out "$d/$h.crt" 2>/dev/null
+    done
+    chown -R postgres: "$d"
+    chmod 600 "$d"/*.key
+}
+
+hosts_up() {
+    ip netns add "$NS-sw"
+    ip -n "$NS-sw" link add br0 type bridge
+    ip -n "$NS-sw" link set br0 up
+    mkdir -p "$CG"
+    local h a
+    for entry in $HOSTS; do
+        h=${entry%%:*} a=${entry##*:}
+        ip netns add "$NS-$h"
+        ip -n "$NS-sw" link add "v-$h" type veth peer name eth0 netns "$NS-$h"
+        ip -n "$NS-sw" link set "v-$h" master br0 up
+        ip -n "$NS-$h" addr add "198.18.0.$a/16" dev eth0
+        ip -n "$NS-$h" link set eth0 up
+        ip -n "$NS-$h" link set lo up
+        mkdir -p "$CG/$h"
+    done
+    for k in $(seq 1 "$CLIENT_NETS"); do
+        ip -n "$NS-edge" addr add "198.18.$k.1/16" dev eth0
+    done
+}
+
+database_up() {
+    local ca=$LAB/tls/ca.crt monitor_uri
+    chown -R postgres: "$LAB"
+    on_pg mon pg_autoctl create monitor --pgdata "$LAB/mon" --pgport 5432 --hostname "$(addr mon)" \
+        --auth trust --ssl-ca-file "$ca" --server-cert "$LAB/tls/mon.crt" --server-key "$LAB/tls/mon.key" \
+        --run > "$LAB/mon.log" 2>&1 &
+    monitor_uri="postgres://autoctl_node@$(addr mon):5432/pg_auto_failover?sslmode=verify-ca&sslrootcert=$ca"
+    wait_for 60 "the monitor" on_pg mon psql -X -q -d "$monitor_uri" -c "select 1"
+    # The first node's cluster is made here, with pg_realtime's settings, so that the
+    # standby's base backup copies them; its keeper adopts it as the primary.
+    on_pg db1 initdb -D "$LAB/db1" -U postgres --auth=trust > "$LAB/db1.initdb.log"
+    cat >> "$LAB/db1/postgresql.conf" <<EOF
+shared_preload_libraries = 'pg_realtime'
+max_connections = 200
+realtime.max_consumers = 32
+realtime.queue_size = 32MB
+# A backend whose sidecar's host vanished without closing its socket goes within seconds,
+# and with it the consumer slot it held (not after the kernel's 2-hour keepalive).
+tcp_keepalives_idle = 5
+tcp_keepalives_interval = 2
+tcp_keepalives_count = 3
+tcp_user_timeout = 10000
+EOF
+    # The load generators publish from the edge without TLS (their client has none); the
+    # sidecars' connections are TLS (pg_autoctl's --pg-hba-lan lines are hostssl).
+    # The sidecars' login, TLS only, from the sidecar hosts alone.
+    {
+        echo "host all all $(addr edge)/32 trust"
+        for h in sc1 sc2; do echo "hostssl postgres realtime_sidecar $(addr "$h")/32 trust"; done
+    } >> "$LAB/db1/pg_hba.conf"
+    for h in db1 db2; do
+        on_pg "$h" pg_autoctl create postgres --pgdata "$LAB/$h" --pgport 5432 --hostname "$(addr "$h")" \
+            --name "$h" --monitor "$monitor_uri" --auth trust --pg-hba-lan \
+            --ssl-ca-file "$ca" --server-cert "$LAB/tls/$h.crt" --server-key "$LAB/tls/$h.key" \
+            --run > "$LAB/$h.log" 2>&1 &
+        if [ "$h" = db1 ]; then
+            wait_for 60 "db1 as the primary" state_is db1 single
+        fi
+    done
+    wait_for 120 "db1 primary and db2 secondary" state_is db1 primary db2 secondary
+    # The lab's publisher writes a row of lab_audit with each message, in its transaction:
+    # the checks look for messages received whose row the primary lacks after a failover.
+    # (Quietly: CREATE PUBLICATION warns that wal_level is not logical; pg_realtime reads no WAL.)
+    on_pg db1 env PGOPTIONS="-c client_min_messages=error" psql -X -q -h "$(addr db1)" -U postgres -d postgres -v ON_ERROR_STOP=1 \
+        -c "CREATE EXTENSION pg_realtime" -c "CREATE PUBLICATION supabase_realtime" \
+        -c "CREATE TABLE lab_audit (topic text, n int)" \
+        -f "$root/scripts/sidecar_login.sql" >/dev/null
+}
+
+# The monitor's view: `state_is db1 primary db2 secondary` holds when each node's reported
+# and goal states both are the one named.
+state_is() {
+    local states
+    states=$(on_pg mon pg_autoctl show state --pgdata "$LAB/mon" --json 2>/dev/null) || return 1
+    while [ $# -gt 0 ]; do
+        STATES="$states" python3 -c '
+import json, os, sys
+nodes = {n["nodename"]: n for n in json.loads(os.environ["STATES"])}
+n = nodes.get(sys.argv[1])
+sys.exit(0 if n and n["current_group_state"] == sys.argv[2] and n["assigned_group_state"] == sys.argv[2] else 1)' "$1" "$2" ||
+            return 1
+        shift 2
+    done
+}
+
+# wait_for SECONDS WHAT COMMAND...: until the command succeeds, or fail naming WHAT.
+wait_for() {
+    local seconds=$1 what=$2
+    shift 2
+    local deadline=$((SECONDS + seconds))
+    until "$@" >/dev/null 2>&1; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "lab: $what not ready within $seconds s (logs in $LAB)" >&2
+            return 1
+        fi
+        sleep 0.5
+    done
+}
+
+sidecars_up() {
+    local dsn="host=$(addr db1),$(addr db2) port=5432 user=realtime_sidecar dbname=postgres target_session_attrs=read-write application_name=realtime-sidecar"
+    for h in sc1 sc2; do
+        on "$h" env BIND="$(addr "$h")" PORT=4000 DATABASE_URL="$dsn" DB_SSL=true \
+            DB_SSL_CA_CERT="$LAB/tls/ca.crt" CONSUMER_NAME="$h" API_JWT_SECRET="$SECRET" \
+            TRUSTED_PROXIES="$(addr edge)" LOG_LEVEL=info "$SIDECAR_BIN" > "$LAB/$h.log" 2>&1 &
+    done
+    for h in sc1 sc2; do
+        wait_for 30 "sidecar $h" on "$h" curl -sf "http://$(addr "$h"):4000/healthz"
+    done
+}
+
+proxy_up() {
+    cat > "$LAB/haproxy.cfg" <<EOF
+global
+    # Two descriptors a connection, under the 20,000 open files a process may have here.
+    maxconn 9000
+    stats socket $LAB/haproxy.sock mode 600 level admin
+defaults
+    mode http
+    timeout connect 5s
+    # Above realtime-js's 25 s heartbeat; a WebSocket, once upgraded, lives by the tunnel's.
+    timeout client 60s
+    timeout server 60s
+    timeout tunnel 1h
+frontend realtime
+    bind $(addr edge):8080
+    default_backend sidecars
+backend sidecars
+    # Each topic's clients on one sidecar: the hash of the URL's route parameter (an app
+    # sets it with createClient(url, key, { realtime: { params: { route: topic } } })),
+    # consistent so that only a lost sidecar's keys move; without it, round robin.
+    balance url_param route
+    hash-type consistent
+    option forwardfor
+    # Which sidecar took the connection, for the checks (pgbench/lab_clients.mjs).
+    http-response set-header X-Served-By %[srv_name]
+    option redispatch
+    retries 2
+    # /healthz is 503 while this sidecar cannot drain; a sidecar marked down takes no new
+    # clients, and its connected ones are left to it (no on-marked-down shutdown-sessions:
+    # when the database is away for everyone every sidecar is down at once, and cutting
+    # their clients would empty the house).
+    option httpchk GET /healthz
+    http-check expect status 200
+    default-server inter 1s fall 2 rise 2 weight 100
+    server sc1 $(addr sc1):4000 check
+    server sc2 $(addr sc2):4000 check
+EOF
+    on edge haproxy -W -db -f "$LAB/haproxy.cfg" > "$LAB/haproxy.log" 2>&1 &
+    wait_for 15 "HAProxy" on edge curl -sf "http://$(addr edge):8080/healthz"
+}
+
+up() {
+    if [ -e "$CG" ] || ip netns list | grep -q "^$NS-"; then
+        echo "lab: already up (scripts/lab.sh down first)" >&2
+        return 1
+    fi
+    install
+    rm -rf "$LAB"
+    mkdir -p "$LAB"
+    certificates
+    hosts_up
+    database_up
+    sidecars_up
+    proxy_up
+    echo "lab up: HAProxy http://$(addr edge):8080 (in $NS-edge), sidecars $(addr sc1) $(addr sc2)," \
+        "databases $(addr db1) $(addr db2), monitor $(addr mon); files in $LAB"
+}
+
+# Every process of every host, by PID from the hosts' cgroups: SIGTERM (the keepers stop
+# their Postgres with it), then SIGKILL after 20 s; then the hosts and cgroups.
+down() {
+    local pids deadline
+    if [ -d "$CG" ]; then
+        pids=$(cat "$CG"/*/cgroup.procs 2>/dev/null || true)
+        [ -z "$pids" ] || kill -TERM $pids 2>/dev/null || true
+        deadline=$((SECONDS + 20))
+        while [ -n "$(cat "$CG"/*/cgroup.procs 2>/dev/null)" ] && [ "$SECONDS" -lt "$deadline" ]; do
+            sleep 0.2
+        done
+        pids=$(cat "$CG"/*/cgroup.procs 2>/dev/null || true)
+        [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
+        deadline=$((SECONDS + 10))
+        while [ -n "$(cat "$CG"/*/cgroup.procs 2>/dev/null)" ] && [ "$SECONDS" -lt "$deadline" ]; do
+            sleep 0.2
+        done
+        for d in "$CG"/*/; do [ -d "$d" ] && rmdir "$d"; done
+        rmdir "$CG"
+    fi
+    for n in $(ip netns list | awk '{print $1}' | grep "^$NS-" || true); do
+        ip netns del "$n"
+    done
+}
+
+# What the lab makes, still there: namespaces, cgroups, processes in them.
+left() {
+    local found=0
+    if ip netns list | grep -q "^$NS-"; then
+        echo "lab: namespaces left: $(ip netns list | grep "^$NS-" | awk '{print $1}' | tr '\n' ' ')" >&2
+        found=1
+    fi
+    if [ -e "$CG" ]; then
+        echo "lab: cgroup $CG left, processes: $(cat "$CG"/*/cgroup.procs 2>/dev/null | tr '\n' ' ')" >&2
+        found=1
+    fi
+    return $found
+}
+
+case "${1:-}" in
+up)
+    trap '[ $? -eq 0 ] || down' EXIT
+    up
+    ;;
+down) down ;;
+left) left ;;
+test)
+    shift
+    trap down EXIT
+    up
+    LAB_DIR=$LAB SIDECAR_BIN=$SIDECAR_BIN python3 pgbench/lab.py "$@"
+    ;;
+*)
+    echo "usage: $0 up | test [--short] | down | left" >&2
+    exit 2
+    ;;
+esac
