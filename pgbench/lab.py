@@ -20,6 +20,12 @@ is 1 when any correctness check failed.
             and no notice covering it: a notice covers what was committed on the old primary
             only), no message received whose transaction the new primary lacks (its audit row)
   standby   the pg_auto_failover secondary refuses realtime.send and consumer creation
+  cost      the primary's CPU per message and the drains' wake-ups per message at 0, 1, 2, 4
+            and 8 sidecar processes (half on each sidecar host, clients routed to each
+            process by topic, 2 per topic), at one message rate (pgbench at a fixed rate):
+            the consumers' share is each row minus the 0 row, and at 8 it must be ≤ 1.2× the
+            share at 1 (not in --short; the lab's two sidecars are stopped for it, so it runs
+            last)
 
 Sizes are for this 2-core box (--short: the test suite's form). Every process this starts
 runs in a lab host's cgroup, so `scripts/lab.sh down` stops whatever is left of it."""
@@ -377,6 +383,119 @@ def switchover(a):
             f"lost and told {covered}")
 
 
+def primary_host():
+    return next(h for h, state in monitor_states().items() if state in ("primary", "single", "wait_primary"))
+
+
+def cpu_seconds(host):
+    with open(f"{CG}/{host}/cpuacct.usage") as f:
+        return int(f.read()) / 1e9
+
+
+def voluntary_switches(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+def stop_pid_file(name):
+    """SIGTERM the lab process whose PID `scripts/lab.sh` wrote to $LAB/<name>.pid; waits
+    (at most 30 s) for it to go."""
+    with open(f"{LAB}/{name}.pid") as f:
+        pid = int(f.read())
+    try:
+        os.kill(pid, 15)
+    except ProcessLookupError:
+        return
+    deadline = time.time() + 30
+    while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
+        time.sleep(0.1)
+
+
+def cost(a):
+    for h in SIDECARS:
+        stop_pid_file(h)
+    primary = primary_host()
+    script = f"{LAB}/cost.sql"
+    with open(script, "w") as f:
+        f.write(f"\\set k random(0, {a.cost_topics - 1})\n"
+                "select realtime.send('{\"n\": 1}'::jsonb, 'n', 'cost-' || :k, false);\n")
+    rows = []
+    for n in a.ladder:
+        names = [(SIDECARS[k % 2], f"cost{n}x{k}", 4100 + k) for k in range(n)]
+        for host, name, port in names:
+            subprocess.run(["scripts/lab.sh", "sidecar", host, name, str(port)], check=True, cwd=harness.ROOT)
+        for host, name, port in names:
+            deadline = time.time() + 30
+            while on("edge", ["curl", "-sf", "-o", "/dev/null", f"http://{ADDR[host]}:{port}/healthz"]).returncode:
+                if time.time() > deadline:
+                    raise RuntimeError(f"sidecar {name} not healthy within 30 s")
+                time.sleep(0.2)
+        holder = None
+        if n:
+            urls = ",".join(f"ws://{ADDR[host]}:{port}" for host, _, port in names)
+            cmd = harness.loadgen_cmd(urls, PRIMARY, SECRET, "--clients", 2 * a.cost_topics, "--topics", a.cost_topics,
+                                      "--topic-prefix", "cost-", "--publisher", "none", "--seconds",
+                                      a.cost_seconds + 30, "--source-ip", ",".join(SOURCES))
+            holder = subprocess.Popen(["bash", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', f"{CG}/edge",
+                                       "ip", "netns", "exec", f"{NS}-edge", *map(str, cmd)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # Every topic listened to by the processes its clients went to.
+            deadline = time.time() + 60
+            while True:
+                got, _ = sql("select coalesce(sum(listening), 0) from realtime.consumers() "
+                             f"where name like 'cost{n}x%'")
+                if int(got[0][0]) >= a.cost_topics:
+                    break
+                if time.time() > deadline:
+                    raise RuntimeError(f"the clients of {n} processes never joined every topic")
+                time.sleep(0.5)
+        got, _ = sql(f"select active_pid from realtime.consumers() where name like 'cost{n}x%' and active_pid is not null")
+        drains = [int(r[0]) for r in got]
+        cpu0, wake0, enq0 = cpu_seconds(primary), voluntary_switches(drains), enqueued()
+        on("edge", ["pgbench", "-n", "-h", ADDR[primary], "-U", "postgres", "-c", 4, "-j", 2, "-R", a.rate,
+                    "-T", a.cost_seconds, "-f", script, "postgres"], capture_output=True, check=True,
+           timeout=a.cost_seconds + 60)
+        cpu1, wake1, enq1 = cpu_seconds(primary), voluntary_switches(drains), enqueued()
+        messages = max(enq1 - enq0, 1)
+        row = {"processes": n, "messages": messages, "cpu_us": 1e6 * (cpu1 - cpu0) / messages,
+               "wakeups": (wake1 - wake0) / messages, "drains": len(drains)}
+        rows.append(row)
+        if holder:
+            holder.kill()
+            holder.wait()
+        for _, name, _ in names:
+            stop_pid_file(name)
+        # A stopped sidecar's drain backend holds its slot until its wait ends (a second).
+        deadline = time.time() + 15
+        while True:
+            _, out = sql(f"select realtime.drop_consumer(name) from realtime.consumers() where name like 'cost{n}x%'",
+                         check=False)
+            if out.returncode == 0:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"the slots of {n} processes were never released: {out.stderr.strip()}")
+            time.sleep(0.2)
+    base = rows[0]["cpu_us"]
+    for r in rows:
+        r["share_us"] = r["cpu_us"] - base
+        print(f"  {r['processes']} sidecar processes: {r['messages']:,} messages, the primary's CPU "
+              f"{r['cpu_us']:.1f} µs a message, consumers' share {r['share_us']:.1f} µs, drain wake-ups "
+              f"{r['wakeups']:.2f} a message ({r['drains']} drains)", flush=True)
+    one = next(r for r in rows if r["processes"] == 1)
+    most = rows[-1]
+    ratio = most["share_us"] / one["share_us"] if one["share_us"] > 0 else float("inf")
+    verdict("cost", ratio <= 1.2,
+            f"consumers' share at {most['processes']} processes {most['share_us']:.1f} µs a message, at 1 "
+            f"{one['share_us']:.1f} µs: {ratio:.2f}× (≤ 1.2); wake-ups a message {most['wakeups']:.2f} at "
+            f"{most['processes']}, {one['wakeups']:.2f} at 1", correctness=False)
+
+
 def monitor_states():
     rows, _ = sql("select nodename, reportedstate from pgautofailover.node", host="mon",
                   dsn=f"postgres://autoctl_node@{ADDR['mon']}:5432/pg_auto_failover?sslmode=verify-ca"
@@ -402,10 +521,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--short", action="store_true", help="the test suite's form: fewer clients, shorter runs")
     p.add_argument("--json", help="write every check's result here")
-    p.add_argument("--only", default="sanity,routing,partition,switchover,standby", help="the checks to run, comma-separated")
+    p.add_argument("--only", default="sanity,routing,partition,switchover,standby,cost", help="the checks to run, comma-separated")
     a = p.parse_args()
     a.clients, a.topics, a.rate, a.seconds = (400, 200, 200, 8) if a.short else (4000, 2000, 2000, 30)
     a.partition_clients, a.partition_topics, a.partition_rate = (100, 50, 100) if a.short else (400, 100, 200)
+    a.ladder, a.cost_topics, a.cost_seconds = [0, 1, 2, 4, 8], 2000, 20
     started = time.time()
     only = a.only.split(",")
     if "sanity" in only:
@@ -418,6 +538,8 @@ def main():
         switchover(a)
     if "standby" in only:
         standby(a)
+    if "cost" in only and not a.short:
+        cost(a)
     print(f"lab: {sum(r['pass'] for r in results)} of {len(results)} checks passed in {time.time() - started:.0f} s")
     if a.json:
         with open(a.json, "w") as f:

@@ -5,6 +5,7 @@
 #   scripts/lab.sh test [--short] up, the checks (pgbench/lab.py), then down, whatever happens
 #   scripts/lab.sh down          stop everything the lab started and remove its hosts
 #   scripts/lab.sh left          exit 1, naming it, if anything the lab makes is still there
+#   scripts/lab.sh sidecar HOST CONSUMER PORT   one more sidecar process (the cost check)
 #
 # The hosts are network namespaces joined by one bridge, in 198.18.0.0/16 (RFC 2544's
 # benchmarking range) with no default route anywhere and no route from the root namespace:
@@ -205,12 +206,22 @@ wait_for() {
     done
 }
 
-sidecars_up() {
+# One sidecar process on host $1, consumer $2, port $3, in the background; its PID goes to
+# $LAB/$2.pid (the lab's two are sc1 and sc2 on port 4000; the cost check starts more).
+sidecar() {
+    local h=$1 name=$2 port=$3
     local dsn="host=$(addr db1),$(addr db2) port=5432 user=realtime_sidecar dbname=postgres target_session_attrs=read-write application_name=realtime-sidecar"
+    # The PID is written by the process itself, which then becomes the sidecar (exec):
+    # $! would name the background subshell instead.
+    on "$h" bash -c 'echo $$ > "$0" && exec "$@"' "$LAB/$name.pid" \
+        env BIND="$(addr "$h")" PORT="$port" DATABASE_URL="$dsn" DB_SSL=true \
+        DB_SSL_CA_CERT="$LAB/tls/ca.crt" CONSUMER_NAME="$name" API_JWT_SECRET="$SECRET" \
+        TRUSTED_PROXIES="$(addr edge)" LOG_LEVEL=info "$SIDECAR_BIN" > "$LAB/$name.log" 2>&1 &
+}
+
+sidecars_up() {
     for h in sc1 sc2; do
-        on "$h" env BIND="$(addr "$h")" PORT=4000 DATABASE_URL="$dsn" DB_SSL=true \
-            DB_SSL_CA_CERT="$LAB/tls/ca.crt" CONSUMER_NAME="$h" API_JWT_SECRET="$SECRET" \
-            TRUSTED_PROXIES="$(addr edge)" LOG_LEVEL=info "$SIDECAR_BIN" > "$LAB/$h.log" 2>&1 &
+        sidecar "$h" "$h" 4000
     done
     for h in sc1 sc2; do
         wait_for 30 "sidecar $h" on "$h" curl -sf "http://$(addr "$h"):4000/healthz"
@@ -321,6 +332,11 @@ up)
     ;;
 down) down ;;
 left) left ;;
+sidecar)
+    # scripts/lab.sh sidecar HOST CONSUMER PORT: one more sidecar process (pgbench/lab.py's
+    # cost check), stopped by `down` with the rest.
+    sidecar "$2" "$3" "$4"
+    ;;
 test)
     shift
     trap down EXIT

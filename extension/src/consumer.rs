@@ -462,6 +462,9 @@ fn wait(
             .read_batch(&ring, start, max_messages, MAX_BATCH_BYTES, buf);
         (gap, batch)
     };
+    // This slot's own variable: a publish broadcasts it only when there is something here
+    // for this consumer (`wake.rs`).
+    let cv = q.slot_cv(q.slot_index(slot));
     let mut sleeping = false;
     let found = loop {
         let (gap, batch) = read(buf);
@@ -485,11 +488,11 @@ fn wait(
             if !sleeping {
                 // Registering before the re-check closes the window where a publish between
                 // our read and our sleep would go unnoticed.
-                pg_sys::ConditionVariablePrepareToSleep(q.cv());
+                pg_sys::ConditionVariablePrepareToSleep(cv);
                 sleeping = true;
             } else {
                 pg_sys::ConditionVariableTimedSleep(
-                    q.cv(),
+                    cv,
                     remaining.as_millis().max(1) as i64,
                     pg_sys::PG_WAIT_EXTENSION,
                 );

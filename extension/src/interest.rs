@@ -16,11 +16,15 @@
 //!   under-delivers.
 //! * `realtime.listen(consumer, topics, tables, all_tables)` counts each key once more and
 //!   `realtime.unlisten` once less; a key is listened to while its count is above zero.
-//! * A message whose topic is listened to, or a change whose table is (or `all_tables`), is
-//!   returned by every drain that reads it after `listen` returned. That is what lets a
-//!   sidecar answer a join only once its topic is listened to: whatever commits after the
-//!   reply reaches the drain after the key is in the table (the reply follows `listen`, the
-//!   commit follows the reply, the drain's read follows the commit under the queue lock).
+//! * A message whose topic is listened to, or a change whose table is (or `all_tables`), and
+//!   that was published after the key was first listened to, is returned by every drain
+//!   that reads it. That is what lets a sidecar answer a join only once its topic is
+//!   listened to: whatever commits after the reply is published after the key is in the
+//!   table (the reply follows `listen`, the commit follows the reply). A message published
+//!   before is not returned, however late the drain reads it (drains sleep through commits
+//!   they do not listen to, `wake.rs`): a channel that just joined is not sent what was
+//!   committed before it joined. A key listened to again in a `reset` keeps when it was
+//!   first listened to, so a sidecar that offers its whole set again loses nothing.
 //! * Skipped messages are still read through: the drain says how far (a row of kind
 //!   `filtered`), so the consumer's position moves on.
 //!
@@ -89,6 +93,10 @@ fn listen(
     let keys = keys_of(&topics, &tables, all_tables);
     let q = queue();
     let (mut g, interest) = exclusive(q, consumer);
+    // Under the exclusive lock: a message published after this call has at least this
+    // sequence, one published before it less.
+    let since = g.core().last_seq() + 1;
+    let mut kept = std::collections::HashMap::new();
     if reset {
         // Checked before anything changes, so a refused call leaves the table as it was.
         let mut distinct = keys.clone();
@@ -98,9 +106,10 @@ fn listen(
             drop(g);
             too_many(consumer, distinct.len() as u64);
         }
+        kept = interest.live_since();
         interest.reset(&mut g, true);
     }
-    if let Err(needed) = interest.listen(&mut g, &keys) {
+    if let Err(needed) = interest.listen(&mut g, &keys, since, &kept) {
         drop(g);
         too_many(consumer, needed);
     }

@@ -6,7 +6,8 @@
 //! # Layout and lock rules
 //!
 //! `realtime.max_consumers` tables sit after the consumer slots, one per slot, each a
-//! header and `capacity()` entries of open addressing with linear probing. A key is a
+//! header and `capacity()` entries of open addressing with linear probing (a key, its
+//! count, and the sequence it is wanted from: `Entry`). A key is a
 //! 64-bit hash of a topic or of a table's name (`topic_key`, `table_key`); 0 marks an empty
 //! entry and 1 a removed one. A hash collision only makes a drain return a message nobody
 //! here wants, which the sidecar drops as it drops any topic without subscribers.
@@ -20,6 +21,7 @@
 
 use crate::gucs;
 use crate::message::MessageView;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64};
 
@@ -44,12 +46,19 @@ pub struct InterestHead {
     used: AtomicU32,
 }
 
-/// An entry: its key, then how many listens hold it. Exclusive lock to change; readers
-/// look at `key` only (a present key always has a count above zero).
+/// An entry: its key, how many listens hold it, and the sequence the queue's next message
+/// had when the key was first listened to. Exclusive lock to change; readers look at `key`
+/// and `since` (a present key always has a count above zero).
 #[repr(C)]
 pub struct Entry {
     key: AtomicU64,
     count: AtomicU64,
+    /// A message of this key is wanted from this sequence on: what was published before
+    /// the key was listened to is not, whenever the drain happens to read it. (Drains sleep
+    /// through commits they do not listen to, `wake.rs`, so a drain may read a message
+    /// only after a later listen made its key wanted: without `since` a channel that just
+    /// joined was sent messages committed before it joined.)
+    since: AtomicU64,
 }
 
 /// How many keys one consumer may listen to at once (`realtime.max_topics_per_consumer`).
@@ -130,25 +139,38 @@ impl<'a> Interest<'a> {
         None
     }
 
-    /// Whether a drain should return a message with this key. No lock; see the file's
-    /// comment for why an overlapping change answers true.
-    pub fn wants(&self, key: u64) -> bool {
+    /// Whether a drain should return a message with this key and sequence (`u64::MAX`:
+    /// whether the key is listened to at all). No lock; see the file's comment for why an
+    /// overlapping change answers true.
+    pub fn wants(&self, key: u64, seq: u64) -> bool {
         let before = self.head.version.load(Acquire);
         if before % 2 == 1 || !self.head.filtering.load(Relaxed) {
             return true;
         }
-        let found = self.find(key).is_some();
+        let found = self
+            .find(key)
+            .is_some_and(|i| seq >= self.entries[i].since.load(Relaxed));
         fence(Acquire);
         found || self.head.version.load(Relaxed) != before
     }
 
-    /// Whether the drain should return this record.
-    pub fn wants_record(&self, m: &MessageView) -> bool {
+    fn wants_at(&self, m: &MessageView, seq: u64) -> bool {
         if m.is_change() {
-            self.wants(all_tables_key()) || self.wants(table_key(m.topic))
+            self.wants(all_tables_key(), seq) || self.wants(table_key(m.topic), seq)
         } else {
-            self.wants(topic_key(m.topic))
+            self.wants(topic_key(m.topic), seq)
         }
+    }
+
+    /// Whether the drain should return this published record.
+    pub fn wants_record(&self, m: &MessageView) -> bool {
+        self.wants_at(m, m.header.seq)
+    }
+
+    /// Whether this record's key is listened to, whatever its sequence (a record being
+    /// published has none yet: `wake.rs` asks this).
+    pub fn listens_to(&self, m: &MessageView) -> bool {
+        self.wants_at(m, u64::MAX)
     }
 
     pub fn filtering(&self) -> bool {
@@ -173,6 +195,7 @@ impl<'a> Interest<'a> {
         for e in self.entries {
             e.key.store(EMPTY, Relaxed);
             e.count.store(0, Relaxed);
+            e.since.store(0, Relaxed);
         }
         self.head.live.store(0, Relaxed);
         self.head.used.store(0, Relaxed);
@@ -187,7 +210,18 @@ impl<'a> Interest<'a> {
         });
     }
 
-    fn insert(&self, key: u64, count: u64) {
+    /// The live keys and their `since`, to be kept across a reset (`listen`'s `reset`): a
+    /// key listened to before and after it stays wanted from when it was first listened to,
+    /// so a sidecar that reconnects and offers its set again loses nothing of its topics.
+    pub fn live_since(&self) -> HashMap<u64, u64> {
+        self.entries
+            .iter()
+            .map(|e| (e.key.load(Relaxed), e.since.load(Relaxed)))
+            .filter(|(k, _)| *k > REMOVED)
+            .collect()
+    }
+
+    fn insert(&self, key: u64, count: u64, since: u64) {
         if let Some(i) = self.find(key) {
             self.entries[i].count.fetch_add(count, Relaxed);
             return;
@@ -197,6 +231,7 @@ impl<'a> Interest<'a> {
             let k = self.entries[i].key.load(Relaxed);
             if k == EMPTY || k == REMOVED {
                 self.entries[i].count.store(count, Relaxed);
+                self.entries[i].since.store(since, Relaxed);
                 self.entries[i].key.store(key, Relaxed);
                 self.head.live.fetch_add(1, Relaxed);
                 if k == EMPTY {
@@ -208,9 +243,16 @@ impl<'a> Interest<'a> {
         }
     }
 
-    /// Counts each key once more and turns filtering on. All or nothing: Err(live keys
-    /// it would need) when the table cannot take the new keys.
-    pub fn listen(&self, lock: &mut impl ExclusiveLock, keys: &[u64]) -> Result<(), u64> {
+    /// Counts each key once more and turns filtering on; a key new to the table is wanted
+    /// from sequence `since` on, or from the one `kept` (`live_since`) gives it. All or
+    /// nothing: Err(live keys it would need) when the table cannot take the new keys.
+    pub fn listen(
+        &self,
+        lock: &mut impl ExclusiveLock,
+        keys: &[u64],
+        since: u64,
+        kept: &HashMap<u64, u64>,
+    ) -> Result<(), u64> {
         let mut new: Vec<u64> = keys
             .iter()
             .copied()
@@ -227,19 +269,22 @@ impl<'a> Interest<'a> {
             // rebuild once they and the live keys would fill three quarters of the table.
             let used = self.head.used.load(Relaxed) as usize + new.len();
             if used * 4 > self.entries.len() * 3 {
-                let kept: Vec<(u64, u64)> = self
+                let live: Vec<(u64, u64, u64)> = self
                     .entries
                     .iter()
-                    .map(|e| (e.key.load(Relaxed), e.count.load(Relaxed)))
-                    .filter(|(k, _)| *k > REMOVED)
+                    .map(|e| {
+                        let key = e.key.load(Relaxed);
+                        (key, e.count.load(Relaxed), e.since.load(Relaxed))
+                    })
+                    .filter(|(k, _, _)| *k > REMOVED)
                     .collect();
                 self.clear_entries();
-                for (k, c) in kept {
-                    self.insert(k, c);
+                for (k, c, s) in live {
+                    self.insert(k, c, s);
                 }
             }
             for k in keys {
-                self.insert(*k, 1);
+                self.insert(*k, 1, kept.get(k).copied().unwrap_or(since));
             }
             self.head.filtering.store(true, Relaxed);
         });

@@ -67,6 +67,7 @@ mod shared;
 mod stats;
 mod trigger;
 mod visible;
+mod wake;
 mod xact;
 
 use pgrx::prelude::*;

@@ -46,7 +46,8 @@
 //!    (`ProcArrayEndTransaction`: its writes are visible to every new snapshot),
 //!    `XACT_EVENT_COMMIT` marks the records COMMITTED with the commit timestamp and
 //!    *publishes*: starting at `published`, it numbers consecutive COMMITTED records and
-//!    skips ABORTED ones, stopping at the first PENDING record. Then it wakes the readers.
+//!    skips ABORTED ones, stopping at the first PENDING record. Then it wakes the readers
+//!    that have a reason to read what it published (`wake.rs`).
 //!    An abort after step 2 marks the records ABORTED and publishes likewise.
 //!
 //! The order of the queue is the order of step 2. If transaction B could see A's writes,
@@ -78,8 +79,10 @@
 //! Consumers (the sidecars) read through `consumer.rs`. A read takes the lock shared, finds
 //! the first record after the consumer's position (from a per-slot cursor hint, or by a walk
 //! from `tail`), copies up to a batch of records out, releases the lock and decodes the copy.
-//! Waiting for data uses a condition variable that publishers broadcast, with a timeout,
-//! honouring query cancel and `statement_timeout`, as `ConditionVariableTimedSleep` does.
+//! Waiting for data uses the slot's own condition variable, which a publisher broadcasts
+//! when it made something readable that the slot's consumer listens to (`wake.rs`), with a
+//! timeout, honouring query cancel and `statement_timeout`, as `ConditionVariableTimedSleep`
+//! does.
 //! A consumer that listens to some topics (`interest.rs`) has the rest skipped after the
 //! copy, outside the lock, and keeps waiting while all it read was skipped.
 //! `history.rs` reads without a slot: the retained messages of a few topics after a

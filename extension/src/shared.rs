@@ -1,6 +1,6 @@
 //! The shared segment that holds the queue: its allocation at postmaster start, its lock,
-//! the condition variable readers sleep on, and the statistics counters. The queue's design
-//! is explained in `queue.rs`.
+//! the condition variables readers sleep on (one per consumer slot: who is woken is
+//! `wake.rs`), and the statistics counters. The queue's design is explained in `queue.rs`.
 
 use crate::gucs;
 use crate::queue::{QueueCore, Ring};
@@ -39,8 +39,6 @@ pub struct Counters {
 pub struct QueueShared {
     /// Set once at start-up.
     lock: *mut pg_sys::LWLock,
-    /// Postgres's own synchronisation (`ConditionVariable*` functions); no lock needed.
-    cv: UnsafeCell<pg_sys::ConditionVariable>,
     /// Postmaster start time of this queue's incarnation (TimestampTz). Set once.
     pub epoch: i64,
     /// Set once.
@@ -167,9 +165,20 @@ fn interests_size(nslots: u32) -> usize {
     crate::interest_table::table_size() * nslots as usize
 }
 
-/// Where the ring starts: after the header, the slots and their interest tables.
-fn ring_offset(nslots: u32) -> usize {
+/// The slots' condition variables (`wake.rs`), one per slot, after the interest tables.
+/// Postgres's own synchronisation (`ConditionVariable*` functions): no lock of ours needed.
+fn slot_cvs_size(nslots: u32) -> usize {
+    (std::mem::size_of::<pg_sys::ConditionVariable>() * nslots as usize).next_multiple_of(64)
+}
+
+fn slot_cvs_offset(nslots: u32) -> usize {
     header_size() + slots_size(nslots) + interests_size(nslots)
+}
+
+/// Where the ring starts: after the header, the slots, their interest tables and their
+/// condition variables.
+fn ring_offset(nslots: u32) -> usize {
+    slot_cvs_offset(nslots) + slot_cvs_size(nslots)
 }
 
 fn segment_size() -> usize {
@@ -214,7 +223,13 @@ unsafe extern "C-unwind" fn startup_hook() {
             // All-zero slots are free and all-zero interest tables unfiltered.
             std::ptr::write_bytes(p as *mut u8, 0, ring_offset(gucs::max_consumers()));
             (*p).lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
-            pg_sys::ConditionVariableInit(UnsafeCell::raw_get(&raw const (*p).cv));
+            // Zero is not an empty wait list (its ends are INVALID_PROC_NUMBER): each
+            // variable is initialised.
+            let cvs = (p as *mut u8).add(slot_cvs_offset(gucs::max_consumers()))
+                as *mut pg_sys::ConditionVariable;
+            for i in 0..gucs::max_consumers() as usize {
+                pg_sys::ConditionVariableInit(cvs.add(i));
+            }
             (*p).epoch = pg_sys::GetCurrentTimestamp();
             (*p).capacity = gucs::queue_size_bytes();
             (*p).nslots = gucs::max_consumers();
@@ -327,19 +342,24 @@ impl QueueShared {
 
     /// The interest table of `slot`, one of `slots()`.
     pub fn interest_of(&self, slot: &ConsumerSlot) -> crate::interest_table::Interest<'_> {
+        self.interest(self.slot_index(slot))
+    }
+
+    /// The condition variable slot `i`'s drain sleeps on (`wake.rs` says who broadcasts it).
+    pub fn slot_cv(&self, i: usize) -> *mut pg_sys::ConditionVariable {
+        assert!(i < self.nslots as usize);
+        // SAFETY: initialised at start-up, inside the segment, which lives as long as the
+        // server; Postgres synchronises every use of it.
+        unsafe {
+            (self.base().add(slot_cvs_offset(self.nslots)) as *mut pg_sys::ConditionVariable).add(i)
+        }
+    }
+
+    /// The index of `slot`, one of `slots()`.
+    pub fn slot_index(&self, slot: &ConsumerSlot) -> usize {
         let first = self.slots().as_ptr();
         // SAFETY: `slot` is an element of `slots()` (its callers found it there).
-        let i = unsafe { (slot as *const ConsumerSlot).offset_from(first) };
-        self.interest(i as usize)
-    }
-
-    pub fn cv(&self) -> *mut pg_sys::ConditionVariable {
-        self.cv.get()
-    }
-
-    /// Wakes every reader sleeping in `consumer::drain`.
-    pub fn wake_readers(&self) {
-        unsafe { pg_sys::ConditionVariableBroadcast(self.cv()) }
+        unsafe { (slot as *const ConsumerSlot).offset_from(first) as usize }
     }
 }
 

@@ -8,6 +8,7 @@ use crate::message::{encode_record, record_len, MessageView, COMMITTED_AT};
 use crate::payload;
 use crate::queue::ReserveError;
 use crate::shared::queue;
+use crate::wake;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 use std::cell::RefCell;
@@ -381,7 +382,7 @@ fn finish(commit: bool) {
             } else {
                 0
             };
-            let published = {
+            let (published, reached) = {
                 let mut guard = q.exclusive();
                 let core = guard.core();
                 core.resolve(
@@ -391,10 +392,24 @@ fn finish(commit: bool) {
                     commit,
                     committed_at,
                 );
-                core.publish(&q.ring())
+                (core.publish(&q.ring()), core.published)
             };
             if published > 0 {
-                q.wake_readers();
+                // The record at `published` is always PENDING when the lock is free, so a
+                // publish that numbered as many messages as this transaction committed
+                // numbered exactly its records; more means others' were waiting behind them.
+                let own = if commit { b.marks.len() as u64 } else { 0 };
+                if published == own {
+                    let views: Vec<MessageView> = (0..b.marks.len())
+                        .map(|i| {
+                            let end = b.marks.get(i + 1).map_or(b.records.len(), |m| m.1);
+                            MessageView::parse(&b.records[b.marks[i].1..end])
+                        })
+                        .collect();
+                    wake::after_publish(q, reached, wake::Published::Own(&views));
+                } else {
+                    wake::after_publish(q, reached, wake::Published::Others);
+                }
             }
             let c = &q.counters;
             if commit {

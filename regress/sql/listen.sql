@@ -35,8 +35,9 @@ SELECT count(*) AS again FROM take_l();
 SELECT send_to('b', 'c');
 SELECT n, kind, topic FROM take_l();
 
--- Skipped messages do not end the wait: a drain (in a second session) waiting for 'a'
--- reads 'b' when it commits, goes back to sleep, and returns when 'a' comes.
+-- Skipped messages do not end the wait, and a commit of a topic the consumer does not listen
+-- to does not even wake it (src/wake.rs): a drain (in a second session) waiting for 'a' sleeps
+-- through 'b', unread, and returns when 'a' comes, having read 'b' and skipped it.
 SELECT dblink_connect('lreader', format('host=%s port=%s dbname=%s',
     split_part(current_setting('unix_socket_directories'), ',', 1), current_setting('port'), current_database()));
 SELECT realtime.create_consumer('lw') >= 0 AS created;
@@ -45,7 +46,7 @@ SELECT dblink_send_query('lreader', $$ SELECT kind, topic FROM realtime.drain('l
 SELECT wait_until_draining('lw');
 SELECT send_to('b');
 SELECT last_seq AS b_seq FROM realtime.stats() \gset
-SELECT wait_for(format('(SELECT last_read_seq >= %s FROM realtime.consumers() WHERE name = %L)', :b_seq, 'lw')) AS read_b;
+SELECT last_read_seq < :b_seq AS b_unread FROM realtime.consumers() WHERE name = 'lw';
 SELECT dblink_is_busy('lreader') AS still_waiting;
 SELECT send_to('a');
 SELECT * FROM dblink_get_result('lreader') AS t(kind text, topic text);
@@ -131,6 +132,19 @@ SELECT realtime.listen_all('l');
 SELECT listening FROM realtime.consumers() WHERE name = 'l';
 SELECT send_to('a', 'z');
 SELECT n, kind, topic FROM take_l();
+
+-- A key is wanted from when it was first listened to: a message of 'late' committed before
+-- 'late' was listened to and read only after (the drain slept through its commit) is
+-- skipped; one committed after is returned. Listened to again in a reset, a key keeps when
+-- it was first listened to, so nothing of it is skipped.
+SELECT realtime.listen('l', ARRAY['early'], reset => true) AS listening;
+SELECT send_to('late', 'early');
+SELECT realtime.listen('l', ARRAY['late']) AS listening;
+SELECT send_to('late');
+SELECT n, kind, topic, payload FROM take_l();
+SELECT send_to('early', 'late');
+SELECT realtime.listen('l', ARRAY['early', 'late'], reset => true) AS listening;
+SELECT n, kind, topic, payload FROM take_l();
 
 -- A dropped and re-created consumer forgets what its predecessor listened to.
 SELECT realtime.listen('l', ARRAY['a']) AS listening;
