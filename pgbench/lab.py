@@ -20,6 +20,13 @@ is 1 when any correctness check failed.
             and no notice covering it: a notice covers what was committed on the old primary
             only), no message received whose transaction the new primary lacks (its audit row)
   standby   the pg_auto_failover secondary refuses realtime.send and consumer creation
+  restart   the primary restarted under load: every client told, none disconnected by the
+            proxy, nothing lost silently; not in --short
+  forced    the primary cut off from its standby and the monitor while the sidecars still
+            reach it: its commits wait for the standby, those waits are cancelled, then it
+            is stopped fast, and the standby is promoted; every client told, nothing lost
+            silently, and no message received whose transaction the new primary lacks (the
+            commits that finished locally on the old primary); not in --short
   cost      the primary's CPU per message and the drains' wake-ups per message at 0, 1, 2, 4
             and 8 sidecar processes (half on each sidecar host, clients routed to each
             process by topic, 2 per topic), at one message rate (pgbench at a fixed rate):
@@ -325,13 +332,19 @@ def partition(a):
             f"'available' notices per client ≤ {flips}")
 
 
-def autoctl(*args, timeout=120):
-    """pg_autoctl on the monitor host, as the postgres OS user, with the lab's XDG paths."""
+def as_postgres(host, *args, timeout=120):
+    """A command on database host `host` as the postgres OS user, as scripts/lab.sh runs
+    them there (its own /var/run/postgresql, the lab's XDG paths for pg_autoctl)."""
     inner = ["runuser", "-u", "postgres", "--", "env", "PATH=/usr/lib/postgresql/15/bin:/usr/bin:/bin",
              f"XDG_CONFIG_HOME={LAB}/xdg/config", f"XDG_DATA_HOME={LAB}/xdg/data", f"XDG_RUNTIME_DIR={LAB}/xdg/run",
-             "pg_autoctl", *args]
-    return on("mon", ["bash", "-c", 'mount --bind "$0" /var/run/postgresql && exec "$@"', f"{LAB}/run/mon", *inner],
+             *args]
+    return on(host, ["bash", "-c", 'mount --bind "$0" /var/run/postgresql && exec "$@"', f"{LAB}/run/{host}", *inner],
               capture_output=True, text=True, timeout=timeout)
+
+
+def autoctl(*args, timeout=120):
+    """pg_autoctl on the monitor host."""
+    return as_postgres("mon", "pg_autoctl", *args, timeout=timeout)
 
 
 def audited(dsn):
@@ -355,32 +368,136 @@ def switchover(a):
         result = clients.stop()
     audit = audited(PRIMARY)
     prims = result["primaries"]
+    j = judge_failover(result, t0, prefix, audit)
+    failover_s = (prims[-1][1] / 1000 - t0) if len({h for h, _, _ in prims}) > 1 else None
+    print(f"  primaries before {before}, after {after}; pg_autoctl perform switchover took {switched:.1f} s; publisher "
+          f"wrote to {' then '.join(dict.fromkeys(h for h, _, _ in prims))}, first write to the new primary "
+          f"{failover_s if failover_s is None else round(failover_s, 1)} s after the start; published "
+          f"{sum(result['published']):,}, publisher errors {result['publish_errors']}", flush=True)
+    ok = out.returncode == 0 and len({h for h, _, _ in prims}) > 1 and j["ok"]
+    verdict("switchover", ok, f"failover {failover_s if failover_s is None else round(failover_s, 1)} s, {j['figures']}")
+
+
+def judge_failover(result, t0, prefix, audit):
+    """Every client told (DatabaseRestarted live, or epoch_changed); a message acknowledged to
+    the publisher whose transaction the new primary has (its audit row) but that a client
+    never received, with no notice covering it, is lost silently (a notice covers what was
+    committed on the old primary only); a message received whose audit row the new primary
+    lacks was delivered from a transaction that did not survive. Messages whose transactions
+    the new primary lacks and nobody received were lost with their transactions (the
+    publisher was told at most "might not have been replicated")."""
+    prims = result["primaries"]
     # The topics' counters when the publisher first wrote to the new primary: what came
     # before was committed on the old one.
     boundary = prims[-1][2] if len(prims) > 1 else result["published"]
     published = result["published"]
-    told = silent = covered = phantoms = 0
+    told = silent = covered = phantoms = gone = 0
     for c in result["clients"]:
         t = int(c["topic"][len(prefix) + 1:])
         got = {n for n, _ in c["received"]}
         restarted = any("restarted" in m.get("message", "") or m.get("epoch_changed") for ts, m in c["systems"]
                         if ts >= t0 * 1000)
         told += restarted
-        missing = set(range(published[t])) - got
-        before_failover = {n for n in missing if n < boundary[t]}
-        covered += len(before_failover) if restarted else 0
-        silent += len(missing) - (len(before_failover) if restarted else 0)
+        for n in set(range(published[t])) - got:
+            if (c["topic"], n) not in audit:
+                gone += 1
+            elif restarted and n < boundary[t]:
+                covered += 1
+            else:
+                silent += 1
         phantoms += sum(1 for n in got if (c["topic"], n) not in audit)
     n = len(result["clients"])
-    failover_s = (prims[-1][1] / 1000 - t0) if len(prims) > 1 else None
-    print(f"  primaries before {before}, after {after}; pg_autoctl perform switchover took {switched:.1f} s; publisher "
-          f"wrote to {' then '.join(h for h, _, _ in prims)}, first write to the new primary "
-          f"{failover_s if failover_s is None else round(failover_s, 1)} s after the start; published "
-          f"{sum(published):,}, publisher errors {result['publish_errors']}; lost and told {covered}", flush=True)
-    ok = (out.returncode == 0 and len(prims) > 1 and told == n and silent == 0 and phantoms == 0)
-    verdict("switchover", ok, f"failover {failover_s if failover_s is None else round(failover_s, 1)} s, clients told "
-            f"{told}/{n}, lost silently {silent}, received but absent on the new primary {phantoms}, "
-            f"lost and told {covered}")
+    return {"ok": told == n and silent == 0 and phantoms == 0,
+            "figures": f"clients told {told}/{n}, lost silently {silent}, received but absent on the new primary "
+                       f"{phantoms}, lost and told {covered}, lost with their transaction {gone}"}
+
+
+def restart(a):
+    """The primary restarted under load (pg_ctl restart -m fast): every client told that
+    the database restarted, none of them disconnected by the proxy (both sidecars are
+    marked down meanwhile: their /healthz is 503 while the database is away, and HAProxy
+    keeps their connections), nothing lost silently."""
+    prefix = "restart"
+    primary = primary_host()
+    with Clients(a.partition_clients, a.partition_topics, a.partition_rate, prefix) as clients:
+        clients.publish()
+        time.sleep(3)
+        t0 = time.time()
+        # The new postmaster's output to a file: on our pipe it would keep it open.
+        out = as_postgres(primary, "pg_ctl", "-D", f"{LAB}/{primary}", "restart", "-m", "fast", "-w",
+                          "-l", f"{LAB}/{primary}.restart.log", timeout=120)
+        restarted_s = time.time() - t0
+        for h in SIDECARS:
+            deadline = time.time() + 60
+            while healthz(h) != "200":
+                if time.time() > deadline:
+                    raise RuntimeError(f"sidecar {h} not draining again within 60 s of the restart")
+                time.sleep(0.2)
+        back_s = time.time() - t0
+        time.sleep(5)
+        result = clients.stop()
+    j = judge_failover(result, t0, prefix, audited(PRIMARY))
+    dropped = sum(1 for c in result["clients"] if len(c["servers"]) > 1)
+    print(f"  {primary} restarted in {restarted_s:.1f} s ({'ok' if out.returncode == 0 else out.stderr.strip()[-200:]}), "
+          f"both sidecars draining again {back_s:.1f} s after the start; published {sum(result['published']):,}, "
+          f"publisher errors {result['publish_errors']}", flush=True)
+    verdict("restart", j["ok"] and dropped == 0 and out.returncode == 0,
+            f"clients disconnected {dropped}, {j['figures']}")
+
+
+def forced(a):
+    """The old primary cut off from its standby and the monitor while the sidecars (and the
+    publisher) still reach it: its commits wait for the standby; some of those waits are
+    cancelled, then the server is stopped fast (which terminates the rest): each of those
+    commits finishes locally, and its messages must never reach a client, since the
+    promoted standby lacks them."""
+    prefix = "forced"
+    old = primary_host()
+    standby = next(h for h in ("db1", "db2") if h != old)
+    direct = f"host={ADDR[old]} port=5432 user=postgres dbname=postgres"
+    waiting = "select count(*) from pg_stat_activity where wait_event = 'SyncRep'"
+    with Clients(a.partition_clients, a.partition_topics, a.partition_rate, prefix) as clients:
+        clients.publish()
+        time.sleep(3)
+        t0 = time.time()
+        cut(old, [standby, "mon"])
+        deadline = time.time() + 30
+        while int(sql(waiting, dsn=direct)[0][0][0]) == 0:
+            if time.time() > deadline:
+                raise RuntimeError(f"no commit on {old} ever waited for the standby")
+            time.sleep(0.2)
+        time.sleep(2)
+        rows, _ = sql("select count(*) filter (where pg_cancel_backend(pid)) from pg_stat_activity "
+                      "where wait_event = 'SyncRep'", dsn=direct)
+        cancelled = int(rows[0][0])
+        time.sleep(1)
+        rows, _ = sql("select pending_bytes, last_seq from realtime.stats()", dsn=direct)
+        held_bytes = int(rows[0][0])
+        stop = as_postgres(old, "pg_ctl", "-D", f"{LAB}/{old}", "stop", "-m", "fast", timeout=60)
+        t_stopped = time.time() - t0
+        deadline = time.time() + 120
+        while monitor_states().get(standby) not in ("primary", "wait_primary", "single"):
+            if time.time() > deadline:
+                raise RuntimeError(f"{standby} was not promoted within 120 s: {monitor_states()}")
+            time.sleep(0.5)
+        failover_s = time.time() - t0
+        cut(old, [standby, "mon"], heal=True)
+        for h in SIDECARS:
+            deadline = time.time() + 60
+            while healthz(h) != "200":
+                if time.time() > deadline:
+                    raise RuntimeError(f"sidecar {h} not draining the new primary within 60 s")
+                time.sleep(0.2)
+        time.sleep(5)
+        result = clients.stop()
+    audit = audited(PRIMARY)
+    j = judge_failover(result, t0, prefix, audit)
+    print(f"  {old} cut from {standby} and the monitor: {cancelled} waiting commits cancelled, {held_bytes:,} bytes "
+          f"held on {old} for the standby, stopped fast {t_stopped:.1f} s after the cut "
+          f"({'ok' if stop.returncode == 0 else stop.stderr.strip()[-200:]}), {standby} promoted {failover_s:.1f} s "
+          f"after it; published {sum(result['published']):,}, publisher errors {result['publish_errors']}", flush=True)
+    verdict("forced failover", j["ok"] and cancelled > 0,
+            f"failover {failover_s:.1f} s, {cancelled} stuck commits cancelled, {j['figures']}")
 
 
 def primary_host():
@@ -521,7 +638,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--short", action="store_true", help="the test suite's form: fewer clients, shorter runs")
     p.add_argument("--json", help="write every check's result here")
-    p.add_argument("--only", default="sanity,routing,partition,switchover,standby,cost", help="the checks to run, comma-separated")
+    p.add_argument("--only", default="sanity,routing,partition,switchover,standby,restart,forced,cost", help="the checks to run, comma-separated")
     a = p.parse_args()
     a.clients, a.topics, a.rate, a.seconds = (400, 200, 200, 8) if a.short else (4000, 2000, 2000, 30)
     a.partition_clients, a.partition_topics, a.partition_rate = (100, 50, 100) if a.short else (400, 100, 200)
@@ -538,6 +655,10 @@ def main():
         switchover(a)
     if "standby" in only:
         standby(a)
+    if "restart" in only and not a.short:
+        restart(a)
+    if "forced" in only and not a.short:
+        forced(a)
     if "cost" in only and not a.short:
         cost(a)
     print(f"lab: {sum(r['pass'] for r in results)} of {len(results)} checks passed in {time.time() - started:.0f} s")

@@ -95,8 +95,8 @@ async function client(i, apikey) {
 /// The publisher: per topic a counter; the next n of a topic is sent until acknowledged.
 function publisher() {
   // primaries: [host, when a message was first committed there, the topics' counters
-  // before it], one per primary written to, so that a message can be placed before or
-  // after a failover.
+  // before it], one per connection that wrote, so that a message can be placed before or
+  // after a failover or a restart.
   const state = { published: new Array(o.topics).fill(0), errors: 0, reconnects: 0, running: true, done: null,
     primaries: [] };
   const primary = async () => {
@@ -110,6 +110,7 @@ function publisher() {
           const { rows } = await db.query('select pg_is_in_recovery() as r');
           if (!rows[0].r) {
             db.host = host;
+            db.fresh = true;
             return db;
           }
         } catch { /* next host */ }
@@ -133,7 +134,10 @@ function publisher() {
         await db.query(`with audit as (insert into lab_audit (topic, n) values ($2, $1) returning 1)
           select realtime.send(jsonb_build_object('n', $1::int), 'n', $2, false) from audit`,
         [state.published[t], `${o.prefix}-${t}`]);
-        if (state.primaries.at(-1)?.[0] !== db.host) state.primaries.push([db.host, now(), counters]);
+        if (db.fresh) {
+          state.primaries.push([db.host, now(), counters]);
+          db.fresh = false;
+        }
         state.published[t] += 1;
         k += 1;
       } catch {

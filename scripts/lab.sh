@@ -89,18 +89,23 @@ install() {
         scripts/install-extension.sh 15
 }
 
-# The lab's certificate authority and one server certificate per database host, for its
-# address (the sidecars verify the server; the keepers use verify-ca between themselves).
+# The lab's certificate authority, one server certificate for the database hosts and one
+# for the monitor (the sidecars verify the server, names included; the keepers use
+# verify-ca between themselves). One certificate valid for both database hosts: pg_rewind,
+# which pg_auto_failover runs when an old primary rejoins, copies the other node's
+# configuration, certificate paths included, so after a switchover db1 served db2's
+# certificate, which names only db2, and every sidecar's TLS handshake with it failed.
 certificates() {
     local d=$LAB/tls
     mkdir -p "$d"
     openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=pg_realtime lab CA" \
         -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
-    for h in db1 db2 mon; do
-        openssl req -newkey rsa:2048 -nodes -subj "/CN=$h" -keyout "$d/$h.key" -out "$d/$h.csr" 2>/dev/null
-        printf 'subjectAltName = IP:%s\n' "$(addr "$h")" > "$d/$h.ext"
-        openssl x509 -req -in "$d/$h.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
-            -extfile "$d/$h.ext" -out "$d/$h.crt" 2>/dev/null
+    for c in "db:IP:$(addr db1),IP:$(addr db2)" "mon:IP:$(addr mon)"; do
+        local name=${c%%:*} names=${c#*:}
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=$name" -keyout "$d/$name.key" -out "$d/$name.csr" 2>/dev/null
+        printf 'subjectAltName = %s\n' "$names" > "$d/$name.ext"
+        openssl x509 -req -in "$d/$name.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
+            -extfile "$d/$name.ext" -out "$d/$name.crt" 2>/dev/null
     done
     chown -R postgres: "$d"
     chmod 600 "$d"/*.key
@@ -160,7 +165,7 @@ EOF
     for h in db1 db2; do
         on_pg "$h" pg_autoctl create postgres --pgdata "$LAB/$h" --pgport 5432 --hostname "$(addr "$h")" \
             --name "$h" --monitor "$monitor_uri" --auth trust --pg-hba-lan \
-            --ssl-ca-file "$ca" --server-cert "$LAB/tls/$h.crt" --server-key "$LAB/tls/$h.key" \
+            --ssl-ca-file "$ca" --server-cert "$LAB/tls/db.crt" --server-key "$LAB/tls/db.key" \
             --run > "$LAB/$h.log" 2>&1 &
         if [ "$h" = db1 ]; then
             wait_for 60 "db1 as the primary" state_is db1 single

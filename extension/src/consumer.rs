@@ -10,6 +10,7 @@ use crate::errors;
 use crate::message::MessageView;
 use crate::queue::Locate;
 use crate::shared::{queue, ConsumerSlot, QueueShared, NAME_MAX};
+use crate::sync_hold::{self, Held};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering::Relaxed;
@@ -484,6 +485,13 @@ fn wait(
         if found || remaining.is_zero() {
             break (gap, batch);
         }
+        // A record held for the synchronous standbys is published here once they have it
+        // (nothing else says when their flush moved): until then, look again every POLL.
+        let nap = match sync_hold::release(q, &ring) {
+            Held::Released => continue,
+            Held::Waiting => remaining.min(sync_hold::POLL),
+            Held::Nothing => remaining,
+        };
         unsafe {
             if !sleeping {
                 // Registering before the re-check closes the window where a publish between
@@ -493,7 +501,7 @@ fn wait(
             } else {
                 pg_sys::ConditionVariableTimedSleep(
                     cv,
-                    remaining.as_millis().max(1) as i64,
+                    nap.as_millis().max(1) as i64,
                     pg_sys::PG_WAIT_EXTENSION,
                 );
             }

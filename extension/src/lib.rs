@@ -65,6 +65,7 @@ mod send;
 mod send_policy;
 mod shared;
 mod stats;
+mod sync_hold;
 mod trigger;
 mod visible;
 mod wake;

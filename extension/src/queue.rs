@@ -59,6 +59,11 @@
 //! is held only to copy bytes at pre-commit and to flip states at commit, never across the
 //! commit record or its flush, so broadcasting writers commit in parallel.
 //!
+//! With synchronous standbys, step 3 also stops at a committed record whose transaction the
+//! standbys have not flushed (a commit whose wait for them was cancelled or ended, or one
+//! that did not ask to wait): it and everything after it wait until they have, so that no
+//! reader gets a message a promoted standby would lack (`sync_hold.rs`).
+//!
 //! Sequence numbers are assigned at publish time, under the lock, in queue order; aborted
 //! records get none, so the sequence is gapless. Visibility follows from step 3: a record is
 //! readable only after its transaction's commit callback ran, which is after the transaction
@@ -245,14 +250,17 @@ impl QueueCore {
 
     /// Marks the records in `[start, start + len)` committed (with `committed_at`) or aborted.
     /// They must have been reserved by the caller and not resolved yet. Lock: exclusive.
-    pub fn resolve(&mut self, ring: &Ring, start: u64, len: u64, commit: bool, committed_at: i64) {
+    /// A committed record keeps its transaction's `commit_lsn` in its sequence field until it
+    /// is published (`sync_hold.rs`).
+    pub fn resolve(&mut self, ring: &Ring, start: u64, len: u64, commit: Option<(i64, u64)>) {
         let mut off = start;
         while off < start + len {
             let mut h = ring.header(off);
             debug_assert_eq!(h.state, STATE_PENDING);
-            if commit {
+            if let Some((committed_at, commit_lsn)) = commit {
                 h.state = STATE_COMMITTED;
                 h.committed_at = committed_at;
+                h.seq = commit_lsn;
             } else {
                 h.state = STATE_ABORTED;
             }
@@ -261,14 +269,17 @@ impl QueueCore {
         }
     }
 
-    /// Numbers the resolved records after `published` up to the first PENDING one and makes
-    /// them readable. Returns how many messages were published. Lock: exclusive.
-    pub fn publish(&mut self, ring: &Ring) -> u64 {
+    /// Numbers the resolved records after `published` up to the first PENDING one, or the
+    /// first committed one whose commit LSN is past `hold` (what the synchronous standbys
+    /// have flushed, `sync_hold::limit`), and makes them readable. Returns how many messages
+    /// were published. Lock: exclusive.
+    pub fn publish(&mut self, ring: &Ring, hold: Option<u64>) -> u64 {
         let mut n = 0;
         while self.published < self.head {
             let mut h = ring.header(self.published);
             match h.state {
                 STATE_PENDING => break,
+                STATE_COMMITTED if hold.is_some_and(|limit| h.seq > limit) => break,
                 STATE_COMMITTED => {
                     h.seq = self.next_seq;
                     self.next_seq += 1;
@@ -280,6 +291,17 @@ impl QueueCore {
             self.published += h.len as u64;
         }
         n
+    }
+
+    /// The commit LSN of the record that holds publication back for the synchronous
+    /// standbys, if one does (`sync_hold.rs`): the record at `published`, committed but not
+    /// published. Lock: shared.
+    pub fn held(&self, ring: &Ring) -> Option<u64> {
+        if self.published == self.head {
+            return None;
+        }
+        let h = ring.header(self.published);
+        (h.state == STATE_COMMITTED).then_some(h.seq)
     }
 
     /// Sequence of the last published message (0 when none ever was).
@@ -442,8 +464,8 @@ pub(crate) mod tests {
             let recs = records(msgs);
             let start = self.core.reserve(&self.ring, &recs)?;
             self.core
-                .resolve(&self.ring, start, recs.len() as u64, true, 7);
-            Ok(self.core.publish(&self.ring))
+                .resolve(&self.ring, start, recs.len() as u64, Some((7, 0)));
+            Ok(self.core.publish(&self.ring, None))
         }
 
         fn read_all(&self, after: u64) -> ReadAll {
@@ -492,13 +514,13 @@ pub(crate) mod tests {
         let sb = r.core.reserve(&r.ring, &b).unwrap();
         let sc = r.core.reserve(&r.ring, &c).unwrap();
         // B commits first but reserved after A: nothing is visible while A is pending.
-        r.core.resolve(&r.ring, sb, b.len() as u64, true, 1);
-        assert_eq!(r.core.publish(&r.ring), 0);
+        r.core.resolve(&r.ring, sb, b.len() as u64, Some((1, 0)));
+        assert_eq!(r.core.publish(&r.ring, None), 0);
         assert!(r.read_all(0).1.is_empty());
         // C aborts; A commits: A then B are published, C gets no sequence.
-        r.core.resolve(&r.ring, sc, c.len() as u64, false, 0);
-        r.core.resolve(&r.ring, sa, a.len() as u64, true, 2);
-        assert_eq!(r.core.publish(&r.ring), 3);
+        r.core.resolve(&r.ring, sc, c.len() as u64, None);
+        r.core.resolve(&r.ring, sa, a.len() as u64, Some((2, 0)));
+        assert_eq!(r.core.publish(&r.ring, None), 3);
         let (_, msgs) = r.read_all(0);
         assert_eq!(
             msgs,
@@ -506,6 +528,38 @@ pub(crate) mod tests {
         );
         r.commit(&["d"]).unwrap();
         assert_eq!(r.read_all(3).1, vec![(4, "d".into())]);
+    }
+
+    /// Issue 42: a commit whose wait for the synchronous standbys was cancelled or ended
+    /// published at once, so a drain of an isolated old primary handed out messages the
+    /// promoted standby never had. A record past what the standbys flushed now holds back
+    /// itself and everything after it.
+    #[test]
+    fn a_commit_the_standbys_lack_is_held_with_everything_after_it() {
+        let mut r = ring(4096);
+        let (a, b, c) = (records(&["a"]), records(&["b"]), records(&["c"]));
+        let sa = r.core.reserve(&r.ring, &a).unwrap();
+        let sb = r.core.reserve(&r.ring, &b).unwrap();
+        let sc = r.core.reserve(&r.ring, &c).unwrap();
+        // A's commit record ends at 50, B's at 100; C wrote nothing (no commit record).
+        r.core.resolve(&r.ring, sa, a.len() as u64, Some((1, 50)));
+        r.core.resolve(&r.ring, sb, b.len() as u64, Some((2, 100)));
+        r.core.resolve(&r.ring, sc, c.len() as u64, Some((3, 0)));
+        // The standbys flushed up to 60: A goes, B is held, and C waits behind it.
+        assert_eq!(r.core.publish(&r.ring, Some(60)), 1);
+        assert_eq!(r.read_all(0).1, vec![(1, "a".into())]);
+        assert_eq!(r.core.held(&r.ring), Some(100));
+        assert_eq!(r.core.publish(&r.ring, Some(99)), 0);
+        // Once they have B: B then C, numbered in queue order.
+        assert_eq!(r.core.publish(&r.ring, Some(100)), 2);
+        assert_eq!(r.read_all(1).1, vec![(2, "b".into()), (3, "c".into())]);
+        assert_eq!(r.core.held(&r.ring), None);
+        // Without synchronous standbys nothing is held.
+        let d = records(&["d"]);
+        let sd = r.core.reserve(&r.ring, &d).unwrap();
+        r.core
+            .resolve(&r.ring, sd, d.len() as u64, Some((4, 1_000)));
+        assert_eq!(r.core.publish(&r.ring, None), 1);
     }
 
     #[test]
@@ -560,8 +614,8 @@ pub(crate) mod tests {
                 capacity: 2 * rec
             })
         );
-        r.core.resolve(&r.ring, 0, rec, true, 1);
-        assert_eq!(r.core.publish(&r.ring), 2);
+        r.core.resolve(&r.ring, 0, rec, Some((1, 0)));
+        assert_eq!(r.core.publish(&r.ring, None), 2);
         let (_, msgs) = r.read_all(0);
         assert_eq!(msgs, vec![(1, "x".into()), (2, "y".into())]);
     }
@@ -572,8 +626,8 @@ pub(crate) mod tests {
         assert_eq!(r.core.oldest_committed_at(&r.ring), None);
         let aborted = records(&["x"]);
         let s = r.core.reserve(&r.ring, &aborted).unwrap();
-        r.core.resolve(&r.ring, s, aborted.len() as u64, false, 0);
-        r.core.publish(&r.ring);
+        r.core.resolve(&r.ring, s, aborted.len() as u64, None);
+        r.core.publish(&r.ring, None);
         r.commit(&["a", "b", "c"]).unwrap();
         assert_eq!(r.core.oldest_committed_at(&r.ring), Some(7));
         let mut seen = Vec::new();

@@ -8,6 +8,7 @@ use crate::message::{encode_record, record_len, MessageView, COMMITTED_AT};
 use crate::payload;
 use crate::queue::ReserveError;
 use crate::shared::queue;
+use crate::sync_hold;
 use crate::wake;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
@@ -382,22 +383,19 @@ fn finish(commit: bool) {
             } else {
                 0
             };
+            let resolved = commit.then(|| (committed_at, sync_hold::commit_lsn()));
+            let hold = sync_hold::limit();
             let (published, reached) = {
                 let mut guard = q.exclusive();
                 let core = guard.core();
-                core.resolve(
-                    &q.ring(),
-                    start,
-                    b.records.len() as u64,
-                    commit,
-                    committed_at,
-                );
-                (core.publish(&q.ring()), core.published)
+                core.resolve(&q.ring(), start, b.records.len() as u64, resolved);
+                (core.publish(&q.ring(), hold), core.published)
             };
             if published > 0 {
-                // The record at `published` is always PENDING when the lock is free, so a
-                // publish that numbered as many messages as this transaction committed
-                // numbered exactly its records; more means others' were waiting behind them.
+                // The record at `published` is always PENDING, or held for the standbys,
+                // when the lock is free, so a publish that numbered as many messages as
+                // this transaction committed numbered exactly its records; more means
+                // others' were waiting behind them.
                 let own = if commit { b.marks.len() as u64 } else { 0 };
                 if published == own {
                     let views: Vec<MessageView> = (0..b.marks.len())
