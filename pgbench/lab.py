@@ -258,6 +258,16 @@ def healthz(host):
     return out.stdout.strip()
 
 
+def wait_draining(after):
+    """Until both sidecars drain again (/healthz 200), at most 60 s each."""
+    for h in SIDECARS:
+        deadline = time.time() + 60
+        while healthz(h) != "200":
+            if time.time() > deadline:
+                raise RuntimeError(f"sidecar {h} not draining again within 60 s of {after}")
+            time.sleep(0.2)
+
+
 def cut(host, others, heal=False):
     """Blackhole routes between `host` and each of `others`, both ways (this kernel has no
     netem); `heal` removes them."""
@@ -427,12 +437,7 @@ def restart(a):
         out = as_postgres(primary, "pg_ctl", "-D", f"{LAB}/{primary}", "restart", "-m", "fast", "-w",
                           "-l", f"{LAB}/{primary}.restart.log", timeout=120)
         restarted_s = time.time() - t0
-        for h in SIDECARS:
-            deadline = time.time() + 60
-            while healthz(h) != "200":
-                if time.time() > deadline:
-                    raise RuntimeError(f"sidecar {h} not draining again within 60 s of the restart")
-                time.sleep(0.2)
+        wait_draining("the restart")
         back_s = time.time() - t0
         time.sleep(5)
         result = clients.stop()
@@ -482,12 +487,7 @@ def forced(a):
             time.sleep(0.5)
         failover_s = time.time() - t0
         cut(old, [standby, "mon"], heal=True)
-        for h in SIDECARS:
-            deadline = time.time() + 60
-            while healthz(h) != "200":
-                if time.time() > deadline:
-                    raise RuntimeError(f"sidecar {h} not draining the new primary within 60 s")
-                time.sleep(0.2)
+        wait_draining("the failover")
         time.sleep(5)
         result = clients.stop()
     audit = audited(PRIMARY)

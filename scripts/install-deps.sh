@@ -19,15 +19,8 @@ packages+=(python3-cryptography)
 # The docker-compose service definition's healthcheck is a curl command, run as written.
 packages+=(curl)
 
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing Debian packages: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+. "$(dirname "$0")/apt.sh"
+apt_install "${packages[@]}" || true
 
 export PATH="$HOME/.cargo/bin:$PATH"
 if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then

@@ -69,16 +69,10 @@ on_pg() {
 }
 
 install() {
-    local missing=()
-    for p in haproxy postgresql-15-auto-failover pg-auto-failover-cli nftables iproute2 openssl; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        echo "installing Debian packages: ${missing[*]}"
-        apt-get update -qq
+    . scripts/apt.sh
+    if apt_install haproxy postgresql-15-auto-failover pg-auto-failover-cli nftables iproute2 openssl; then
         # The haproxy package starts its own service where an init system runs; the lab
         # starts its own HAProxy in the edge host, so stop any that the install started.
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
         service haproxy stop >/dev/null 2>&1 || true
     fi
     # The release builds (nothing to do when they are current), and realtime-js with the
@@ -291,23 +285,23 @@ up() {
         "databases $(addr db1) $(addr db2), monitor $(addr mon); files in $LAB"
 }
 
+# signal_all SIGNAL SECONDS: the signal to every process in the hosts' cgroups, then wait
+# (at most SECONDS) until none is left.
+signal_all() {
+    local pids deadline=$((SECONDS + $2))
+    pids=$(cat "$CG"/*/cgroup.procs 2>/dev/null || true)
+    [ -z "$pids" ] || kill "-$1" $pids 2>/dev/null || true
+    while [ -n "$(cat "$CG"/*/cgroup.procs 2>/dev/null)" ] && [ "$SECONDS" -lt "$deadline" ]; do
+        sleep 0.2
+    done
+}
+
 # Every process of every host, by PID from the hosts' cgroups: SIGTERM (the keepers stop
 # their Postgres with it), then SIGKILL after 20 s; then the hosts and cgroups.
 down() {
-    local pids deadline
     if [ -d "$CG" ]; then
-        pids=$(cat "$CG"/*/cgroup.procs 2>/dev/null || true)
-        [ -z "$pids" ] || kill -TERM $pids 2>/dev/null || true
-        deadline=$((SECONDS + 20))
-        while [ -n "$(cat "$CG"/*/cgroup.procs 2>/dev/null)" ] && [ "$SECONDS" -lt "$deadline" ]; do
-            sleep 0.2
-        done
-        pids=$(cat "$CG"/*/cgroup.procs 2>/dev/null || true)
-        [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
-        deadline=$((SECONDS + 10))
-        while [ -n "$(cat "$CG"/*/cgroup.procs 2>/dev/null)" ] && [ "$SECONDS" -lt "$deadline" ]; do
-            sleep 0.2
-        done
+        signal_all TERM 20
+        signal_all KILL 10
         for d in "$CG"/*/; do [ -d "$d" ] && rmdir "$d"; done
         rmdir "$CG"
     fi
