@@ -472,10 +472,14 @@ def forced(a):
                 raise RuntimeError(f"no commit on {old} ever waited for the standby")
             time.sleep(0.2)
         time.sleep(2)
-        rows, _ = sql("select count(*) filter (where pg_cancel_backend(pid)) from pg_stat_activity "
-                      "where wait_event = 'SyncRep'", dsn=direct)
-        cancelled = int(rows[0][0])
-        time.sleep(1)
+        rows, _ = sql("select pid from pg_stat_activity where wait_event = 'SyncRep' and pg_cancel_backend(pid)",
+                      dsn=direct)
+        cancelled = len(rows)
+        # Until the cancelled commits have finished locally (at most 10 s).
+        pids = ",".join(r[0] for r in rows) or "0"
+        deadline = time.time() + 10
+        while int(sql(f"{waiting} and pid in ({pids})", dsn=direct)[0][0][0]) and time.time() < deadline:
+            time.sleep(0.1)
         rows, _ = sql("select pending_bytes, last_seq from realtime.stats()", dsn=direct)
         held_bytes = int(rows[0][0])
         stop = as_postgres(old, "pg_ctl", "-D", f"{LAB}/{old}", "stop", "-m", "fast", timeout=60)

@@ -22,6 +22,7 @@
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import readline from 'node:readline';
+import { parseArgs } from 'node:util';
 import { fileURLToPath } from 'node:url';
 
 // The packages the end-to-end tests install (sidecar/e2e/package.json, pinned there).
@@ -32,16 +33,17 @@ const pg = require('pg');
 const { SignJWT } = require('jose');
 
 function options() {
-  const o = { clients: 100, topics: 50, rate: 100, prefix: 'lab', settle: 30 };
-  const argv = process.argv.slice(2);
-  for (let i = 0; i < argv.length; i += 2) {
-    const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
-    o[key] = argv[i + 1];
-  }
-  for (const k of ['clients', 'topics', 'rate', 'settle']) o[k] = Number(o[k]);
-  o.sources = o.sources ? o.sources.split(',') : [];
-  o.dbHosts = o.dbHosts.split(',');
-  return o;
+  const string = { type: 'string' };
+  const { values } = parseArgs({
+    options: { url: string, secret: string, sources: string, 'db-hosts': string, clients: string, topics: string,
+      rate: string, prefix: string, settle: string },
+  });
+  return {
+    url: values.url, secret: values.secret, prefix: values.prefix ?? 'lab',
+    clients: Number(values.clients ?? 100), topics: Number(values.topics ?? 50), rate: Number(values.rate ?? 100),
+    settle: Number(values.settle ?? 30),
+    sources: values.sources ? values.sources.split(',') : [], dbHosts: values['db-hosts'].split(','),
+  };
 }
 
 const o = options();

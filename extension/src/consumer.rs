@@ -461,14 +461,15 @@ fn wait(
         let batch = g
             .core()
             .read_batch(&ring, start, max_messages, MAX_BATCH_BYTES, buf);
-        (gap, batch)
+        // Under the same lock: whether a record is held for the synchronous standbys.
+        (gap, batch, g.core().held(&ring))
     };
     // This slot's own variable: a publish broadcasts it only when there is something here
     // for this consumer (`wake.rs`).
     let cv = q.slot_cv(q.slot_index(slot));
     let mut sleeping = false;
     let found = loop {
-        let (gap, batch) = read(buf);
+        let (gap, batch, held) = read(buf);
         let found = gap.is_some() || batch.count > 0;
         if found && !*lingered && batch.count < max_messages {
             // Under load, one wake-up per commit costs the consumer (and the 2 cores writers
@@ -487,10 +488,10 @@ fn wait(
         }
         // A record held for the synchronous standbys is published here once they have it
         // (nothing else says when their flush moved): until then, look again every POLL.
-        let nap = match sync_hold::release(q, &ring) {
-            Held::Released => continue,
-            Held::Waiting => remaining.min(sync_hold::POLL),
-            Held::Nothing => remaining,
+        let nap = match held.map(|lsn| sync_hold::release(q, &ring, lsn)) {
+            Some(Held::Released) => continue,
+            Some(Held::Waiting) => remaining.min(sync_hold::POLL),
+            None => remaining,
         };
         unsafe {
             if !sleeping {

@@ -26,7 +26,8 @@
 //!
 //! Who publishes a held record once the standbys have it: the next commit's callback, or a
 //! drain that found nothing to read and sees a held record (`release`): it polls every
-//! `POLL` while one is held, since no callback tells it that a standby's flush moved.
+//! `POLL` while one is held, since no callback tells it that a standby's flush moved. A
+//! commit that ends held wakes every drain, so that those asleep start polling.
 
 use crate::queue::Ring;
 use crate::shared::QueueShared;
@@ -77,10 +78,8 @@ pub fn commit_lsn() -> u64 {
     }
 }
 
-/// What a drain that found nothing to read learns about held records.
+/// What a drain that found a record held (commit LSN `lsn`) and nothing to read does next.
 pub enum Held {
-    /// None is held.
-    Nothing,
     /// Held records were published now: read again.
     Released,
     /// A record is still held: look again after `POLL`.
@@ -89,26 +88,24 @@ pub enum Held {
 
 /// Publishes the held records the standbys now have (or all of them, when synchronous
 /// standbys are no longer defined), waking the drains with work from them.
-pub fn release(q: &QueueShared, ring: &Ring) -> Held {
-    let Some(lsn) = q.shared().core().held(ring) else {
-        return Held::Nothing;
-    };
+pub fn release(q: &QueueShared, ring: &Ring, lsn: u64) -> Held {
     if limit().is_some_and(|l| lsn > l) {
         return Held::Waiting;
     }
-    let (published, reached) = {
+    let (published, reached, still_held) = {
         let mut guard = q.exclusive();
         let core = guard.core();
-        (core.publish(ring, limit()), core.published)
+        let published = core.publish(ring, limit());
+        (published, core.published, core.held(ring).is_some())
     };
-    if published == 0 {
-        // Another backend published them meanwhile, or what follows is still held.
-        return if q.shared().core().held(ring).is_some() {
-            Held::Waiting
-        } else {
-            Held::Released
-        };
+    if published > 0 {
+        wake::after_publish(q, reached, wake::Published::Others);
+        return Held::Released;
     }
-    wake::after_publish(q, reached, wake::Published::Others);
-    Held::Released
+    // Another backend published them meanwhile, or the first is still held.
+    if still_held {
+        Held::Waiting
+    } else {
+        Held::Released
+    }
 }

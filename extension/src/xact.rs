@@ -385,12 +385,19 @@ fn finish(commit: bool) {
             };
             let resolved = commit.then(|| (committed_at, sync_hold::commit_lsn()));
             let hold = sync_hold::limit();
-            let (published, reached) = {
+            let (published, reached, held) = {
                 let mut guard = q.exclusive();
                 let core = guard.core();
                 core.resolve(&q.ring(), start, b.records.len() as u64, resolved);
-                (core.publish(&q.ring(), hold), core.published)
+                let published = core.publish(&q.ring(), hold);
+                (published, core.published, core.held(&q.ring()).is_some())
             };
+            if published == 0 && held {
+                // Held for the synchronous standbys (`sync_hold.rs`): the drains asleep
+                // would not look again before their timeout; woken, they poll until the
+                // standbys have it.
+                wake::after_publish(q, reached, wake::Published::Others);
+            }
             if published > 0 {
                 // The record at `published` is always PENDING, or held for the standbys,
                 // when the lock is free, so a publish that numbered as many messages as

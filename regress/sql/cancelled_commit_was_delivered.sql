@@ -6,6 +6,7 @@
 -- standbys have its commit record (here no standby ever connects), or until there are no
 -- synchronous standbys.
 SELECT realtime.create_consumer('cancelled') AS base \gset
+SELECT realtime.create_consumer('asleep') >= 0 AS created;
 CREATE TABLE cancelled_rows (n int);
 -- This session's own commits must not wait for the missing standby.
 SET synchronous_commit = local;
@@ -16,6 +17,13 @@ SELECT dblink_connect('waiter', format('host=%s port=%s dbname=%s',
 -- Wait (bounded) until the writer's session and the checkpointer have the setting.
 SELECT wait_for($$(SELECT s FROM dblink('waiter', 'SHOW synchronous_standby_names') AS t(s text)) <> ''$$);
 CHECKPOINT;
+-- A drain of another consumer (a second session) asleep for up to 30 s: a commit that ends
+-- held must wake it, or it would not look again before its timeout, long after the
+-- standbys have it.
+SELECT dblink_connect('asleep', format('host=%s port=%s dbname=%s',
+    split_part(current_setting('unix_socket_directories'), ',', 1), current_setting('port'), current_database()));
+SELECT dblink_send_query('asleep', $$ SELECT payload::jsonb ->> 'n' FROM realtime.drain('asleep', NULL, 10, 30000) $$);
+SELECT wait_until_draining('asleep');
 -- The writer's transaction writes a row (a commit record to wait for) and sends a message.
 SELECT dblink_send_query('waiter', $$
     WITH w AS (INSERT INTO cancelled_rows VALUES (1) RETURNING n) SELECT realtime.send(jsonb_build_object('n', n), 'ev', 'cancelled', false) FROM w $$);
@@ -34,10 +42,17 @@ SELECT pending_bytes > 0 AS held, last_seq - :base AS published FROM realtime.st
 ALTER SYSTEM RESET synchronous_standby_names;
 SELECT pg_reload_conf();
 CHECKPOINT;
+-- The sleeping drain was woken when the commit ended held, and has looked again since: it
+-- publishes them itself (nothing else does here) and returns them.
+SELECT wait_for($$dblink_is_busy('asleep') = 0$$) AS asleep_drain_returned;
+SELECT * FROM dblink_get_result('asleep') AS t(n text);
+SELECT dblink_disconnect('asleep');
 SELECT array_agg(payload::jsonb ->> 'n' ORDER BY seq) FROM realtime.drain('cancelled', NULL, 10, 5000);
 SELECT pending_bytes FROM realtime.stats();
 SELECT dblink_disconnect('waiter');
 RESET synchronous_commit;
 SELECT realtime.drop_consumer('cancelled');
+SELECT wait_until_released('asleep');
+SELECT realtime.drop_consumer('asleep');
 DROP TABLE cancelled_rows;
 SELECT count(*) FROM take();
