@@ -10,15 +10,18 @@ is 1 when any correctness check failed.
             overlap ≤ 1.02× the topics and they drain ≤ 1.05× what is published, nothing
             lost; a control row without the parameter (HAProxy's round robin) for comparison
   partition sc1 cut from both database hosts (blackhole routes both ways) while the proxy
-            still reaches it, for --cut seconds: its clients told within 7 s, its slot drained
-            again within 10 s of the heal, none of its old backends left 10 s after the
-            heal, nothing lost or sent twice, sc2's clients told nothing, and no client told
-            "available" more than once (realtime-js clients, pgbench/lab_clients.mjs)
+            still reaches it, for --cut seconds: its clients told within 7 s, their presence
+            gone from sc2's view within 4.5 s, its slot drained again within 10 s of the
+            heal, none of its old backends left 10 s after the heal, nothing lost or sent
+            twice, sc2's clients told nothing, no client told "available" more than once,
+            and no ghost (realtime-js clients, pgbench/lab_clients.mjs)
   switchover  a planned switchover (pg_autoctl perform switchover) under load: how long
             the publisher could not write, every client told (DatabaseRestarted live, both
             sidecars), no message lost silently (acknowledged to the publisher, not received,
             and no notice covering it: a notice covers what was committed on the old primary
-            only), no message received whose transaction the new primary lacks (its audit row)
+            only), no message received whose transaction the new primary lacks (its audit
+            row); every failover also judges presence: every view whole again within 5 s of
+            the sidecars draining again, and no ghost at the end
   standby   the pg_auto_failover secondary refuses realtime.send and consumer creation
   restart   the primary restarted under load: every client told, none disconnected by the
             proxy, nothing lost silently; not in --short
@@ -27,6 +30,18 @@ is 1 when any correctness check failed.
             is stopped fast, and the standby is promoted; every client told, nothing lost
             silently, and no message received whose transaction the new primary lacks (the
             commits that finished locally on the old primary); not in --short
+  unplugged-primary  the primary's cable pulled under load: the standby promoted, every
+            client told, nothing lost silently, no message the new primary lacks; plugged in
+            again, it rejoins as the standby; not in --short
+  async     the forced case again with the standby asynchronous (replication-quorum false):
+            figures of the trade-off (what clients received that the new primary lacks),
+            not judged; not in --short
+  killed, unplugged, restarted  sc1 killed (SIGKILL), its cable pulled for 20 s, or
+            restarted for a deploy (drained in HAProxy, SIGTERM, started, ready): its clients
+            live again within 15 s (p99) with recovered: true and nothing lost, its presence
+            gone from sc2's view within 4.5 s, no ghost; not in --short
+  third     sc3 started and enabled in HAProxy under load: no connected client moves, new
+            ones spread over the three, nothing lost; not in --short
   cost      the primary's CPU per message and the drains' wake-ups per message at 0, 1, 2, 4
             and 8 sidecar processes (half on each sidecar host, clients routed to each
             process by topic, 2 per topic), at one message rate (pgbench at a fixed rate):
@@ -52,13 +67,24 @@ import harness  # noqa: E402
 LAB = os.environ.get("LAB_DIR", "/var/tmp/pg_realtime_lab")
 NS = "rtlab"
 CG = f"/sys/fs/cgroup/cpuacct/{NS}"
-ADDR = {"db1": "198.18.0.11", "db2": "198.18.0.12", "mon": "198.18.0.13", "sc1": "198.18.0.21",
-        "sc2": "198.18.0.22", "edge": "198.18.0.31"}
+# The lab's hosts, client sources and secret, as `scripts/lab.sh up` wrote them (`load`).
+ADDR, SOURCES, SECRET, PROXY, PRIMARY = {}, [], "", "", ""
 SIDECARS = ("sc1", "sc2")
-PROXY = f"ws://{ADDR['edge']}:8080"
-SOURCES = [f"198.18.{k}.1" for k in range(1, 21)]
-SECRET = os.environ.get("LAB_SECRET", "lab-secret-with-enough-length-for-hs256")
-PRIMARY = f"host={ADDR['db1']},{ADDR['db2']} port=5432 user=postgres dbname=postgres target_session_attrs=read-write"
+
+
+def load():
+    global SECRET, PROXY, PRIMARY
+    try:
+        with open(f"{LAB}/lab.json") as f:
+            lab = json.load(f)
+    except FileNotFoundError:
+        sys.exit(f"lab: no {LAB}/lab.json: scripts/lab.sh up first")
+    ADDR.update(lab["hosts"])
+    SOURCES[:] = lab["sources"]
+    SECRET = lab["secret"]
+    PROXY = f"ws://{ADDR['edge']}:8080"
+    PRIMARY = f"host={ADDR['db1']},{ADDR['db2']} port=5432 user=postgres dbname=postgres target_session_attrs=read-write"
+
 
 results = []
 
@@ -71,9 +97,10 @@ def on(host, cmd, **kw):
     return subprocess.run(wrapped, **kw)
 
 
-def sql(query, host="edge", dsn=PRIMARY, check=True):
-    """Rows of `query` (lists of strings), run with psql on `host`."""
-    out = on(host, ["psql", "-X", "-q", "-At", "-F", "|", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-c", query],
+def sql(query, host="edge", dsn=None, check=True):
+    """Rows of `query` (lists of strings), run with psql on `host` (on the primary, unless
+    `dsn` says otherwise)."""
+    out = on(host, ["psql", "-X", "-q", "-At", "-F", "|", "-v", "ON_ERROR_STOP=1", "-d", dsn or PRIMARY, "-c", query],
              capture_output=True, text=True, timeout=60)
     if check and out.returncode != 0:
         raise RuntimeError(f"psql on {host}: {out.stderr.strip()}")
@@ -84,6 +111,12 @@ def verdict(name, ok, figures, correctness=True):
     line = f"{name}: {'PASS' if ok else 'FAIL'}  {figures}"
     print(line, flush=True)
     results.append({"check": name, "pass": ok, "figures": figures, "correctness": correctness})
+
+
+def figures(name, text):
+    """A trade-off's figures: printed and kept, judged by nobody."""
+    print(f"{name}: FIGURES  {text}", flush=True)
+    results.append({"check": name, "pass": None, "figures": text, "correctness": False})
 
 
 def sanity():
@@ -181,8 +214,10 @@ def routing(a):
     rows = []
     for route in (True, False):
         before_c, before_e = consumers(), enqueued()
+        cpu0 = {h: cpu_seconds(h) for h in (*SIDECARS, primary_host())} | {"haproxy": haproxy_cpu_seconds()}
         r, peak = loadgen(a.clients, a.topics, a.rate, a.seconds, route, "routed" if route else "roundrobin")
         after_c, after_e = consumers(), enqueued()
+        cpu = {h: cpu_seconds(h) - c if h != "haproxy" else haproxy_cpu_seconds() - c for h, c in cpu0.items()}
         published = after_e - before_e
         drained = sum(after_c[n]["delivered"] - before_c[n]["delivered"] for n in SIDECARS)
         keys = sum(peak["listening"].get(n, 0) for n in SIDECARS)
@@ -192,11 +227,19 @@ def routing(a):
                "failed": r["failed_connections"] + r["closed_early"], "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"],
                "received": r["received"]}
         rows.append(row)
+        # Per-unit costs for the paper estimate (sidecar/README.md): the run includes the
+        # clients' connections and joins.
+        deliveries = max(r["received"], 1)
+        sidecar_us = 1e6 * sum(cpu[h] for h in SIDECARS) / deliveries
+        proxy_us = 1e6 * cpu["haproxy"] / deliveries
+        primary_us = 1e6 * cpu[next(h for h in cpu if h.startswith("db"))] / max(published, 1)
         print(f"  {'routed by url_param' if route else 'round robin (control)'}: clients per sidecar "
               f"{sessions[0]:,}/{sessions[1]:,}, keys listened {keys:,} for {a.topics:,} topics "
               f"(overlap {row['overlap']:.2f}), drained {drained:,} of {published:,} published "
               f"(amplification {row['amplification']:.2f}), received {r['received']:,}, lost {r['lost']:,}, "
-              f"failed connections {row['failed']}, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms", flush=True)
+              f"failed connections {row['failed']}, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms; CPU: sidecars "
+              f"{sidecar_us:.1f} µs a delivery, HAProxy {proxy_us:.1f} µs a delivery, the primary {primary_us:.1f} µs a "
+              "message", flush=True)
     routed, control = rows
     balance = max(routed["sessions"]) / max(min(routed["sessions"]), 1)
     ok = (routed["overlap"] <= 1.02 and routed["amplification"] <= 1.05 and routed["lost"] == 0
@@ -210,11 +253,15 @@ class Clients:
     """`with Clients(n, topics, rate) as c:` pgbench/lab_clients.mjs on the edge host, its
     clients joined on entry; `c.publish()`, then `c.stop()` returns its result."""
 
-    def __init__(self, n, topics, rate, prefix, settle=30):
+    def __init__(self, n, topics, rate, prefix, settle=30, presence=True):
+        """With `presence`, each client tracks itself and one watcher a topic watches the
+        topic's presence straight on sc2 (the checks' faults fall on sc1 or the database)."""
         self.cmd = ["node", f"{harness.HERE}/lab_clients.mjs", "--url", PROXY,
                     "--clients", n, "--topics", topics, "--rate", rate, "--prefix", prefix, "--settle", settle,
                     "--sources", ",".join(SOURCES), "--secret", SECRET,
                     "--db-hosts", f"{ADDR['db1']},{ADDR['db2']}"]
+        if presence:
+            self.cmd += ["--presence", "--watch", f"ws://{ADDR['sc2']}:4000"]
 
     def __enter__(self):
         wrapped = ["bash", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', f"{CG}/edge",
@@ -258,14 +305,24 @@ def healthz(host):
     return out.stdout.strip()
 
 
-def wait_draining(after):
-    """Until both sidecars drain again (/healthz 200), at most 60 s each."""
-    for h in SIDECARS:
-        deadline = time.time() + 60
-        while healthz(h) != "200":
-            if time.time() > deadline:
-                raise RuntimeError(f"sidecar {h} not draining again within 60 s of {after}")
-            time.sleep(0.2)
+def wait_draining(after, down_first=False):
+    """Until both sidecars drain again (/healthz 200), at most 60 s. With `down_first`, a
+    sidecar counts once it has been seen not draining and then draining (or after 10 s
+    without a 503: right after a quick restart it may not have noticed yet, or may have
+    come back between two looks)."""
+    start = time.time()
+    seen_down = {h: not down_first for h in SIDECARS}
+    back = set()
+    while back != set(SIDECARS):
+        for h in set(SIDECARS) - back:
+            code = healthz(h)
+            if code != "200":
+                seen_down[h] = True
+            elif seen_down[h] or time.time() > start + 10:
+                back.add(h)
+        if time.time() > start + 60:
+            raise RuntimeError(f"sidecars {sorted(set(SIDECARS) - back)} not draining again within 60 s of {after}")
+        time.sleep(0.05)
 
 
 def cut(host, others, heal=False):
@@ -293,6 +350,72 @@ def judge_clients(result, fault_at, prefix):
                      "told_after": (told[0] - fault_at) / 1000 if told else None, "available": len(available),
                      "reconnects": len(c["servers"]) - 1})
     return rows
+
+
+def expected_keys(result):
+    """Each topic's presence keys: its clients, each tracking itself as c<i>."""
+    keys = {}
+    for i, c in enumerate(result["clients"]):
+        keys.setdefault(c["topic"], set()).add(f"c{i}")
+    return keys
+
+
+def ghosts(result):
+    """At the end, per watcher: keys in its view that no client tracks, keys tracked more
+    than once (a lost session's meta left beside the new one) and keys missing."""
+    keys = expected_keys(result)
+    extra = twice = missing = 0
+    for w in result["watchers"]:
+        view, want = w["view"], keys.get(w["topic"], set())
+        extra += len(set(view) - want)
+        twice += sum(1 for k in want & set(view) if len(view[k]) > 1)
+        missing += len(want - set(view))
+    return {"extra": extra, "twice": twice, "missing": missing, "ok": extra == twice == missing == 0,
+            "figures": f"ghosts {extra}, keys twice {twice}, missing {missing}"}
+
+
+def presence_gone(result, fault_at, server="sc1"):
+    """How soon the metas that the clients on `server` tracked before the fault left the
+    watchers' views (on sc2): per meta, the first sync after the fault without its ref.
+    Returns (seconds of the slowest, metas never gone, metas watched)."""
+    on_server = {f"c{i}" for i, c in enumerate(result["clients"])
+                 if [s for t, s in c["servers"] if t < fault_at][-1:] == [server]}
+    slowest, never, watched = 0.0, 0, 0
+    for w in result["watchers"]:
+        before = [v for t, v in w["syncs"] if t < fault_at]
+        if not before:
+            continue
+        for key, refs in before[-1].items():
+            if key not in on_server:
+                continue
+            for ref in refs:
+                watched += 1
+                gone = next((t for t, v in w["syncs"] if t >= fault_at and ref not in v.get(key, [])), None)
+                if gone is None:
+                    never += 1
+                else:
+                    slowest = max(slowest, (gone - fault_at) / 1000)
+    return slowest, never, watched
+
+
+def presence_converged(result, since, fault_at):
+    """After `since` (ms): how long until every watcher's view was whole again for good
+    (each of its topic's clients once); and how many keys left the view after `fault_at`
+    (ms: the flicker a new database session makes, a leave and a join)."""
+    keys = expected_keys(result)
+    slowest, flickered = 0.0, 0
+    for w in result["watchers"]:
+        want = keys.get(w["topic"], set())
+        whole = lambda v: set(v) == want and all(len(r) == 1 for r in v.values())  # noqa: E731
+        # The view as it stood at `since`, then every sync after.
+        syncs = [(t, v) for t, v in w["syncs"] if t < since][-1:] + [(t, v) for t, v in w["syncs"] if t >= since]
+        last_broken = max((i for i, (_, v) in enumerate(syncs) if not whole(v)), default=None)
+        if last_broken is not None and last_broken + 1 < len(syncs):
+            slowest = max(slowest, (syncs[last_broken + 1][0] - since) / 1000, 0.0)
+        elif last_broken is not None:
+            slowest = float("inf")
+        flickered += len({k for t, v in w["syncs"] if t >= fault_at for k in want if k not in v})
+    return slowest, flickered
 
 
 def partition(a):
@@ -328,18 +451,25 @@ def partition(a):
     twice = sum(r["twice"] for r in rows)
     told_sc2 = sum(1 for r in on_sc2 if r["told_after"] is not None)
     flips = max((r["available"] for r in rows), default=0)
+    gone_s, never, watched = presence_gone(result, t0 * 1000)
+    back_s, flickered = presence_converged(result, t_healed * 1000, t0 * 1000)
+    g = ghosts(result)
     print(f"  cut {a.cut} s: clients on sc1 {len(on_sc1)}, on sc2 {len(on_sc2)}; published "
           f"{sum(result['published']):,} (publisher errors {result['publish_errors']}); sc1 /healthz 503 after "
           f"{t_503 if t_503 is None else round(t_503, 1)} s; told after (max) "
           f"{round(max(told), 1) if told else None} s; slot drained again {t_200 if t_200 is None else round(t_200, 1)} s "
           f"after the heal; old backends left at heal + 10 s {len(stale)} of {len(old)}", flush=True)
+    print(f"  presence: {watched} metas of sc1's clients watched on sc2, back in every view {back_s:.1f} s after "
+          f"the heal ({flickered} keys left and joined again)", flush=True)
     ok = (len(on_sc1) > 0 and len(told) == len(on_sc1) and max(told) <= 7 and t_200 is not None and t_200 <= 10
-          and not stale and lost == 0 and twice == 0 and told_sc2 == 0 and flips <= 1)
+          and not stale and lost == 0 and twice == 0 and told_sc2 == 0 and flips <= 1
+          and watched > 0 and never == 0 and gone_s <= 4.5 and g["ok"])
     verdict(f"partition {a.cut} s", ok,
             f"told {len(told)}/{len(on_sc1)} of sc1's clients, slowest {max(told) if told else 0:.1f} s (≤ 7), "
+            f"presence gone from sc2 {gone_s:.1f} s (≤ 4.5; never {never}), "
             f"drained again {t_200 if t_200 is None else round(t_200, 1)} s after heal (≤ 10), stale backends "
             f"{len(stale)}, lost {lost}, sent twice {twice}, sc2's clients told {told_sc2}, "
-            f"'available' notices per client ≤ {flips}")
+            f"'available' notices per client ≤ {flips}, {g['figures']}")
 
 
 def as_postgres(host, *args, timeout=120):
@@ -349,7 +479,7 @@ def as_postgres(host, *args, timeout=120):
              f"XDG_CONFIG_HOME={LAB}/xdg/config", f"XDG_DATA_HOME={LAB}/xdg/data", f"XDG_RUNTIME_DIR={LAB}/xdg/run",
              *args]
     return on(host, ["bash", "-c", 'mount --bind "$0" /var/run/postgresql && exec "$@"', f"{LAB}/run/{host}", *inner],
-              capture_output=True, text=True, timeout=timeout)
+              capture_output=True, text=True, errors="replace", timeout=timeout)
 
 
 def autoctl(*args, timeout=120):
@@ -374,11 +504,13 @@ def switchover(a):
         if out.returncode != 0:
             print(f"  pg_autoctl perform switchover failed: {out.stderr.strip()[-500:]}")
         after = monitor_states()
+        wait_draining("the switchover")
+        back_at = time.time()
         time.sleep(8)
         result = clients.stop()
     audit = audited(PRIMARY)
     prims = result["primaries"]
-    j = judge_failover(result, t0, prefix, audit)
+    j = judge_failover(result, t0, prefix, audit, back_at)
     failover_s = (prims[-1][1] / 1000 - t0) if len({h for h, _, _ in prims}) > 1 else None
     print(f"  primaries before {before}, after {after}; pg_autoctl perform switchover took {switched:.1f} s; publisher "
           f"wrote to {' then '.join(dict.fromkeys(h for h, _, _ in prims))}, first write to the new primary "
@@ -388,20 +520,24 @@ def switchover(a):
     verdict("switchover", ok, f"failover {failover_s if failover_s is None else round(failover_s, 1)} s, {j['figures']}")
 
 
-def judge_failover(result, t0, prefix, audit):
+def judge_failover(result, t0, prefix, audit, back_at):
     """Every client told (DatabaseRestarted live, or epoch_changed); a message acknowledged to
     the publisher whose transaction the new primary has (its audit row) but that a client
     never received, with no notice covering it, is lost silently (a notice covers what was
     committed on the old primary only); a message received whose audit row the new primary
     lacks was delivered from a transaction that did not survive. Messages whose transactions
     the new primary lacks and nobody received were lost with their transactions (the
-    publisher was told at most "might not have been replicated")."""
+    publisher was told at most "might not have been replicated"). Presence: every watcher's
+    view whole again within 5 s of `back_at` (both sidecars draining again; each sidecar's
+    new database session tracks its members again, a leave and a join), and no ghost at the
+    end."""
     prims = result["primaries"]
     # The topics' counters when the publisher first wrote to the new primary: what came
     # before was committed on the old one.
     boundary = prims[-1][2] if len(prims) > 1 else result["published"]
     published = result["published"]
     told = silent = covered = phantoms = gone = 0
+    phantom_messages = set()
     for c in result["clients"]:
         t = int(c["topic"][len(prefix) + 1:])
         got = {n for n, _ in c["received"]}
@@ -415,17 +551,24 @@ def judge_failover(result, t0, prefix, audit):
                 covered += 1
             else:
                 silent += 1
-        phantoms += sum(1 for n in got if (c["topic"], n) not in audit)
+        absent = {(c["topic"], n) for n in got if (c["topic"], n) not in audit}
+        phantoms += len(absent)
+        phantom_messages |= absent
     n = len(result["clients"])
-    return {"ok": told == n and silent == 0 and phantoms == 0,
+    converged_s, flickered = presence_converged(result, back_at * 1000, t0 * 1000)
+    g = ghosts(result)
+    return {"ok": told == n and silent == 0 and phantoms == 0 and converged_s <= 5 and g["ok"],
+            "phantoms": phantoms, "gone": gone,
             "figures": f"clients told {told}/{n}, lost silently {silent}, received but absent on the new primary "
-                       f"{phantoms}, lost and told {covered}, lost with their transaction {gone}"}
+                       f"{phantoms} ({len(phantom_messages)} messages), lost and told {covered}, lost with their transaction {gone}, presence "
+                       f"converged {converged_s:.1f} s after the sidecars drained again (≤ 5; {flickered} keys "
+                       f"flickered), {g['figures']}"}
 
 
 def restart(a):
-    """The primary restarted under load (pg_ctl restart -m fast): every client told that
-    the database restarted, none of them disconnected by the proxy (both sidecars are
-    marked down meanwhile: their /healthz is 503 while the database is away, and HAProxy
+    """The primary restarted under load (pg_ctl restart -m fast), still the primary after:
+    every client told that the database restarted, none of them disconnected by the proxy
+    (both sidecars are NOLB meanwhile: their /healthz is 503 while the database is away, and HAProxy
     keeps their connections), nothing lost silently."""
     prefix = "restart"
     primary = primary_host()
@@ -433,79 +576,326 @@ def restart(a):
         clients.publish()
         time.sleep(3)
         t0 = time.time()
-        # The new postmaster's output to a file: on our pipe it would keep it open.
+        # The new postmaster's output to a file: on our pipe it would keep it open. Its exit
+        # status is not the judge: pg_autoctl's keeper, which supervises the server, may
+        # start it first (then pg_ctl's start fails, and the server is up all the same); a
+        # plain stop would instead make the monitor fail over.
         out = as_postgres(primary, "pg_ctl", "-D", f"{LAB}/{primary}", "restart", "-m", "fast", "-w",
                           "-l", f"{LAB}/{primary}.restart.log", timeout=120)
         restarted_s = time.time() - t0
-        wait_draining("the restart")
+        wait_draining("the restart", down_first=True)
         back_s = time.time() - t0
-        time.sleep(5)
+        time.sleep(8)
         result = clients.stop()
-    j = judge_failover(result, t0, prefix, audited(PRIMARY))
+    direct = f"host={ADDR[primary]} port=5432 user=postgres dbname=postgres"
+    rows, _ = sql(f"select pg_postmaster_start_time() > to_timestamp({t0}), not pg_is_in_recovery()", dsn=direct)
+    restarted = rows[0] == ["t", "t"]
+    j = judge_failover(result, t0, prefix, audited(PRIMARY), t0 + back_s)
     dropped = sum(1 for c in result["clients"] if len(c["servers"]) > 1)
-    print(f"  {primary} restarted in {restarted_s:.1f} s ({'ok' if out.returncode == 0 else out.stderr.strip()[-200:]}), "
+    print(f"  pg_ctl restart of {primary} returned after {restarted_s:.1f} s ({'ok' if out.returncode == 0 else out.stderr.strip()[-120:]}); "
+          f"{primary} {'started again and still the primary' if restarted else 'NOT restarted as the primary'}, "
           f"both sidecars draining again {back_s:.1f} s after the start; published {sum(result['published']):,}, "
           f"publisher errors {result['publish_errors']}", flush=True)
-    verdict("restart", j["ok"] and dropped == 0 and out.returncode == 0,
+    verdict("restart", j["ok"] and dropped == 0 and restarted,
             f"clients disconnected {dropped}, {j['figures']}")
 
 
-def forced(a):
+def forced(a, synchronous=True):
     """The old primary cut off from its standby and the monitor while the sidecars (and the
     publisher) still reach it: its commits wait for the standby; some of those waits are
     cancelled, then the server is stopped fast (which terminates the rest): each of those
     commits finishes locally, and its messages must never reach a client, since the
-    promoted standby lacks them."""
-    prefix = "forced"
+    promoted standby lacks them. With `synchronous` false the standby is made asynchronous
+    first (replication-quorum false): the old primary's commits then finish at once for 5 s
+    before the stop, and what that costs is reported as figures, not judged."""
+    prefix = "forced" if synchronous else "async"
     old = primary_host()
     standby = next(h for h in ("db1", "db2") if h != old)
     direct = f"host={ADDR[old]} port=5432 user=postgres dbname=postgres"
     waiting = "select count(*) from pg_stat_activity where wait_event = 'SyncRep'"
+    if not synchronous:
+        replication_quorum(standby, old, False)
     with Clients(a.partition_clients, a.partition_topics, a.partition_rate, prefix) as clients:
         clients.publish()
         time.sleep(3)
+        # How the standby streamed just before the cut (sync or async, and how far behind).
+        streaming, _ = sql("select application_name, state, sync_state, pg_current_wal_lsn() - replay_lsn "
+                           "from pg_stat_replication", dsn=direct)
         t0 = time.time()
         cut(old, [standby, "mon"])
-        deadline = time.time() + 30
-        while int(sql(waiting, dsn=direct)[0][0][0]) == 0:
-            if time.time() > deadline:
-                raise RuntimeError(f"no commit on {old} ever waited for the standby")
-            time.sleep(0.2)
-        time.sleep(2)
-        rows, _ = sql("select pid from pg_stat_activity where wait_event = 'SyncRep' and pg_cancel_backend(pid)",
-                      dsn=direct)
-        cancelled = len(rows)
-        # Until the cancelled commits have finished locally (at most 10 s).
-        pids = ",".join(r[0] for r in rows) or "0"
-        deadline = time.time() + 10
-        while int(sql(f"{waiting} and pid in ({pids})", dsn=direct)[0][0][0]) and time.time() < deadline:
-            time.sleep(0.1)
+        cancelled = 0
+        if synchronous:
+            deadline = time.time() + 30
+            while int(sql(waiting, dsn=direct)[0][0][0]) == 0:
+                if time.time() > deadline:
+                    raise RuntimeError(f"no commit on {old} ever waited for the standby")
+                time.sleep(0.2)
+            time.sleep(2)
+            # Each cancelled on its own: one statement that both lists and cancels was once
+            # itself answered "canceling statement due to user request".
+            rows, _ = sql("select pid from pg_stat_activity where wait_event = 'SyncRep' "
+                          "and pid <> pg_backend_pid()", dsn=direct)
+            for (pid,) in rows:
+                sent, _ = sql(f"select pg_cancel_backend({int(pid)})", dsn=direct, check=False)
+                cancelled += sent == [["t"]]
+            # Until the cancelled commits have finished locally (at most 10 s).
+            pids = ",".join(r[0] for r in rows) or "0"
+            deadline = time.time() + 10
+            while int(sql(f"{waiting} and pid in ({pids})", dsn=direct)[0][0][0]) and time.time() < deadline:
+                time.sleep(0.1)
+        else:
+            # The window an asynchronous primary writes alone: its commits are acknowledged
+            # and delivered, and the standby never gets them.
+            time.sleep(5)
         rows, _ = sql("select pending_bytes, last_seq from realtime.stats()", dsn=direct)
         held_bytes = int(rows[0][0])
         stop = as_postgres(old, "pg_ctl", "-D", f"{LAB}/{old}", "stop", "-m", "fast", timeout=60)
         t_stopped = time.time() - t0
-        deadline = time.time() + 120
-        while monitor_states().get(standby) not in ("primary", "wait_primary", "single"):
-            if time.time() > deadline:
-                raise RuntimeError(f"{standby} was not promoted within 120 s: {monitor_states()}")
-            time.sleep(0.5)
+        wait_promoted(standby, 120)
         failover_s = time.time() - t0
         cut(old, [standby, "mon"], heal=True)
         wait_draining("the failover")
-        time.sleep(5)
+        back_at = time.time()
+        time.sleep(8)
         result = clients.stop()
     audit = audited(PRIMARY)
-    j = judge_failover(result, t0, prefix, audit)
+    j = judge_failover(result, t0, prefix, audit, back_at)
+    print(f"  before the cut, {old} streamed to: "
+          + (", ".join(f"{n} ({st}, {ss}, replay {lag} bytes behind)" for n, st, ss, lag in streaming) or "nobody"),
+          flush=True)
     print(f"  {old} cut from {standby} and the monitor: {cancelled} waiting commits cancelled, {held_bytes:,} bytes "
           f"held on {old} for the standby, stopped fast {t_stopped:.1f} s after the cut "
           f"({'ok' if stop.returncode == 0 else stop.stderr.strip()[-200:]}), {standby} promoted {failover_s:.1f} s "
           f"after it; published {sum(result['published']):,}, publisher errors {result['publish_errors']}", flush=True)
-    verdict("forced failover", j["ok"] and cancelled > 0,
-            f"failover {failover_s:.1f} s, {cancelled} stuck commits cancelled, {j['figures']}")
+    wait_pair()
+    if synchronous:
+        verdict("forced failover", j["ok"] and cancelled > 0,
+                f"failover {failover_s:.1f} s, {cancelled} stuck commits cancelled, {j['figures']}")
+    else:
+        replication_quorum(old, standby, True)
+        figures("forced failover, asynchronous", f"failover {failover_s:.1f} s, {j['figures']}")
+
+
+def replication_quorum(node, primary, on):
+    """pg_autoctl set node replication-quorum on `node` (the standby): false makes it
+    asynchronous, and the primary's synchronous_standby_names empty; waits (at most 60 s)
+    until the primary's setting says so."""
+    out = as_postgres(node, "pg_autoctl", "set", "node", "replication-quorum", "true" if on else "false",
+                      "--pgdata", f"{LAB}/{node}", timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"pg_autoctl set node replication-quorum on {node}: {out.stderr.strip()[-300:]}")
+    direct = f"host={ADDR[primary]} port=5432 user=postgres dbname=postgres"
+    deadline = time.time() + 60
+    while (sql("show synchronous_standby_names", dsn=direct)[0][0][0] != "") == (not on):
+        if time.time() > deadline:
+            raise RuntimeError(f"synchronous_standby_names on {primary} never followed replication-quorum {on}")
+        time.sleep(0.5)
+
+
+def wait_promoted(node, seconds):
+    deadline = time.time() + seconds
+    while monitor_states().get(node) not in ("primary", "wait_primary", "single"):
+        if time.time() > deadline:
+            raise RuntimeError(f"{node} was not promoted within {seconds} s: {monitor_states()}")
+        time.sleep(0.5)
+
+
+def wait_pair(seconds=240):
+    """Until the monitor reports a primary and a secondary again (an old primary rejoins as
+    the standby: pg_rewind, then streaming), so that the next check starts from the same
+    pair."""
+    deadline = time.time() + seconds
+    while sorted(monitor_states().values()) != ["primary", "secondary"]:
+        if time.time() > deadline:
+            raise RuntimeError(f"no primary and secondary within {seconds} s: {monitor_states()}")
+        time.sleep(1)
+
+
+def plug(host, up):
+    """The host's cable: its port on the bridge set down (unplugged) or up."""
+    subprocess.run(["ip", "-n", f"{NS}-sw", "link", "set", f"v-{host}", "up" if up else "down"], check=True)
+
+
+def unplugged_primary(a):
+    """The primary unplugged under load: the monitor promotes the standby; every client
+    told, nothing lost silently, no message whose transaction the new primary lacks,
+    presence whole again; then the old primary plugged back in rejoins as the standby."""
+    prefix = "unplug-db"
+    old = primary_host()
+    standby = next(h for h in ("db1", "db2") if h != old)
+    with Clients(a.partition_clients, a.partition_topics, a.partition_rate, prefix) as clients:
+        clients.publish()
+        time.sleep(3)
+        t0 = time.time()
+        plug(old, False)
+        try:
+            wait_promoted(standby, 180)
+            failover_s = time.time() - t0
+            wait_draining("the failover")
+            back_at = time.time()
+            time.sleep(8)
+        finally:
+            plug(old, True)
+        result = clients.stop()
+    j = judge_failover(result, t0, prefix, audited(PRIMARY), back_at)
+    print(f"  {old} unplugged: {standby} promoted {failover_s:.1f} s later, both sidecars draining again "
+          f"{back_at - t0:.1f} s after it; published {sum(result['published']):,}, publisher errors "
+          f"{result['publish_errors']}", flush=True)
+    wait_pair()
+    verdict("primary unplugged", j["ok"], f"failover {failover_s:.1f} s, {j['figures']}")
+
+
+def start_sidecar(host):
+    """The lab's sidecar on `host` (consumer `host`, port 4000), until its /healthz is 200
+    (at most 60 s)."""
+    subprocess.run(["scripts/lab.sh", "sidecar", host, host, "4000"], check=True, cwd=harness.ROOT)
+    deadline = time.time() + 60
+    while healthz(host) != "200":
+        if time.time() > deadline:
+            raise RuntimeError(f"sidecar {host} not draining within 60 s of its start")
+        time.sleep(0.2)
+
+
+def haproxy(command):
+    """One command on HAProxy's admin socket; its answer."""
+    import socket
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(f"{LAB}/haproxy.sock")
+        s.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def server_state(name):
+    """HAProxy's status of server `name` of the sidecars backend: UP, NOLB, DOWN, MAINT."""
+    for line in haproxy("show stat").splitlines():
+        f = line.split(",")
+        if len(f) > 17 and f[0] == "sidecars" and f[1] == name:
+            return f[17]
+    return None
+
+
+def sidecar_lost(a, how):
+    """sc1 lost under load: `killed` (SIGKILL), `unplugged` (its cable out for 20 s) or
+    `restarted` (a deploy: drained in HAProxy, SIGTERM, started again, ready). Its clients must be live again on
+    another sidecar within 15 s (p99) with `recovered: true` and nothing lost, its presence
+    metas gone from sc2's view within 4.5 s (the lease, 3 s, and the reaper's second), and
+    no ghost at the end."""
+    prefix = f"lost-{how}"
+    with Clients(a.partition_clients, a.partition_topics, a.partition_rate, prefix) as clients:
+        clients.publish()
+        time.sleep(3)
+        t0 = time.time()
+        if how == "killed":
+            with open(f"{LAB}/sc1.pid") as f:
+                os.kill(int(f.read()), 9)
+        elif how == "unplugged":
+            plug("sc1", False)
+        else:
+            # A rolling deploy as HAProxy's operators do one: the server drained first (no
+            # new clients), then stopped (its clients are closed with 1001 and reconnect to
+            # another), started again, and made ready.
+            haproxy("set server sidecars/sc1 state drain")
+            stop_pid_file("sc1")
+            start_sidecar("sc1")
+            haproxy("set server sidecars/sc1 state ready")
+        # The clients' time to come back (15 s) and more.
+        time.sleep(20)
+        if how == "killed":
+            start_sidecar("sc1")
+        elif how == "unplugged":
+            plug("sc1", True)
+        t_back = time.time()
+        deadline = time.time() + 60
+        while healthz("sc1") != "200":
+            if time.time() > deadline:
+                raise RuntimeError("sc1 not draining again within 60 s")
+            time.sleep(0.2)
+        time.sleep(3)
+        result = clients.stop()
+    rows = judge_clients(result, t0 * 1000, prefix)
+    lost = sum(r["lost"] for r in rows)
+    moved, live, recovered = 0, [], 0
+    for c in result["clients"]:
+        if [s for t, s in c["servers"] if t < t0 * 1000][-1:] != ["sc1"]:
+            continue
+        moved += 1
+        again = next((t for t, status, _ in c["statuses"] if t > t0 * 1000 and status == "SUBSCRIBED"), None)
+        live.append((again - t0 * 1000) / 1000 if again else float("inf"))
+        recovered += any(m.get("recovered") is True for t, m in c["systems"] if t > t0 * 1000)
+    live.sort()
+    p99 = live[min(len(live) - 1, int(0.99 * len(live)))] if live else float("inf")
+    # Where sc1's clients came back: sc2, or (a deploy quicker than realtime-js's first
+    # reconnect) the restarted sc1.
+    landed = {h: sum(1 for c in result["clients"] if len(c["servers"]) > 1 and c["servers"][0][1] == "sc1"
+                     and c["servers"][-1][1] == h) for h in ("sc1", "sc2")}
+    gone_s, never, watched = presence_gone(result, t0 * 1000)
+    g = ghosts(result)
+    print(f"  sc1 {how}: {moved} of {len(result['clients'])} clients were on it; live again p50 "
+          f"{live[len(live) // 2] if live else 0:.1f} s, p99 {p99:.1f} s, slowest {live[-1] if live else 0:.1f} s; "
+          f"back on sc2 {landed['sc2']}, on sc1 again {landed['sc1']}; sc1 draining again {time.time() - t_back:.1f} s after "
+          f"it was back; published {sum(result['published']):,}", flush=True)
+    ok = (moved > 0 and p99 <= 15 and recovered == moved and lost == 0 and watched > 0 and never == 0
+          and gone_s <= 4.5 and g["ok"])
+    verdict(f"sidecar {how}", ok,
+            f"clients live again p99 {p99:.1f} s (≤ 15) of {moved}, recovered: true {recovered}/{moved}, lost {lost}, "
+            f"presence gone from sc2 {gone_s:.1f} s (≤ 4.5; never {never} of {watched}), {g['figures']}")
+
+
+def third_added(a):
+    """A third sidecar host added under load (started, then `enable server` on HAProxy's
+    admin socket): no connected client moves, and new connections spread over the three,
+    the consistent hash giving the new one the keys it takes; nothing lost."""
+    with Clients(a.partition_clients, a.partition_topics, a.partition_rate, "grow-old", presence=False) as before:
+        before.publish()
+        time.sleep(2)
+        start_sidecar("sc3")
+        haproxy("enable server sidecars/sc3")
+        deadline = time.time() + 15
+        while server_state("sc3") != "UP":
+            if time.time() > deadline:
+                raise RuntimeError(f"HAProxy never marked sc3 up: {server_state('sc3')}")
+            time.sleep(0.2)
+        with Clients(a.partition_clients, a.partition_topics, a.partition_rate, "grow-new", presence=False) as after:
+            after.publish()
+            time.sleep(5)
+            r_after = after.stop()
+        r_before = before.stop()
+    haproxy("disable server sidecars/sc3")
+    stop_pid_file("sc3")
+    moved = sum(1 for c in r_before["clients"] if len(c["servers"]) != 1)
+    placed = {h: sum(1 for c in r_after["clients"] if c["servers"] and c["servers"][-1][1] == h) for h in
+              ("sc1", "sc2", "sc3")}
+    lost = (sum(r["lost"] for r in judge_clients(r_before, 0, "grow-old"))
+            + sum(r["lost"] for r in judge_clients(r_after, 0, "grow-new")))
+    verdict("third sidecar added", moved == 0 and placed["sc3"] > 0 and lost == 0,
+            f"connected clients moved {moved} of {len(r_before['clients'])}, new clients on sc1 {placed['sc1']}, "
+            f"sc2 {placed['sc2']}, sc3 {placed['sc3']}, lost {lost}")
 
 
 def primary_host():
     return next(h for h, state in monitor_states().items() if state in ("primary", "single", "wait_primary"))
+
+
+def haproxy_cpu_seconds():
+    """User and system CPU of the edge's HAProxy processes (the edge's cgroup also holds the
+    load generators)."""
+    total = 0
+    with open(f"{CG}/edge/cgroup.procs") as f:
+        pids = f.read().split()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() != "haproxy":
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(host):
@@ -642,11 +1032,19 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--short", action="store_true", help="the test suite's form: fewer clients, shorter runs")
     p.add_argument("--json", help="write every check's result here")
-    p.add_argument("--only", default="sanity,routing,partition,switchover,standby,restart,forced,cost", help="the checks to run, comma-separated")
+    p.add_argument("--only", default="sanity,routing,partition,switchover,standby,restart,forced,unplugged-primary,async,killed,unplugged,restarted,third,cost", help="the checks to run, comma-separated")
+    p.add_argument("--ladder", dest="ladder_only", help="the cost check's sidecar processes, comma-separated "
+                   "(default 0,1,2,4,8; the first must be 0)")
+    p.add_argument("--cost-rate", type=int, help="the cost check's message rate (default 2,000 a second)")
     a = p.parse_args()
+    load()
     a.clients, a.topics, a.rate, a.seconds = (400, 200, 200, 8) if a.short else (4000, 2000, 2000, 30)
     a.partition_clients, a.partition_topics, a.partition_rate = (100, 50, 100) if a.short else (400, 100, 200)
     a.ladder, a.cost_topics, a.cost_seconds = [0, 1, 2, 4, 8], 2000, 20
+    if a.ladder_only:
+        a.ladder = [int(n) for n in a.ladder_only.split(",")]
+    if a.cost_rate:
+        a.rate = a.cost_rate
     started = time.time()
     only = a.only.split(",")
     if "sanity" in only:
@@ -663,13 +1061,23 @@ def main():
         restart(a)
     if "forced" in only and not a.short:
         forced(a)
+    if "unplugged-primary" in only and not a.short:
+        unplugged_primary(a)
+    if "async" in only and not a.short:
+        forced(a, synchronous=False)
+    for how in ("killed", "unplugged", "restarted"):
+        if how in only and not a.short:
+            sidecar_lost(a, how)
+    if "third" in only and not a.short:
+        third_added(a)
     if "cost" in only and not a.short:
         cost(a)
-    print(f"lab: {sum(r['pass'] for r in results)} of {len(results)} checks passed in {time.time() - started:.0f} s")
+    checks = [r for r in results if r["pass"] is not None]
+    print(f"lab: {sum(r['pass'] for r in checks)} of {len(checks)} checks passed in {time.time() - started:.0f} s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
-    sys.exit(0 if all(r["pass"] or not r["correctness"] for r in results) else 1)
+    sys.exit(0 if all(r["pass"] or not r["correctness"] for r in checks) else 1)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,14 @@
 // its connection fails: a message whose statement failed is not counted, and is sent again
 // with the same n.
 //
+// With `--presence`, each client also tracks itself under the key `c<i>` every time its
+// channel is SUBSCRIBED (as apps do: realtime-js does not track again on a rejoin). With
+// `--watch URL`, one watcher a topic joins it directly on that sidecar (not through the
+// proxy) and records its view at every presence sync, with the time, and its final view, so a
+// check can see a lost sidecar's members leave the others' views, come back, and whether
+// any is left behind (a ghost: a key in the view that no connected client tracks, or a key
+// with more than one meta).
+//
 // stdin takes commands, one per line: `publish` starts the publisher, `stop` stops it and
 // then, once every client has what was published or `--settle` seconds passed, prints the
 // result as one JSON line and exits. stdout also gets `{"ready": ...}` once every client
@@ -36,12 +44,12 @@ function options() {
   const string = { type: 'string' };
   const { values } = parseArgs({
     options: { url: string, secret: string, sources: string, 'db-hosts': string, clients: string, topics: string,
-      rate: string, prefix: string, settle: string },
+      rate: string, prefix: string, settle: string, presence: { type: 'boolean' }, watch: string },
   });
   return {
     url: values.url, secret: values.secret, prefix: values.prefix ?? 'lab',
     clients: Number(values.clients ?? 100), topics: Number(values.topics ?? 50), rate: Number(values.rate ?? 100),
-    settle: Number(values.settle ?? 30),
+    settle: Number(values.settle ?? 30), presence: values.presence ?? false, watch: values.watch ?? null,
     sources: values.sources ? values.sources.split(',') : [], dbHosts: values['db-hosts'].split(','),
   };
 }
@@ -67,13 +75,13 @@ function transportFrom(local, record) {
 
 async function client(i, apikey) {
   const topic = `${o.prefix}-${i % o.topics}`;
-  const record = { topic, servers: [], statuses: [], systems: [], received: [], joinedAt: null };
+  const record = { topic, servers: [], statuses: [], systems: [], received: [], tracks: [], joinedAt: null };
   const c = new RealtimeClient(`${o.url}/realtime/v1`, {
     transport: transportFrom(o.sources.length ? o.sources[i % o.sources.length] : undefined, record),
     params: { apikey, route: topic },
   });
   await c.setAuth(apikey);
-  const channel = c.channel(topic, { config: { private: false } });
+  const channel = c.channel(topic, { config: { private: false, ...(o.presence ? { presence: { key: `c${i}` } } : {}) } });
   channel.on('broadcast', { event: 'n' }, (m) => {
     record.received.push([m.payload.n, m.meta?.replayed === true ? 1 : 0]);
     const { config } = channel.joinPush.payload();
@@ -85,6 +93,9 @@ async function client(i, apikey) {
   await new Promise((resolve) => {
     channel.subscribe((status, err) => {
       record.statuses.push([now(), status, err ? String(err.message ?? err) : null]);
+      if (status === 'SUBSCRIBED' && o.presence) {
+        channel.track({ i }).then((r) => record.tracks.push([now(), r]), (e) => record.tracks.push([now(), String(e)]));
+      }
       if (status === 'SUBSCRIBED' && record.joinedAt === null) {
         record.joinedAt = now();
         resolve();
@@ -92,6 +103,29 @@ async function client(i, apikey) {
     });
   });
   return { c, record };
+}
+
+/// A watcher of topic `t`'s presence, straight to the sidecar at `--watch`: at each sync,
+/// [time, its view], a view being {key: the refs of its metas, sorted}.
+async function watcher(t, apikey) {
+  const topic = `${o.prefix}-${t}`;
+  const record = { topic, syncs: [], statuses: [], servers: [] };
+  const c = new RealtimeClient(`${o.watch}/realtime/v1`, {
+    transport: transportFrom(o.sources.length ? o.sources[t % o.sources.length] : undefined, record),
+    params: { apikey },
+  });
+  await c.setAuth(apikey);
+  const channel = c.channel(topic, { config: { private: false, presence: { key: '' } } });
+  const view = () => Object.fromEntries(Object.entries(channel.presenceState())
+    .map(([k, metas]) => [k, metas.map((m) => m.presence_ref).sort()]));
+  channel.on('presence', { event: 'sync' }, () => record.syncs.push([now(), view()]));
+  await new Promise((resolve) => {
+    channel.subscribe((status) => {
+      record.statuses.push([now(), status]);
+      if (status === 'SUBSCRIBED') resolve();
+    });
+  });
+  return { c, record, view };
 }
 
 /// The publisher: per topic a counter; the next n of a topic is sent until acknowledged.
@@ -168,7 +202,21 @@ async function main() {
     for (let i = start; i < Math.min(start + 50, o.clients); i += 1) batch.push(client(i, apikey));
     clients.push(...(await Promise.all(batch)));
   }
-  out({ ready: now(), clients: clients.length });
+  const watchers = [];
+  if (o.watch) {
+    for (let start = 0; start < o.topics; start += 50) {
+      const batch = [];
+      for (let t = start; t < Math.min(start + 50, o.topics); t += 1) batch.push(watcher(t, apikey));
+      watchers.push(...(await Promise.all(batch)));
+    }
+  }
+  // Each topic's expected view: every client of it tracked once.
+  const expected = (t) => clients.filter(({ record }) => record.topic === `${o.prefix}-${t}`).length;
+  const whole = ({ view }, t) => {
+    const v = view();
+    return Object.keys(v).length === expected(t) && Object.values(v).every((refs) => refs.length === 1);
+  };
+  out({ ready: now(), clients: clients.length, watchers: watchers.length });
   let pub = null;
   const lines = readline.createInterface({ input: process.stdin });
   for await (const line of lines) {
@@ -181,15 +229,17 @@ async function main() {
       const stopped = now();
       const want = (r) => pub.published[Number(r.topic.slice(o.prefix.length + 1))];
       const complete = (r) => new Set(r.received.map(([n]) => n)).size >= want(r);
-      while (now() - stopped < o.settle * 1000 && !clients.every(({ record }) => complete(record))) {
+      const settled = () => clients.every(({ record }) => complete(record)) && watchers.every((w, t) => whole(w, t));
+      while (now() - stopped < o.settle * 1000 && !settled()) {
         await new Promise((r) => setTimeout(r, 200));
       }
       await out({ stopped, settled: now(), published: pub.published, publish_errors: pub.errors,
-        publisher_reconnects: pub.reconnects, primaries: pub.primaries, clients: clients.map(({ record }) => record) });
+        publisher_reconnects: pub.reconnects, primaries: pub.primaries, clients: clients.map(({ record }) => record),
+        watchers: watchers.map(({ record, view }) => ({ ...record, view: view() })) });
       break;
     }
   }
-  for (const { c } of clients) c.disconnect();
+  for (const { c } of [...clients, ...watchers]) c.disconnect();
   process.exit(0);
 }
 

@@ -19,6 +19,8 @@
 #   sc1 198.18.0.21, sc2 .22   the release sidecar, port 4000, a multi-host connection string
 #                              with target_session_attrs=read-write, TLS verified against
 #                              the lab's CA, TRUSTED_PROXIES = the edge
+#   sc3 198.18.0.23            a sidecar host made ready but not started, and its server
+#                              declared disabled in HAProxy: the host-loss checks add it
 #   edge 198.18.0.31           HAProxy on :8080 (balance url_param route, consistent hash,
 #                              X-Forwarded-For), the load generators, whose connections come
 #                              from 198.18.K.1 for K = 1..20: each its own /24, so the
@@ -38,12 +40,39 @@ NS=rtlab
 CG=/sys/fs/cgroup/cpuacct/$NS
 PGBIN=/usr/lib/postgresql/15/bin
 SECRET=lab-secret-with-enough-length-for-hs256
-HOSTS="db1:11 db2:12 mon:13 sc1:21 sc2:22 edge:31"
+HOSTS="db1:11 db2:12 mon:13 sc1:21 sc2:22 sc3:23 edge:31"
 CLIENT_NETS=20
 SIDECAR_BIN=${SIDECAR_BIN:-$root/target/release/realtime-sidecar}
 
-addr() { case $1 in db1) echo 198.18.0.11 ;; db2) echo 198.18.0.12 ;; mon) echo 198.18.0.13 ;;
-    sc1) echo 198.18.0.21 ;; sc2) echo 198.18.0.22 ;; edge) echo 198.18.0.31 ;; esac; }
+# A host's address (198.18.0.<its number in HOSTS>), and the edge's client source K.
+addr() {
+    local entry
+    for entry in $HOSTS; do
+        [ "${entry%%:*}" = "$1" ] && echo "198.18.0.${entry##*:}" && return
+    done
+    return 1
+}
+source_addr() { echo "198.18.$1.1"; }
+
+# What pgbench/lab.py needs to know of the lab, written once here: the hosts' addresses,
+# the client sources and the JWT secret, in $LAB/lab.json.
+lab_file() {
+    local entry k sep=""
+    {
+        printf '{"secret": "%s", "hosts": {' "$SECRET"
+        for entry in $HOSTS; do
+            printf '%s"%s": "%s"' "$sep" "${entry%%:*}" "$(addr "${entry%%:*}")"
+            sep=", "
+        done
+        printf '}, "sources": ['
+        sep=""
+        for k in $(seq 1 "$CLIENT_NETS"); do
+            printf '%s"%s"' "$sep" "$(source_addr "$k")"
+            sep=", "
+        done
+        printf ']}\n'
+    } > "$LAB/lab.json"
+}
 
 # A command on host $1, in its namespace and cgroup, in its own session (so a terminal's
 # signals do not reach it); its children stay in the cgroup.
@@ -122,7 +151,7 @@ hosts_up() {
         mkdir -p "$CG/$h"
     done
     for k in $(seq 1 "$CLIENT_NETS"); do
-        ip -n "$NS-edge" addr add "198.18.$k.1/16" dev eth0
+        ip -n "$NS-edge" addr add "$(source_addr "$k")/16" dev eth0
     done
 }
 
@@ -148,13 +177,17 @@ tcp_keepalives_idle = 5
 tcp_keepalives_interval = 2
 tcp_keepalives_count = 3
 tcp_user_timeout = 10000
+# The standby tries its primary again after half a second, not the default 5 s: while a
+# synchronous standby is away every commit waits, and with it every message and presence
+# change (after a restart of the primary, presence took 5 s to settle).
+wal_retrieve_retry_interval = 500ms
 EOF
     # The load generators publish from the edge without TLS (their client has none); the
     # sidecars' connections are TLS (pg_autoctl's --pg-hba-lan lines are hostssl).
     # The sidecars' login, TLS only, from the sidecar hosts alone.
     {
         echo "host all all $(addr edge)/32 trust"
-        for h in sc1 sc2; do echo "hostssl postgres realtime_sidecar $(addr "$h")/32 trust"; done
+        for h in sc1 sc2 sc3; do echo "hostssl postgres realtime_sidecar $(addr "$h")/32 trust"; done
     } >> "$LAB/db1/pg_hba.conf"
     for h in db1 db2; do
         on_pg "$h" pg_autoctl create postgres --pgdata "$LAB/$h" --pgport 5432 --hostname "$(addr "$h")" \
@@ -254,15 +287,25 @@ backend sidecars
     http-response set-header X-Served-By %[srv_name]
     option redispatch
     retries 2
-    # /healthz is 503 while this sidecar cannot drain; a sidecar marked down takes no new
-    # clients, and its connected ones are left to it (no on-marked-down shutdown-sessions:
-    # when the database is away for everyone every sidecar is down at once, and cutting
-    # their clients would empty the house).
+    # Two states of a sick sidecar, told apart. /healthz is 503 while it cannot drain (cut
+    # off from the database, or the database away for everyone): the server goes to NOLB
+    # (error-status L7OKC), which takes no new clients and keeps its connected ones, who are
+    # told by the sidecar itself; during a failover every sidecar is NOLB at once and no
+    # client is cut. No answer at all (the process killed, the host unplugged) fails the
+    # check: after two the server is down and its sessions are shut (on-marked-down
+    # shutdown-sessions), so its clients reconnect at once and land on another sidecar,
+    # instead of waiting for realtime-js's heartbeat to notice.
     option httpchk GET /healthz
-    http-check expect status 200
-    default-server inter 1s fall 2 rise 2 weight 100
+    http-check expect status 200,503
+    http-check expect status 200 error-status L7OKC
+    timeout check 1s
+    default-server inter 1s fall 2 rise 2 weight 100 on-marked-down shutdown-sessions
     server sc1 $(addr sc1):4000 check
     server sc2 $(addr sc2):4000 check
+    # A third sidecar host, ready for the checks to add ("enable server sidecars/sc3" on the
+    # admin socket): consistent hashing moves only the keys it takes, and only for new
+    # connections.
+    server sc3 $(addr sc3):4000 check disabled
 EOF
     on edge haproxy -W -db -f "$LAB/haproxy.cfg" > "$LAB/haproxy.log" 2>&1 &
     wait_for 15 "HAProxy" on edge curl -sf "http://$(addr edge):8080/healthz"
@@ -278,6 +321,7 @@ up() {
     mkdir -p "$LAB"
     certificates
     hosts_up
+    lab_file
     database_up
     sidecars_up
     proxy_up

@@ -5,38 +5,6 @@ mod common;
 
 use common::*;
 use serde_json::Value;
-use std::process::Command;
-
-fn restart_postgres() {
-    let pgdata = std::env::var("PG_REALTIME_TEST_PGDATA")
-        .expect("PG_REALTIME_TEST_PGDATA (set by scripts/test.sh)");
-    let pg_ctl = format!(
-        "{}/pg_ctl",
-        String::from_utf8(
-            Command::new("pg_config")
-                .arg("--bindir")
-                .output()
-                .unwrap()
-                .stdout
-        )
-        .unwrap()
-        .trim()
-    );
-    let log = format!("{pgdata}/../restart.log");
-    // The restarted postmaster must not inherit the test's stdout and stderr.
-    let ok = Command::new("runuser")
-        .args([
-            "-u", "postgres", "--", &pg_ctl, "-D", &pgdata, "-l", &log, "-m", "fast", "-w",
-            "restart",
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "pg_ctl restart");
-}
 
 async fn next_system(c: &mut Client) -> Value {
     loop {

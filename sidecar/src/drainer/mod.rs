@@ -158,6 +158,8 @@ fn hand_out(s: &mut Session, to: Destinations<'_>, metrics: &Metrics, entries: V
                     "messages were evicted before this sidecar read them"
                 );
                 hub.system_all(&Notice::MessagesLost { first, last });
+                // Presence diffs may be among them: the views are read again.
+                to.presence.reload_all();
             }
             // Messages for other sidecars' topics were read through up to here
             // (`interest`): nothing to hand out, but the position moves past them.

@@ -121,6 +121,9 @@ impl Session {
                 // so what was committed since the restart, before this reconnect, is delivered.
                 pos = 0;
                 hub.system_all(&Notice::DatabaseRestarted);
+                // Presence diffs of the old queue not drained are gone: read the views
+                // again from the new primary's table.
+                to.presence.reload_all();
             }
             Some(_) => {
                 // The slot confirms a batch at the next drain call; one handed out just before

@@ -365,6 +365,40 @@ impl Views {
         self.metrics.presence_diffs_applied_total.increment(1);
     }
 
+    /// Forgets every view and loads each one again, keeping its channels, which are sent
+    /// the loaded state as a new `presence_state`. The drainer calls it when diffs it never
+    /// read are gone: the queue began a new epoch (Postgres restarted or failed over: what
+    /// the old queue held undrained went with it, and an asynchronous standby promoted
+    /// without the old primary's last transactions lacks members these views hold), or a
+    /// gap (evicted records). Nothing drained can then be trusted to move the views to the
+    /// table's truth, so the table is read again. A client's presence diffs its view against
+    /// a new state (Phoenix's `syncState`): a member the database lacks leaves, one it
+    /// gained joins.
+    pub fn reload_all(&self) {
+        let mut guard = self.topics.lock().unwrap();
+        let Topics { views, dirty } = &mut *guard;
+        dirty.clear();
+        let mut members = 0;
+        let mut loads = Vec::with_capacity(views.len());
+        for (key, view) in views.iter_mut() {
+            members += view.members.len();
+            let load = self
+                .next_load
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut fresh = View::loading(load);
+            fresh.waiting = std::mem::take(&mut view.waiting);
+            fresh.waiting.extend(view.watchers.drain());
+            *view = fresh;
+            loads.push((key.clone(), load));
+        }
+        drop(guard);
+        self.metrics.presence_members.decrement(members as f64);
+        if !loads.is_empty() {
+            self.to_load.lock().unwrap().extend(loads);
+            self.wake.notify_one();
+        }
+    }
+
     /// The topics to load, taken by the worker.
     pub fn take_loads(&self) -> Vec<(TopicKey, u64)> {
         let mut to_load = self.to_load.lock().unwrap();
@@ -590,6 +624,57 @@ mod tests {
                 json!({"joins": {"di": {"metas": [{"typing": true, "phx_ref": "p4"}]}}, "leaves": {}})
             )]
         );
+    }
+
+    /// Issue 42: a leave committed on a primary that then restarted (or failed over) before
+    /// this sidecar drained it went with the old queue, and the view kept the member for
+    /// ever (a ghost on every watcher); with an asynchronous standby promoted, so did a
+    /// member the new primary never had.
+    #[test]
+    fn a_reload_sends_the_table_s_state_and_a_member_whose_leave_was_lost_leaves() {
+        let v = views();
+        let (w, mut rx) = watcher(1);
+        v.watch(&key(), w);
+        let load = v.take_loads()[0].1;
+        v.loaded(
+            &key(),
+            load,
+            vec![row("ann", "p1", true), row("bob", "p2", true)],
+        );
+        assert_eq!(frames(&mut rx).len(), 1, "the first state");
+        // A diff of the old epoch, not yet flushed: forgotten with the views.
+        v.apply(&key(), &join("cy", "p3", json!({})));
+        v.reload_all();
+        let loads = v.take_loads();
+        assert_eq!(loads.len(), 1, "the watched topic is read again");
+        assert_ne!(
+            loads[0].1, load,
+            "a new load: the old one's answer is not taken"
+        );
+        // A diff of the new epoch, drained while the state is read: held, then applied.
+        v.apply(&key(), &join("di", "p5", json!({})));
+        v.flush();
+        assert!(
+            frames(&mut rx).is_empty(),
+            "nothing sent while the view reloads"
+        );
+        // The table: ann left (her leave was in the lost queue), bob tracked again.
+        v.loaded(
+            &key(),
+            loads[0].1,
+            vec![row("ann", "p1", false), row("bob", "p4", true)],
+        );
+        let got = frames(&mut rx);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].0, "presence_state");
+        assert_eq!(
+            got[0].1,
+            json!({"bob": {"metas": [{"n": 1, "phx_ref": "p4"}]}, "di": {"metas": [{"phx_ref": "p5"}]}}),
+            "ann and the old refs gone, the new epoch's join kept"
+        );
+        v.apply(&key(), &leave("bob", "p4"));
+        v.flush();
+        assert_eq!(frames(&mut rx)[0].0, "presence_diff", "the watcher is kept");
     }
 
     #[test]

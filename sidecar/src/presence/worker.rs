@@ -1,6 +1,6 @@
 //! The presence worker: this sidecar's connection for presence writes, loads and the
 //! reaper. In a loop, woken by a wish (`members`), a view to load (`view`), a new session
-//! (`lease`) or a one-second tick:
+//! (`lease`) or the reaper being due (each second):
 //! 0. **Reaper.** Every second it calls `realtime.presence_reap`, which makes the members of
 //!    every ended session leave: a lease that ran out (a hung or cut-off sidecar) or a
 //!    backend that is gone (a killed one). Every sidecar reaps; one at a time does. (Not on
@@ -234,13 +234,15 @@ impl Worker {
                 tracing::warn!(error = %e, "could not end the earlier presence session; its lease will");
             }
         }
-        let mut tick = tokio::time::interval(super::lease::TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut reaped_at: Option<Instant> = None;
+        // The next reap is due a TICK after the last one began. (A separate one-second
+        // interval woke the loop a moment before that, found less than a TICK gone and
+        // skipped, so the reaper ran every other second: a cut-off sidecar's members left
+        // up to a second late.)
+        let mut reap_due = Instant::now();
         loop {
-            if reaped_at.is_none_or(|at| at.elapsed() >= super::lease::TICK) {
+            if Instant::now() >= reap_due {
+                reap_due = Instant::now() + super::lease::TICK;
                 self.reap(client).await?;
-                reaped_at = Some(Instant::now());
             }
             self.load(client).await?;
             self.write(client).await?;
@@ -248,7 +250,7 @@ impl Worker {
                 _ = self.members.wake.notified() => {}
                 _ = self.views.wake.notified() => {}
                 _ = self.session.ready.notified() => {}
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep_until(reap_due.into()) => {}
                 // The lease task ends the session on shutdown.
                 _ = shutdown.changed() => return Ok(()),
             }

@@ -225,6 +225,15 @@ impl Sidecar {
         self.child.wait().unwrap();
     }
 
+    /// Sends `signal` (a name `kill` knows: STOP, CONT) to the process.
+    pub fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{signal}");
+    }
+
     /// SIGTERM, then wait for exit (graceful shutdown).
     pub fn stop(&mut self) -> std::process::ExitStatus {
         Command::new("kill")
@@ -241,6 +250,38 @@ impl Drop for Sidecar {
             self.stop();
         }
     }
+}
+
+/// Restarts the test cluster (`pg_ctl restart -m fast`): the queue begins a new epoch.
+pub fn restart_postgres() {
+    let pgdata = std::env::var("PG_REALTIME_TEST_PGDATA")
+        .expect("PG_REALTIME_TEST_PGDATA (set by scripts/test.sh)");
+    let pg_ctl = format!(
+        "{}/pg_ctl",
+        String::from_utf8(
+            Command::new("pg_config")
+                .arg("--bindir")
+                .output()
+                .unwrap()
+                .stdout
+        )
+        .unwrap()
+        .trim()
+    );
+    let log = format!("{pgdata}/../restart.log");
+    // The restarted postmaster must not inherit the test's stdout and stderr.
+    let ok = Command::new("runuser")
+        .args([
+            "-u", "postgres", "--", &pg_ctl, "-D", &pgdata, "-l", &log, "-m", "fast", "-w",
+            "restart",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "pg_ctl restart");
 }
 
 /// A minimal HTTP/1.1 request; returns status and body.
