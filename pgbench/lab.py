@@ -20,8 +20,9 @@ is 1 when any correctness check failed.
             sidecars), no message lost silently (acknowledged to the publisher, not received,
             and no notice covering it: a notice covers what was committed on the old primary
             only), no message received whose transaction the new primary lacks (its audit
-            row); every failover also judges presence: every view whole again within 5 s of
-            the sidecars draining again, and no ghost at the end
+            row); every failover also judges presence (every view whole again within 5 s of
+            the sidecars draining again, no ghost at the end) and persisted broadcasts (every
+            one answered 202 is in the new primary's table)
   standby   the pg_auto_failover secondary refuses realtime.send and consumer creation
   restart   the primary restarted under load: every client told, none disconnected by the
             proxy, nothing lost silently; not in --short
@@ -530,7 +531,7 @@ def judge_failover(result, t0, prefix, audit, back_at):
     publisher was told at most "might not have been replicated"). Presence: every watcher's
     view whole again within 5 s of `back_at` (both sidecars draining again; each sidecar's
     new database session tracks its members again, a leave and a join), and no ghost at the
-    end."""
+    end. Persisted broadcasts: every one acknowledged is on the new primary."""
     prims = result["primaries"]
     # The topics' counters when the publisher first wrote to the new primary: what came
     # before was committed on the old one.
@@ -557,29 +558,38 @@ def judge_failover(result, t0, prefix, audit, back_at):
     n = len(result["clients"])
     converged_s, flickered = presence_converged(result, back_at * 1000, t0 * 1000)
     g = ghosts(result)
-    return {"ok": told == n and silent == 0 and phantoms == 0 and converged_s <= 5 and g["ok"],
+    # Persisted broadcasts answered 202 (committed with the relay's statement): every one
+    # must be in the new primary's table.
+    p = result["persisted"]
+    rows, _ = sql(f"select payload->>'k' from realtime.persisted_messages where topic = '{p['topic']}'")
+    kept = len(set(p["acked"]) & {int(r[0]) for r in rows})
+    acked = len(p["acked"])
+    return {"ok": (told == n and silent == 0 and phantoms == 0 and converged_s <= 5 and g["ok"]
+                   and acked > 0 and kept == acked),
             "phantoms": phantoms, "gone": gone,
             "figures": f"clients told {told}/{n}, lost silently {silent}, received but absent on the new primary "
                        f"{phantoms} ({len(phantom_messages)} messages), lost and told {covered}, lost with their transaction {gone}, presence "
                        f"converged {converged_s:.1f} s after the sidecars drained again (≤ 5; {flickered} keys "
-                       f"flickered), {g['figures']}"}
+                       f"flickered), {g['figures']}, persisted messages kept {kept}/{acked}"}
 
 
 def restart(a):
-    """The primary restarted under load (pg_ctl restart -m fast), still the primary after:
-    every client told that the database restarted, none of them disconnected by the proxy
-    (both sidecars are NOLB meanwhile: their /healthz is 503 while the database is away, and HAProxy
-    keeps their connections), nothing lost silently."""
+    """The primary restarted under load (pg_ctl restart -m fast; the monitor may fail over
+    meanwhile, and the line says whether it did): every client told that the database restarted, none of them
+    disconnected by the proxy (both sidecars are NOLB meanwhile: their /healthz is 503 while
+    the database is away, and HAProxy keeps their connections), nothing lost silently."""
     prefix = "restart"
     primary = primary_host()
     with Clients(a.partition_clients, a.partition_topics, a.partition_rate, prefix) as clients:
         clients.publish()
         time.sleep(3)
         t0 = time.time()
-        # The new postmaster's output to a file: on our pipe it would keep it open. Its exit
-        # status is not the judge: pg_autoctl's keeper, which supervises the server, may
-        # start it first (then pg_ctl's start fails, and the server is up all the same); a
-        # plain stop would instead make the monitor fail over.
+        # The new postmaster's output to a file: on our pipe it would keep it open. Not
+        # judged by pg_ctl's exit status: pg_autoctl's keeper, which supervises the server,
+        # may start it first (pg_ctl's own start then fails, the server up all the same);
+        # and the monitor may fail over to the standby meanwhile, as it does for any stop
+        # of the primary it notices (`pg_ctl stop`, or `pg_autoctl stop`, always failed over
+        # here). Either way the clients must be told and kept.
         out = as_postgres(primary, "pg_ctl", "-D", f"{LAB}/{primary}", "restart", "-m", "fast", "-w",
                           "-l", f"{LAB}/{primary}.restart.log", timeout=120)
         restarted_s = time.time() - t0
@@ -588,12 +598,15 @@ def restart(a):
         time.sleep(8)
         result = clients.stop()
     direct = f"host={ADDR[primary]} port=5432 user=postgres dbname=postgres"
-    rows, _ = sql(f"select pg_postmaster_start_time() > to_timestamp({t0}), not pg_is_in_recovery()", dsn=direct)
-    restarted = rows[0] == ["t", "t"]
+    rows, _ = sql(f"select pg_postmaster_start_time() > to_timestamp({t0})", dsn=direct)
+    restarted = rows[0] == ["t"]
+    failed_over = len({h for h, _, _ in result["primaries"]}) > 1
     j = judge_failover(result, t0, prefix, audited(PRIMARY), t0 + back_s)
     dropped = sum(1 for c in result["clients"] if len(c["servers"]) > 1)
-    print(f"  pg_ctl restart of {primary} returned after {restarted_s:.1f} s ({'ok' if out.returncode == 0 else out.stderr.strip()[-120:]}); "
-          f"{primary} {'started again and still the primary' if restarted else 'NOT restarted as the primary'}, "
+    print(f"  pg_ctl restart of {primary} returned after {restarted_s:.1f} s "
+          f"({'ok' if out.returncode == 0 else out.stderr.strip().splitlines()[0][:80]}); {primary} "
+          f"{'started again' if restarted else 'NOT started again'}"
+          f"{', and the monitor failed over meanwhile' if failed_over else ', still the primary'}, "
           f"both sidecars draining again {back_s:.1f} s after the start; published {sum(result['published']):,}, "
           f"publisher errors {result['publish_errors']}", flush=True)
     verdict("restart", j["ok"] and dropped == 0 and restarted,

@@ -23,6 +23,12 @@
 // any is left behind (a ghost: a key in the view that no connected client tracks, or a key
 // with more than one meta).
 //
+// With the publisher runs a persisted sender: five times a second, realtime-js's
+// `channel.httpSend(event, {k}, {persist: true})` request (POST .../api/broadcast/<topic>/
+// events/p?private=true&persist=true) through the proxy to the private topic
+// lab-persist-<prefix>, as an `authenticated` user; a message counts as persisted once
+// answered 202. After a failover the new primary must have every one of them.
+//
 // stdin takes commands, one per line: `publish` starts the publisher, `stop` stops it and
 // then, once every client has what was published or `--settle` seconds passed, prints the
 // result as one JSON line and exits. stdout also gets `{"ready": ...}` once every client
@@ -193,9 +199,44 @@ function publisher() {
   return state;
 }
 
+/// The persisted sender: k = 0, 1, ... each until answered 202; `acked` lists them.
+function persister(token) {
+  const topic = `lab-persist-${o.prefix}`;
+  const url = `${o.url.replace(/^ws/, 'http')}/realtime/v1/api/broadcast/${topic}/events/p?private=true&persist=true`;
+  const state = { topic, acked: [], errors: 0, running: true, done: null };
+  state.done = (async () => {
+    let k = 0;
+    while (state.running) {
+      try {
+        const res = await fetch(url, {
+          method: 'POST',
+          headers: { apikey: token, authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ k }),
+          signal: AbortSignal.timeout(5000),
+        });
+        if (res.status === 202) {
+          state.acked.push(k);
+          k += 1;
+        } else {
+          state.errors += 1;
+        }
+        await res.arrayBuffer().catch(() => {});
+      } catch {
+        state.errors += 1;
+      }
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  })();
+  return state;
+}
+
 async function main() {
+  const key = new TextEncoder().encode(o.secret);
   const apikey = await new SignJWT({ role: 'anon' }).setProtectedHeader({ alg: 'HS256', typ: 'JWT' })
-    .setExpirationTime('2h').sign(new TextEncoder().encode(o.secret));
+    .setExpirationTime('2h').sign(key);
+  // A user of its own a run, so each run's persisted messages count against their own quota.
+  const user = await new SignJWT({ role: 'authenticated', sub: crypto.randomUUID() })
+    .setProtectedHeader({ alg: 'HS256', typ: 'JWT' }).setExpirationTime('2h').sign(key);
   const clients = [];
   for (let start = 0; start < o.clients; start += 50) {
     const batch = [];
@@ -218,14 +259,17 @@ async function main() {
   };
   out({ ready: now(), clients: clients.length, watchers: watchers.length });
   let pub = null;
+  let persisted = null;
   const lines = readline.createInterface({ input: process.stdin });
   for await (const line of lines) {
     if (line === 'publish') {
       pub = publisher();
+      persisted = persister(user);
       out({ publishing: now() });
     } else if (line === 'stop') {
       pub.running = false;
-      await pub.done;
+      persisted.running = false;
+      await Promise.all([pub.done, persisted.done]);
       const stopped = now();
       const want = (r) => pub.published[Number(r.topic.slice(o.prefix.length + 1))];
       const complete = (r) => new Set(r.received.map(([n]) => n)).size >= want(r);
@@ -234,7 +278,8 @@ async function main() {
         await new Promise((r) => setTimeout(r, 200));
       }
       await out({ stopped, settled: now(), published: pub.published, publish_errors: pub.errors,
-        publisher_reconnects: pub.reconnects, primaries: pub.primaries, clients: clients.map(({ record }) => record),
+        publisher_reconnects: pub.reconnects, primaries: pub.primaries,
+        persisted: { topic: persisted.topic, acked: persisted.acked, errors: persisted.errors }, clients: clients.map(({ record }) => record),
         watchers: watchers.map(({ record, view }) => ({ ...record, view: view() })) });
       break;
     }

@@ -201,11 +201,17 @@ EOF
     wait_for 120 "db1 primary and db2 secondary" state_is db1 primary db2 secondary
     # The lab's publisher writes a row of lab_audit with each message, in its transaction:
     # the checks look for messages received whose row the primary lacks after a failover.
-    # (Quietly: CREATE PUBLICATION warns that wal_level is not logical; pg_realtime reads no WAL.)
+    # Its persisted broadcasts go to private topics lab-persist-*, which Supabase's
+    # `authenticated` role (pgbench/supabase_auth.sql) may write to, through the sidecars'
+    # login. (Quietly: CREATE PUBLICATION warns that wal_level is not logical; pg_realtime
+    # reads no WAL.)
     on_pg db1 env PGOPTIONS="-c client_min_messages=error" psql -X -q -h "$(addr db1)" -U postgres -d postgres -v ON_ERROR_STOP=1 \
         -c "CREATE EXTENSION pg_realtime" -c "CREATE PUBLICATION supabase_realtime" \
         -c "CREATE TABLE lab_audit (topic text, n int)" \
-        -f "$root/scripts/sidecar_login.sql" >/dev/null
+        -f "$root/scripts/sidecar_login.sql" -f "$root/pgbench/supabase_auth.sql" \
+        -c "GRANT authenticated TO realtime_sidecar" \
+        -c "CREATE POLICY lab_persist_write ON realtime.messages FOR INSERT TO authenticated
+                WITH CHECK ((SELECT realtime.topic()) LIKE 'lab-persist-%')" >/dev/null
 }
 
 # The monitor's view: `state_is db1 primary db2 secondary` holds when each node's reported
@@ -387,7 +393,7 @@ test)
     LAB_DIR=$LAB SIDECAR_BIN=$SIDECAR_BIN python3 pgbench/lab.py "$@"
     ;;
 *)
-    echo "usage: $0 up | test [--short] | down | left" >&2
+    echo "usage: $0 up | test [--short] | down | left | sidecar HOST CONSUMER PORT" >&2
     exit 2
     ;;
 esac
