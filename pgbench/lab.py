@@ -916,6 +916,19 @@ def cpu_seconds(host):
         return int(f.read()) / 1e9
 
 
+def process_cpu(pids):
+    """CPU seconds the processes `pids` used so far (those gone count nothing)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def voluntary_switches(pids):
     total = 0
     for pid in pids:
@@ -939,6 +952,21 @@ def stop_pid_file(name):
     deadline = time.time() + 30
     while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
         time.sleep(0.1)
+
+
+def sidecar_metrics(host, port):
+    """A sidecar process's /metrics (open in the lab: no METRICS_JWT_SECRET), as
+    {'name{labels}': value}."""
+    out = on("edge", ["curl", "-sf", f"http://{ADDR[host]}:{port}/metrics"], capture_output=True, text=True)
+    values = {}
+    for line in out.stdout.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                values[key] = float(value)
+            except ValueError:
+                pass
+    return values
 
 
 def cost(a):
@@ -965,7 +993,7 @@ def cost(a):
             urls = ",".join(f"ws://{ADDR[host]}:{port}" for host, _, port in names)
             cmd = harness.loadgen_cmd(urls, PRIMARY, SECRET, "--clients", 2 * a.cost_topics, "--topics", a.cost_topics,
                                       "--topic-prefix", "cost-", "--publisher", "none", "--seconds",
-                                      a.cost_seconds + 30, "--source-ip", ",".join(SOURCES))
+                                      a.cost_seconds + a.cost_idle_seconds + 30, "--source-ip", ",".join(SOURCES))
             holder = subprocess.Popen(["bash", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', f"{CG}/edge",
                                        "ip", "netns", "exec", f"{NS}-edge", *map(str, cmd)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -981,14 +1009,34 @@ def cost(a):
                 time.sleep(0.5)
         got, _ = sql(f"select active_pid from realtime.consumers() where name like 'cost{n}x%' and active_pid is not null")
         drains = [int(r[0]) for r in got]
+        got, _ = sql("select pid from pg_stat_activity where usename = 'realtime_sidecar'")
+        others = [int(r[0]) for r in got if int(r[0]) not in drains]
+        # The same minute with nothing sent: what N processes cost the primary by the second
+        # (drain timeouts, presence leases and reaps, statistics), whatever the messages.
+        idle0 = cpu_seconds(primary)
+        time.sleep(a.cost_idle_seconds)
+        idle_ms = 1e3 * (cpu_seconds(primary) - idle0) / a.cost_idle_seconds
+        split0 = process_cpu(drains), process_cpu(others)
+        batches0 = sum(sidecar_metrics(host, port).get("realtime_drain_batches_total", 0) for host, _, port in names)
         cpu0, wake0, enq0 = cpu_seconds(primary), voluntary_switches(drains), enqueued()
         on("edge", ["pgbench", "-n", "-h", ADDR[primary], "-U", "postgres", "-c", 4, "-j", 2, "-R", a.rate,
                     "-T", a.cost_seconds, "-f", script, "postgres"], capture_output=True, check=True,
            timeout=a.cost_seconds + 60)
         cpu1, wake1, enq1 = cpu_seconds(primary), voluntary_switches(drains), enqueued()
+        split1 = process_cpu(drains), process_cpu(others)
+        after = [sidecar_metrics(host, port) for host, _, port in names]
         messages = max(enq1 - enq0, 1)
+        # Commit to hand-out in the sidecars (their summaries cover the last minute: this
+        # row's run), the slowest process's quantiles: what the linger costs in latency.
+        quantile = lambda q: 1e3 * max((m.get(f'realtime_commit_to_dispatch_seconds{{quantile="{q}"}}', 0)
+                                         for m in after), default=0)
         row = {"processes": n, "messages": messages, "cpu_us": 1e6 * (cpu1 - cpu0) / messages,
-               "wakeups": (wake1 - wake0) / messages, "drains": len(drains)}
+               "wakeups": (wake1 - wake0) / messages, "drains": len(drains),
+               "batches": (sum(m.get("realtime_drain_batches_total", 0) for m in after) - batches0) / messages,
+               "p50_ms": quantile("0.5"), "p99_ms": quantile("0.99"),
+               "idle_ms": idle_ms,
+               "drains_us": 1e6 * (split1[0] - split0[0]) / messages,
+               "others_us": 1e6 * (split1[1] - split0[1]) / messages}
         rows.append(row)
         if holder:
             holder.kill()
@@ -1005,13 +1053,24 @@ def cost(a):
             if time.time() > deadline:
                 raise RuntimeError(f"the slots of {n} processes were never released: {out.stderr.strip()}")
             time.sleep(0.2)
-    base = rows[0]["cpu_us"]
+    base, idle_base = rows[0]["cpu_us"], rows[0]["idle_ms"]
     for r in rows:
         r["share_us"] = r["cpu_us"] - base
+        # The share less what the processes cost by the second, spread over this row's
+        # messages: the part that grows with the messages.
+        r["idle_share_us"] = 1e3 * (r["idle_ms"] - idle_base) * a.cost_seconds / r["messages"]
         print(f"  {r['processes']} sidecar processes: {r['messages']:,} messages, the primary's CPU "
               f"{r['cpu_us']:.1f} µs a message, consumers' share {r['share_us']:.1f} µs, drain wake-ups "
-              f"{r['wakeups']:.2f} a message ({r['drains']} drains)", flush=True)
-    one = next(r for r in rows if r["processes"] == 1)
+              f"{r['wakeups']:.2f} a message ({r['drains']} drains), batches {r['batches']:.2f} a message, "
+              f"commit to hand-out p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms; of the primary's CPU, the "
+              f"drain backends {r['drains_us']:.1f} µs a message, the sidecars' other backends "
+              f"{r['others_us']:.1f}; idle, the primary's CPU {r['idle_ms']:.1f} ms a second: "
+              f"{r['idle_share_us']:.1f} µs of the share a message, {r['share_us'] - r['idle_share_us']:.1f} µs "
+              f"beyond it", flush=True)
+    one = next((r for r in rows if r["processes"] == 1), None)
+    if one is None:
+        print("cost: no row of 1 process to compare with (--ladder)", flush=True)
+        return
     most = rows[-1]
     ratio = most["share_us"] / one["share_us"] if one["share_us"] > 0 else float("inf")
     verdict("cost", ratio <= 1.2,
@@ -1053,7 +1112,9 @@ def main():
     load()
     a.clients, a.topics, a.rate, a.seconds = (400, 200, 200, 8) if a.short else (4000, 2000, 2000, 30)
     a.partition_clients, a.partition_topics, a.partition_rate = (100, 50, 100) if a.short else (400, 100, 200)
-    a.ladder, a.cost_topics, a.cost_seconds = [0, 1, 2, 4, 8], 2000, 20
+    # 40 s a row: the consumers' share is a difference of two rows of about 60-80 µs a
+    # message (pgbench's own backends), which moved by ±5 µs between 20 s runs.
+    a.ladder, a.cost_topics, a.cost_seconds, a.cost_idle_seconds = [0, 1, 2, 4, 8], 2000, 40, 15
     if a.ladder_only:
         a.ladder = [int(n) for n in a.ladder_only.split(",")]
     if a.cost_rate:

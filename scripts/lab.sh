@@ -246,6 +246,8 @@ wait_for() {
 
 # One sidecar process on host $1, consumer $2, port $3, in the background; its PID goes to
 # $LAB/$2.pid (the lab's two are sc1 and sc2 on port 4000; the cost check starts more).
+# Routed sidecars share a budget of 200 drain calls a second (sidecar/README.md, "Past one
+# machine"), so that the primary's calls do not multiply with them.
 sidecar() {
     local h=$1 name=$2 port=$3
     local dsn="host=$(addr db1),$(addr db2) port=5432 user=realtime_sidecar dbname=postgres target_session_attrs=read-write application_name=realtime-sidecar"
@@ -254,7 +256,8 @@ sidecar() {
     on "$h" bash -c 'echo $$ > "$0" && exec "$@"' "$LAB/$name.pid" \
         env BIND="$(addr "$h")" PORT="$port" DATABASE_URL="$dsn" DB_SSL=true \
         DB_SSL_CA_CERT="$LAB/tls/ca.crt" CONSUMER_NAME="$name" API_JWT_SECRET="$SECRET" \
-        TRUSTED_PROXIES="$(addr edge)" LOG_LEVEL=info "$SIDECAR_BIN" > "$LAB/$name.log" 2>&1 &
+        TRUSTED_PROXIES="$(addr edge)" DRAIN_CALLS_PER_SECOND="${DRAIN_CALLS_PER_SECOND:-200}" \
+        LOG_LEVEL=info "$SIDECAR_BIN" > "$LAB/$name.log" 2>&1 &
 }
 
 sidecars_up() {

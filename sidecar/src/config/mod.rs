@@ -75,6 +75,14 @@ pub struct Config {
     /// larger batches under load; a message after a quiet spell is not held).
     #[arg(long, env = "DRAIN_LINGER_MS", default_value_t = 1)]
     pub drain_linger_ms: u32,
+    /// A budget of drain calls a second for all sidecars together under load (set alike
+    /// on each): each waits between its calls' starts 1 ÷ (budget × its share of the
+    /// traffic), so routed sidecars make together the calls one would. 0: no budget.
+    #[arg(long, env = "DRAIN_CALLS_PER_SECOND", default_value_t = 0)]
+    pub drain_calls_per_second: u32,
+    /// The longest the budget makes a sidecar wait after handing out a batch.
+    #[arg(long, env = "DRAIN_LINGER_MAX_MS", default_value_t = 50)]
+    pub drain_linger_max_ms: u32,
     /// Drain only the topics (and tables) this sidecar's channels joined (`realtime.listen`);
     /// false: drain every message.
     #[arg(long, env = "FILTER_TOPICS", default_value_t = true, action = clap::ArgAction::Set)]

@@ -65,6 +65,12 @@ fn bad_configuration_is_refused_at_startup() {
     for (flag, value, name) in [
         ("--drain-batch", "0", "DRAIN_BATCH"),
         ("--drain-linger-ms", "20000", "DRAIN_LINGER_MS"),
+        ("--drain-linger-max-ms", "20000", "DRAIN_LINGER_MAX_MS"),
+        (
+            "--drain-calls-per-second",
+            "2000000",
+            "DRAIN_CALLS_PER_SECOND",
+        ),
         ("--idle-timeout-secs", "0", "IDLE_TIMEOUT_SECS"),
         ("--authorization-ttl-secs", "0", "AUTHORIZATION_TTL_SECS"),
         ("--max-outbound-frames", "0", "MAX_OUTBOUND_FRAMES"),

@@ -173,6 +173,18 @@ impl Config {
             ),
             ("DRAIN_LINGER_MS", self.drain_linger_ms as u64, 0, 10_000),
             (
+                "DRAIN_LINGER_MAX_MS",
+                self.drain_linger_max_ms as u64,
+                0,
+                10_000,
+            ),
+            (
+                "DRAIN_CALLS_PER_SECOND",
+                self.drain_calls_per_second as u64,
+                0,
+                1_000_000,
+            ),
+            (
                 "MAX_RECORD_BYTES",
                 self.max_record_bytes as u64,
                 1024,

@@ -74,6 +74,7 @@ impl Session {
             metrics.drain_answered(unix_millis() + wait.as_millis() as i64);
             tokio::time::sleep_until(at).await;
         }
+        self.called = tokio::time::Instant::now();
         // A drain answers within its timeout; much later means the backend or the network is
         // stuck, and /healthz says so meanwhile.
         let deadline = Duration::from_millis(TIMEOUT_MS as u64) + Duration::from_secs(5);
@@ -105,8 +106,9 @@ impl Session {
         // for other sidecars' topics read past) says nothing of this sidecar's load.
         let carried = entries
             .iter()
-            .any(|r| !matches!(r.entry, Entry::Filtered | Entry::End | Entry::Cut { .. }));
-        self.pace = !self.linger.is_zero() && carried && entries.len() < self.batch as usize;
+            .filter(|r| !matches!(r.entry, Entry::Filtered | Entry::End | Entry::Cut { .. }))
+            .count();
+        self.pace = !self.pacing.is_off() && carried > 0 && entries.len() < self.batch as usize;
         // A change left undecoded (no channel listened to its table when the call began)
         // that a channel now listens to (it joined meanwhile): stop before it and drain
         // again from there with its table decoded. Once per change, so a table that cannot
@@ -132,14 +134,20 @@ impl Session {
             // What was cut off is waiting: fetch it again at once.
             self.pace = false;
             metrics.drain_redrains_total.increment(1);
+        } else if let Some(last) = entries.last() {
+            // This sidecar's share of the traffic (`pace`), from a whole answer only: a cut
+            // one is read again.
+            let moved = (last.seq - self.pos).max(0) as u64;
+            self.pacing.record(moved, carried as u64, Instant::now());
         }
         Ok(entries)
     }
 
-    /// The batch was handed out: the next call waits a linger if the batch asked for it.
+    /// The batch was handed out: the next call waits if the batch asked for it (`pace`).
     pub(super) fn handed_out(&mut self) {
         if self.pace {
-            self.next_call = Some(tokio::time::Instant::now() + self.linger);
+            let now = tokio::time::Instant::now();
+            self.next_call = Some(self.pacing.next_call(self.called, now));
         }
     }
 

@@ -15,9 +15,10 @@
 //!
 //! A session (`session`) is begun by `resume` (connect, resume the slot, tell of an outage
 //! or a restart), then each drain call (`call`: decode set, statistics, linger, the answer
-//! read once) is followed by its hand-out, here.
+//! read once) is followed by its hand-out, here; `pace` says when the next call is made.
 
 mod call;
+mod pace;
 mod resume;
 mod session;
 

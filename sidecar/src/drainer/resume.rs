@@ -1,6 +1,7 @@
 //! A session begun: connect, resume the consumer slot, tell subscribers of an outage or a
 //! restart, and choose how the drain's answers are read.
 
+use super::pace::Pacing;
 use super::session::{within, Destinations, Session, SessionError};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -169,9 +170,15 @@ impl Session {
             // waiting and answers at once, woken once per call instead of two or three times
             // (for the call, for the first commit, after its linger); a message after a quiet
             // spell is not held at all; and a busy hub still gathers a linger's messages
-            // beyond those its hand-out took.
-            linger: Duration::from_millis(cfg.drain_linger_ms.into()),
+            // beyond those its hand-out took. With a budget of calls, `pace` may wait longer.
+            pacing: Pacing::new(
+                Duration::from_millis(cfg.drain_linger_ms.into()),
+                cfg.drain_calls_per_second,
+                Duration::from_millis(cfg.drain_linger_max_ms.into()),
+                Instant::now(),
+            ),
             next_call: None,
+            called: tokio::time::Instant::now(),
             pace: false,
             stats_at: Instant::now(),
             decode: None,

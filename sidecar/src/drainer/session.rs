@@ -3,6 +3,7 @@
 //! the next (`resume` makes one, `call` makes each drain call, the hand-out loop is
 //! `drainer`'s).
 
+use super::pace::Pacing;
 use crate::hub::Hub;
 use crate::postgres_changes::pool::Checks;
 use crate::postgres_changes::subscribers::Subscribers;
@@ -36,11 +37,15 @@ pub(super) struct Session {
     /// The deadline of every call but the drain's.
     pub(super) setup: Duration,
     pub(super) batch: i32,
-    pub(super) linger: Duration,
+    /// How long the next call waits under load: a linger, and this sidecar's share of the
+    /// drain-call budget.
+    pub(super) pacing: Pacing,
     /// When the next call may be made: a linger after the last batch was handed out, unless
     /// that batch carried nothing or was full (then there is nothing to gather, or more
     /// waits).
     pub(super) next_call: Option<tokio::time::Instant>,
+    /// When the drain call being answered was made.
+    pub(super) called: tokio::time::Instant,
     /// Whether the batch being handed out paces the next call.
     pub(super) pace: bool,
     pub(super) stats_at: Instant,
