@@ -375,12 +375,17 @@ def ghosts(result):
             "figures": f"ghosts {extra}, keys twice {twice}, missing {missing}"}
 
 
+def server_before(client, at):
+    """The sidecar a client of lab_clients.mjs was last on before `at` (ms), or None."""
+    before = [s for t, s in client["servers"] if t < at]
+    return before[-1] if before else None
+
+
 def presence_gone(result, fault_at, server="sc1"):
     """How soon the metas that the clients on `server` tracked before the fault left the
     watchers' views (on sc2): per meta, the first sync after the fault without its ref.
     Returns (seconds of the slowest, metas never gone, metas watched)."""
-    on_server = {f"c{i}" for i, c in enumerate(result["clients"])
-                 if [s for t, s in c["servers"] if t < fault_at][-1:] == [server]}
+    on_server = {f"c{i}" for i, c in enumerate(result["clients"]) if server_before(c, fault_at) == server}
     slowest, never, watched = 0.0, 0, 0
     for w in result["watchers"]:
         before = [v for t, v in w["syncs"] if t < fault_at]
@@ -758,15 +763,19 @@ def unplugged_primary(a):
     verdict("primary unplugged", j["ok"], f"failover {failover_s:.1f} s, {j['figures']}")
 
 
-def start_sidecar(host):
-    """The lab's sidecar on `host` (consumer `host`, port 4000), until its /healthz is 200
-    (at most 60 s)."""
-    subprocess.run(["scripts/lab.sh", "sidecar", host, host, "4000"], check=True, cwd=harness.ROOT)
+def wait_sidecar(host, why):
+    """Until the sidecar on `host` drains (/healthz 200), at most 60 s."""
     deadline = time.time() + 60
     while healthz(host) != "200":
         if time.time() > deadline:
-            raise RuntimeError(f"sidecar {host} not draining within 60 s of its start")
+            raise RuntimeError(f"sidecar {host} not draining within 60 s {why}")
         time.sleep(0.2)
+
+
+def start_sidecar(host):
+    """The lab's sidecar on `host` (consumer `host`, port 4000), until it drains."""
+    subprocess.run(["scripts/lab.sh", "sidecar", host, host, "4000"], check=True, cwd=harness.ROOT)
+    wait_sidecar(host, "of its start")
 
 
 def haproxy(command):
@@ -821,18 +830,14 @@ def sidecar_lost(a, how):
         elif how == "unplugged":
             plug("sc1", True)
         t_back = time.time()
-        deadline = time.time() + 60
-        while healthz("sc1") != "200":
-            if time.time() > deadline:
-                raise RuntimeError("sc1 not draining again within 60 s")
-            time.sleep(0.2)
+        wait_sidecar("sc1", "of its return")
         time.sleep(3)
         result = clients.stop()
     rows = judge_clients(result, t0 * 1000, prefix)
     lost = sum(r["lost"] for r in rows)
     moved, live, recovered = 0, [], 0
     for c in result["clients"]:
-        if [s for t, s in c["servers"] if t < t0 * 1000][-1:] != ["sc1"]:
+        if server_before(c, t0 * 1000) != "sc1":
             continue
         moved += 1
         again = next((t for t, status, _ in c["statuses"] if t > t0 * 1000 and status == "SUBSCRIBED"), None)
