@@ -138,7 +138,8 @@ impl Session {
             // This sidecar's share of the traffic (`pace`), from a whole answer only: a cut
             // one is read again.
             let moved = (last.seq - self.pos).max(0) as u64;
-            self.pacing.record(moved, carried as u64, Instant::now());
+            self.pacing
+                .record(moved, carried as u64, tokio::time::Instant::now());
         }
         Ok(entries)
     }

@@ -31,7 +31,8 @@
 //! this sidecar's and the ones it read past for other sidecars' topics). Until a window
 //! has moved, the share is 1.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// How long a share is measured before it is used.
 const WINDOW: Duration = Duration::from_secs(1);
@@ -61,9 +62,10 @@ impl Pacing {
         }
     }
 
-    /// Whether calls are paced at all (`DRAIN_LINGER_MS` 0: every call at once).
+    /// Whether calls are paced at all (`DRAIN_LINGER_MS` 0 and no budget: every call at
+    /// once).
     pub(super) fn is_off(&self) -> bool {
-        self.linger.is_zero()
+        self.linger.is_zero() && self.budget.is_none()
     }
 
     /// A drain answer: the position moved by `moved` sequences, `own` of them handed out.
@@ -80,10 +82,7 @@ impl Pacing {
 
     /// When the next call may start, after a batch that carried something: the call just
     /// answered started at `called`, and its batch was handed out at `handed`.
-    pub(super) fn next_call<T>(&self, called: T, handed: T) -> T
-    where
-        T: Copy + Ord + std::ops::Add<Duration, Output = T>,
-    {
+    pub(super) fn next_call(&self, called: Instant, handed: Instant) -> Instant {
         let after_linger = handed + self.linger;
         let Some(budget) = self.budget else {
             return after_linger;
@@ -140,6 +139,19 @@ mod tests {
         let mut p = Pacing::new(MS, 0, 50 * MS, t0);
         p.record(1000, 1, t0 + 2000 * MS);
         assert_eq!(p.next_call(t0, t0 + 3 * MS), t0 + 4 * MS);
-        assert!(Pacing::new(Duration::ZERO, 400, 50 * MS, t0).is_off());
+        assert!(Pacing::new(Duration::ZERO, 0, 50 * MS, t0).is_off());
+    }
+
+    /// A budget set with no linger (`DRAIN_LINGER_MS` 0) was ignored: every call was made
+    /// at once, and the sidecar made as many calls as it could.
+    #[test]
+    fn a_budget_without_a_linger_still_spaces_calls() {
+        let t0 = Instant::now();
+        let p = Pacing::new(Duration::ZERO, 400, 50 * MS, t0);
+        assert!(!p.is_off());
+        assert_eq!(
+            p.next_call(t0, t0 + MS),
+            t0 + 2500 * Duration::from_micros(1)
+        );
     }
 }

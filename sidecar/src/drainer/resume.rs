@@ -175,7 +175,7 @@ impl Session {
                 Duration::from_millis(cfg.drain_linger_ms.into()),
                 cfg.drain_calls_per_second,
                 Duration::from_millis(cfg.drain_linger_max_ms.into()),
-                Instant::now(),
+                tokio::time::Instant::now(),
             ),
             next_call: None,
             called: tokio::time::Instant::now(),

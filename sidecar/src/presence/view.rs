@@ -306,10 +306,8 @@ impl Views {
                 }
             },
             None => {
-                let load = self
-                    .next_load
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let mut view = View::loading(load);
+                let mut view = self.view_to_load();
+                let load = view.load;
                 view.waiting.insert(w.conn, w);
                 topics.views.insert(key.clone(), view);
                 self.metrics.presence_topics.increment(1.0);
@@ -382,10 +380,8 @@ impl Views {
         let mut loads = Vec::with_capacity(views.len());
         for (key, view) in views.iter_mut() {
             members += view.members.len();
-            let load = self
-                .next_load
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let mut fresh = View::loading(load);
+            let mut fresh = self.view_to_load();
+            let load = fresh.load;
             fresh.waiting = std::mem::take(&mut view.waiting);
             fresh.waiting.extend(view.watchers.drain());
             *view = fresh;
@@ -397,6 +393,15 @@ impl Views {
             self.to_load.lock().unwrap().extend(loads);
             self.wake.notify_one();
         }
+    }
+
+    /// A view waiting for its state, under a load number of its own (an answer to an
+    /// earlier load of the same topic is then not taken).
+    fn view_to_load(&self) -> View {
+        View::loading(
+            self.next_load
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// The topics to load, taken by the worker.
