@@ -27,7 +27,9 @@
 //! * otherwise every slot in use: the publish also numbered other transactions' records,
 //!   which waited behind this one (their own callbacks published nothing and woke nobody),
 //!   or the transaction has more records than are worth looking at per slot
-//!   (`SCAN_MAX_RECORDS`).
+//!   (`SCAN_MAX_RECORDS`);
+//! * every slot in use, too, when the publish stopped at a record held for the synchronous
+//!   standbys (`sync_hold.rs`): only a drain that looks publishes it (`whom`).
 //!
 //! # Why no wake-up is lost
 //!
@@ -47,6 +49,35 @@ use std::sync::atomic::Ordering::Relaxed;
 /// A transaction with more records than this wakes every slot rather than have each
 /// slot's interest probed for each record (the probes would cost more than the wake-ups).
 const SCAN_MAX_RECORDS: usize = 64;
+
+/// Whom a commit or abort callback wakes after its publish.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Whom {
+    Nobody,
+    /// The slots with a reason to read the transaction's own records.
+    ReadersOfOwn,
+    /// Every slot in use.
+    Every,
+}
+
+/// Whom to wake after a publish that numbered `published` messages, `own` of them this
+/// transaction's, and stopped at a record `held` for the synchronous standbys or not.
+///
+/// A publish that ends held wakes every drain, whatever it numbered: a held record is
+/// published only by a drain that looks (`sync_hold::release`), and a drain asleep would not
+/// look before its timeout. Its own transaction may be one nobody listens to, with the
+/// held record, another's, wanted by every slot.
+pub fn whom(published: u64, own: u64, held: bool) -> Whom {
+    if held {
+        Whom::Every
+    } else if published == 0 {
+        Whom::Nobody
+    } else if published == own {
+        Whom::ReadersOfOwn
+    } else {
+        Whom::Every
+    }
+}
 
 /// What a publish made readable, as far as waking goes.
 pub enum Published<'a> {
@@ -79,5 +110,27 @@ pub fn after_publish(q: &QueueShared, published_off: u64, what: Published) {
             // segment; broadcasting one nobody sleeps on only takes its spinlock.
             unsafe { pg_sys::ConditionVariableBroadcast(q.slot_cv(i)) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_publish_that_ends_held_wakes_every_slot() {
+        // Its own records numbered, then stopped at another transaction's, held for the
+        // standbys: only a drain that looks releases it.
+        assert_eq!(whom(2, 2, true), Whom::Every);
+        assert_eq!(whom(0, 1, true), Whom::Every);
+    }
+
+    #[test]
+    fn a_publish_wakes_the_readers_of_its_own_records_or_everyone() {
+        assert_eq!(whom(0, 1, false), Whom::Nobody);
+        assert_eq!(whom(3, 3, false), Whom::ReadersOfOwn);
+        assert_eq!(whom(5, 3, false), Whom::Every);
+        // An abort numbers none of its own: what it published was others'.
+        assert_eq!(whom(2, 0, false), Whom::Every);
     }
 }

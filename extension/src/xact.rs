@@ -392,19 +392,14 @@ fn finish(commit: bool) {
                 let published = core.publish(&q.ring(), hold);
                 (published, core.published, core.held(&q.ring()).is_some())
             };
-            if published == 0 && held {
-                // Held for the synchronous standbys (`sync_hold.rs`): the drains asleep
-                // would not look again before their timeout; woken, they poll until the
-                // standbys have it.
-                wake::after_publish(q, reached, wake::Published::Others);
-            }
-            if published > 0 {
-                // The record at `published` is always PENDING, or held for the standbys,
-                // when the lock is free, so a publish that numbered as many messages as
-                // this transaction committed numbered exactly its records; more means
-                // others' were waiting behind them.
-                let own = if commit { b.marks.len() as u64 } else { 0 };
-                if published == own {
+            // The record at `published` is always PENDING, or held for the standbys, when
+            // the lock is free, so a publish that numbered as many messages as this
+            // transaction committed numbered exactly its records; more means others' were
+            // waiting behind them.
+            let own = if commit { b.marks.len() as u64 } else { 0 };
+            match wake::whom(published, own, held) {
+                wake::Whom::Nobody => {}
+                wake::Whom::ReadersOfOwn => {
                     let views: Vec<MessageView> = (0..b.marks.len())
                         .map(|i| {
                             let end = b.marks.get(i + 1).map_or(b.records.len(), |m| m.1);
@@ -412,9 +407,8 @@ fn finish(commit: bool) {
                         })
                         .collect();
                     wake::after_publish(q, reached, wake::Published::Own(&views));
-                } else {
-                    wake::after_publish(q, reached, wake::Published::Others);
                 }
+                wake::Whom::Every => wake::after_publish(q, reached, wake::Published::Others),
             }
             let c = &q.counters;
             if commit {
