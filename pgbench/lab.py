@@ -934,6 +934,22 @@ def process_cpu(pids):
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def primary_processes():
+    """The primary's server processes, {pid: kind}: a sidecar's backend by the realtime
+    function it last called (its drain, lease, reaper, ...), any other by its type."""
+    rows, _ = sql("select pid, backend_type, coalesce(usename, ''), "
+                  "coalesce(substring(query from 'realtime\\.([a-z_]+)'), '') from pg_stat_activity")
+    kinds = {}
+    for pid, backend_type, user, called in rows:
+        if user == "realtime_sidecar":
+            kinds[int(pid)] = f"sidecar {called or 'other'}"
+        elif backend_type == "client backend":
+            kinds[int(pid)] = f"{user or 'client'} backend"
+        else:
+            kinds[int(pid)] = backend_type
+    return kinds
+
+
 def voluntary_switches(pids):
     total = 0
     for pid in pids:
@@ -1018,9 +1034,17 @@ def cost(a):
         others = [int(r[0]) for r in got if int(r[0]) not in drains]
         # The same minute with nothing sent: what N processes cost the primary by the second
         # (drain timeouts, presence leases and reaps, statistics), whatever the messages.
+        kinds = primary_processes()
+        kinds0 = {pid: process_cpu([pid]) for pid in kinds}
         idle0 = cpu_seconds(primary)
         time.sleep(a.cost_idle_seconds)
         idle_ms = 1e3 * (cpu_seconds(primary) - idle0) / a.cost_idle_seconds
+        by_kind = {}
+        for pid, kind in kinds.items():
+            by_kind[kind] = by_kind.get(kind, 0) + 1e3 * (process_cpu([pid]) - kinds0[pid]) / a.cost_idle_seconds
+        print(f"  {n} sidecar processes, idle, the primary's CPU by process kind (ms a second): " +
+              ", ".join(f"{k} {v:.2f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]) if v >= 0.05),
+              flush=True)
         split0 = process_cpu(drains), process_cpu(others)
         batches0 = sum(sidecar_metrics(host, port).get("realtime_drain_batches_total", 0) for host, _, port in names)
         cpu0, wake0, enq0 = cpu_seconds(primary), voluntary_switches(drains), enqueued()
