@@ -48,6 +48,7 @@ GRANT SELECT, UPDATE ON realtime.persisted_totals TO realtime_sidecar;
 GRANT SELECT, INSERT, UPDATE, DELETE ON realtime.persisted_senders TO realtime_sidecar;
 -- Presence: the members and the sidecars' leases, changed only through these functions.
 GRANT EXECUTE ON FUNCTION realtime.queue_presence(text, boolean, text),
+    realtime.backend_alive(integer), realtime.presence_reap_due(integer),
     realtime.presence_renew(text, interval),
     realtime.presence_track(text, text, boolean, text, jsonb, text),
     realtime.presence_untrack(text, text), realtime.presence_reap(interval),

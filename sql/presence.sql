@@ -20,9 +20,8 @@ CREATE SEQUENCE realtime.presence_refs;
 CREATE TABLE realtime.presence_sessions (
     session text PRIMARY KEY,
     expires_at timestamptz NOT NULL,
-    -- The backend that last renewed the lease (the sidecar's presence connection).
-    pid integer,
-    backend_start timestamptz
+    -- The backend that renews the lease (the sidecar's presence connection).
+    pid integer
 );
 
 CREATE TABLE realtime.presences (
@@ -61,11 +60,11 @@ DECLARE
 BEGIN
     SELECT s.expires_at >= clock_timestamp() INTO held
     FROM realtime.presence_sessions s WHERE s.session = session_id FOR UPDATE;
-    INSERT INTO realtime.presence_sessions AS s (session, expires_at, pid, backend_start)
-    SELECT session_id, clock_timestamp() + lease, a.pid, a.backend_start
-    FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()
-    ON CONFLICT (session) DO UPDATE
-        SET expires_at = excluded.expires_at, pid = excluded.pid, backend_start = excluded.backend_start;
+    -- A session is renewed from one connection only (a sidecar takes a new session when it
+    -- connects again), so this backend's pid names it for as long as the session lives.
+    INSERT INTO realtime.presence_sessions AS s (session, expires_at, pid)
+    VALUES (session_id, clock_timestamp() + lease, pg_backend_pid())
+    ON CONFLICT (session) DO UPDATE SET expires_at = excluded.expires_at, pid = excluded.pid;
     RETURN coalesce(held, false);
 END
 $$;
@@ -132,8 +131,9 @@ $$;
 -- lag; a churning room would pile them up). A session has ended when its lease expired or
 -- the backend that renewed it is gone (its sidecar was killed, or lost its connection); a
 -- member whose session is missing altogether (tracked while it was being reaped) leaves
--- too, so no member outlives its session. Any sidecar may call it, all of them every second:
--- one reaps at a time and the others return 0 at once. Returns how many members left.
+-- too, so no member outlives its session. Any sidecar may call it, all of them every second,
+-- each first asking realtime.presence_reap_due, so that about one a second goes ahead; one
+-- reaps at a time and the others return 0 at once. Returns how many members left.
 CREATE FUNCTION realtime.presence_reap(keep_left interval DEFAULT '1 minute')
 RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -147,11 +147,7 @@ BEGIN
         WITH ended AS (
             DELETE FROM realtime.presence_sessions s
             WHERE s.expires_at < clock_timestamp()
-               OR (s.pid IS NOT NULL AND NOT EXISTS (
-                       SELECT 1 FROM pg_stat_activity a
-                       WHERE a.pid = s.pid
-                         -- Another role's backend shows no start: then the pid alone counts.
-                         AND (a.backend_start IS NULL OR a.backend_start = s.backend_start)))
+               OR (s.pid IS NOT NULL AND NOT realtime.backend_alive(s.pid))
             RETURNING s.session),
         gone AS (
             UPDATE realtime.presences p SET left_at = clock_timestamp()
@@ -201,6 +197,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 REVOKE EXECUTE ON FUNCTION realtime.queue_presence(text, boolean, text),
+    realtime.backend_alive(integer), realtime.presence_reap_due(integer),
     realtime.presence_renew(text, interval),
     realtime.presence_track(text, text, boolean, text, jsonb, text),
     realtime.presence_untrack(text, text),

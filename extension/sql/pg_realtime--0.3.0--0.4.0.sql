@@ -694,6 +694,85 @@ BEGIN
 END
 $$;
 
+-- sql/presence.sql: a presence session's backend is checked in the proc array
+-- (realtime.backend_alive) instead of in pg_stat_activity, which copied every backend's
+-- status for each renewal and each reap (every second from every sidecar); its start time
+-- is no longer kept.
+CREATE FUNCTION realtime."backend_alive"(pid integer) RETURNS boolean
+VOLATILE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'backend_alive_wrapper';
+REVOKE EXECUTE ON FUNCTION realtime.backend_alive(integer) FROM PUBLIC;
+-- Every sidecar's reaper asks it first, so that about one reap a second goes ahead.
+CREATE FUNCTION realtime."presence_reap_due"(every_ms integer) RETURNS boolean
+VOLATILE STRICT PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'presence_reap_due_wrapper';
+REVOKE EXECUTE ON FUNCTION realtime.presence_reap_due(integer) FROM PUBLIC;
+ALTER TABLE realtime.presence_sessions DROP COLUMN backend_start;
+CREATE OR REPLACE FUNCTION realtime.presence_renew(session_id text, lease interval DEFAULT '3 seconds')
+RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    held boolean;
+BEGIN
+    SELECT s.expires_at >= clock_timestamp() INTO held
+    FROM realtime.presence_sessions s WHERE s.session = session_id FOR UPDATE;
+    -- A session is renewed from one connection only (a sidecar takes a new session when it
+    -- connects again), so this backend's pid names it for as long as the session lives.
+    INSERT INTO realtime.presence_sessions AS s (session, expires_at, pid)
+    VALUES (session_id, clock_timestamp() + lease, pg_backend_pid())
+    ON CONFLICT (session) DO UPDATE SET expires_at = excluded.expires_at, pid = excluded.pid;
+    RETURN coalesce(held, false);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION realtime.presence_reap(keep_left interval DEFAULT '1 minute')
+RETURNS integer LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t record;
+    n integer := 0;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('realtime.presence_reap')) THEN
+        RETURN 0;
+    END IF;
+    FOR t IN
+        WITH ended AS (
+            DELETE FROM realtime.presence_sessions s
+            WHERE s.expires_at < clock_timestamp()
+               OR (s.pid IS NOT NULL AND NOT realtime.backend_alive(s.pid))
+            RETURNING s.session),
+        gone AS (
+            UPDATE realtime.presences p SET left_at = clock_timestamp()
+            WHERE p.left_at IS NULL
+              AND (p.session IN (SELECT e.session FROM ended e)
+                   OR NOT EXISTS (SELECT 1 FROM realtime.presence_sessions s WHERE s.session = p.session))
+            RETURNING p.topic, p.private, p.key, p.meta, p.ref)
+        SELECT g.topic, g.private, sum(g.c)::integer AS members,
+               jsonb_object_agg(g.key, g.metas) AS leaves
+        FROM (SELECT topic, private, key, count(*) AS c,
+                     jsonb_build_object('metas', jsonb_agg(meta || jsonb_build_object('phx_ref', ref) ORDER BY ref)) AS metas
+              FROM gone GROUP BY topic, private, key) g
+        GROUP BY g.topic, g.private
+    LOOP
+        PERFORM realtime.queue_presence(t.topic, t.private,
+            jsonb_build_object('joins', '{}'::jsonb, 'leaves', t.leaves)::text);
+        n := n + t.members;
+    END LOOP;
+    DELETE FROM realtime.presences p WHERE p.left_at < clock_timestamp() - keep_left;
+    RETURN n;
+END
+$$;
+
+-- The roles that may reap (a sidecar's login) may ask these too.
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOR r IN SELECT pg_catalog.quote_ident(a.rolname) FROM pg_catalog.pg_roles a
+             WHERE NOT a.rolsuper
+               AND pg_catalog.has_function_privilege(a.oid, 'realtime.presence_reap(interval)', 'EXECUTE') LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.backend_alive(integer) TO %s', r);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION realtime.presence_reap_due(integer) TO %s', r);
+    END LOOP;
+END
+$$;
+
 -- What a database's default privileges gave on the extension's own objects, revoked: they
 -- apply to whatever the installing role creates in schema realtime, and a database Supabase
 -- made gives postgres and dashboard_user ALL on tables and routines there, which would hand

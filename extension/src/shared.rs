@@ -8,7 +8,7 @@ use pgrx::pg_sys;
 use std::cell::UnsafeCell;
 use std::ffi::CStr;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicU8};
 
 const TRANCHE: &CStr = c"pg_realtime";
 const SEGMENT: &CStr = c"pg_realtime queue";
@@ -50,6 +50,21 @@ pub struct QueueShared {
     core: UnsafeCell<QueueCore>,
     /// Atomics, no lock.
     pub counters: Counters,
+    /// When a presence reap was last let through in each database (`presence.rs`).
+    pub presence_reaps: [ReapStamp; REAP_STAMPS],
+}
+
+/// Databases whose presence reaps are spaced (`realtime.presence_reap_due`); in a further
+/// one every reap goes ahead, as before there was spacing.
+pub const REAP_STAMPS: usize = 16;
+
+/// One database's last presence reap. Atomics, no lock: `db` goes from 0 to a database's
+/// oid once (compare and swap) and stays; `at` is only compared and swapped.
+#[repr(C)]
+pub struct ReapStamp {
+    pub db: AtomicU32,
+    /// TimestampTz; 0 before the first.
+    pub at: AtomicI64,
 }
 
 /// Longest consumer name.

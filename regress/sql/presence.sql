@@ -66,6 +66,26 @@ SELECT realtime.presence_reap() AS left;
 UPDATE realtime.presence_sessions SET pid = 0 WHERE session = 's3';
 SELECT realtime.presence_reap() AS left;
 SELECT * FROM diffs();
+-- Whether a session's backend runs is asked of the proc array (realtime.backend_alive), not
+-- of pg_stat_activity, which copies every backend's status: this backend runs; pid 1 (init)
+-- and pid 0 are no server process.
+SELECT realtime.backend_alive(pg_backend_pid()) AS this_backend, realtime.backend_alive(1) AS init,
+       realtime.backend_alive(0) AS zero, realtime.backend_alive(NULL) AS unknown;
+SELECT has_function_privilege('public', 'realtime.backend_alive(integer)', 'EXECUTE') AS public_may;
+-- Whether a reap should go ahead: once for the first caller in each interval, in each
+-- database, so that every sidecar asking each second makes about one reap a second there.
+SELECT realtime.presence_reap_due(3600000) AS first, realtime.presence_reap_due(3600000) AS second,
+       realtime.presence_reap_due(0) AS at_once;
+-- Another database's sidecars reap their own members: its first reap is due.
+CREATE DATABASE presence_other;
+\c presence_other
+CREATE EXTENSION pg_realtime;
+SELECT realtime.presence_reap_due(3600000) AS other_first, realtime.presence_reap_due(3600000) AS other_second;
+\c regression
+DROP DATABASE presence_other;
+SELECT realtime.presence_reap_due(-1);
+SELECT realtime.presence_reap_due(3600001);
+SELECT has_function_privilege('public', 'realtime.presence_reap_due(integer)', 'EXECUTE') AS public_may;
 -- The sessions' backends are recorded as they renew.
 SELECT session, pid = pg_backend_pid() AS this_backend FROM realtime.presence_sessions ORDER BY session;
 -- A member whose session does not exist (tracked while its session was being reaped)

@@ -3,7 +3,9 @@
 //! (`lease`) or the reaper being due (each second):
 //! 0. **Reaper.** Every second it calls `realtime.presence_reap`, which makes the members of
 //!    every ended session leave: a lease that ran out (a hung or cut-off sidecar) or a
-//!    backend that is gone (a killed one). Every sidecar reaps; one at a time does. (Not on
+//!    backend that is gone (a killed one). Every sidecar asks; the first to ask once
+//!    `REAP_AT_MOST_EVERY` has passed since the last reap (`realtime.presence_reap_due`)
+//!    reaps, so the primary makes about one reap a second, not one for each sidecar. (Not on
 //!    the lease's connection: the reaper may wait for row locks, a renewal must not.)
 //! 1. **Loads.** The topics a view is waiting for are read in one `realtime.presence_state`
 //!    call and handed to the views.
@@ -32,6 +34,12 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::watch;
 use tokio_postgres::Client;
+
+/// The least time between two reaps on the primary, whichever sidecars make them: a little
+/// under the reaper's tick, so that a sidecar's own tick always finds a reap due when no
+/// other sidecar made one since its last, and members of an ended session never wait more
+/// than a tick for it.
+const REAP_AT_MOST_EVERY: std::time::Duration = std::time::Duration::from_millis(900);
 
 /// Most members written by one statement: a statement stays short, whatever is waiting.
 const WRITE_BATCH: usize = 1000;
@@ -258,9 +266,13 @@ impl Worker {
     }
 
     async fn reap(&self, client: &Client) -> Result<(), Stop> {
-        let sql = "SELECT realtime.presence_reap() AS reaped";
+        // Every sidecar asks each second, and the first to ask once REAP_AT_MOST_EVERY has
+        // passed reaps: about one reap a second on the primary, however many sidecars.
+        let sql = "SELECT CASE WHEN realtime.presence_reap_due($1) \
+                   THEN realtime.presence_reap() ELSE 0 END AS reaped";
+        let every = REAP_AT_MOST_EVERY.as_millis() as i32;
         match self
-            .call("presence_reap", client.query_one(sql, &[]))
+            .call("presence_reap", client.query_one(sql, &[&every]))
             .await?
         {
             Ok(row) => {
