@@ -70,6 +70,17 @@ SELECT realtime.unlisten('l', ARRAY['a', 'a', 'never-listened']) AS listening;
 SELECT send_to('a', 'x');
 SELECT n, kind, topic FROM take_l();
 
+-- Topics whose keys share a bucket of the interest table's summary (interest_table.rs:
+-- room:31 and room:180 do): the bucket stays marked while either is listened to, and an
+-- unlisten of one leaves the other wanted and the one gone skipped.
+SELECT realtime.listen('l', ARRAY['room:31', 'room:180']) AS listening;
+SELECT realtime.unlisten('l', ARRAY['room:31']) AS listening;
+SELECT send_to('room:31', 'room:180');
+SELECT n, kind, topic FROM take_l();
+SELECT realtime.unlisten('l', ARRAY['room:180']) AS listening;
+SELECT send_to('room:31', 'room:180');
+SELECT n, kind, topic FROM take_l();
+
 -- Listening to nothing still filters: everything is skipped.
 SELECT realtime.unlisten('l', ARRAY['x']) AS listening;
 SELECT listening FROM realtime.consumers() WHERE name = 'l';
