@@ -19,9 +19,6 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio_postgres::Client;
 
-/// The lease connection's commits (see `run`).
-const ASYNC_COMMIT: &str = "SET synchronous_commit = off";
-
 /// How often the lease is renewed (and the worker calls the reaper).
 pub const TICK: Duration = Duration::from_secs(1);
 
@@ -109,19 +106,6 @@ pub async fn run(
         else {
             return;
         };
-        // A renewal need not wait for the WAL flush nor for the synchronous standbys: one
-        // lost in a crash or a failover only makes the lease look a second older, and every
-        // lease has run out by the time a standby is promoted. Waiting made each renewal, one
-        // a second from every sidecar, the dearest thing a sidecar asks of the primary when
-        // nothing is sent. (What `presence_end` queues is still held for the standbys, as
-        // every message of a commit that did not wait is.)
-        if let Err(e) = within(&cfg, client.batch_execute(ASYNC_COMMIT)).await {
-            tracing::warn!(error = %e, "presence lease connection failed; reconnecting");
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
-                _ = shutdown.changed() => return,
-            }
-        }
         loop {
             let step = async {
                 for old in std::mem::take(&mut to_end) {
