@@ -36,7 +36,7 @@ CREATE FUNCTION catalog() RETURNS SETOF text LANGUAGE sql AS $$
     FROM pg_proc p WHERE p.pronamespace IN (to_regnamespace('realtime'), 'public'::regnamespace)
       AND p.proname NOT IN ('catalog', 'app_objects', 'reset', 'released_versions')
     UNION ALL
-    SELECT format('relation %s kind=%s owner=%s acl=%s rls=%s', c.oid::regclass, c.relkind, c.relowner::regrole, c.relacl, c.relrowsecurity)
+    SELECT format('relation %s kind=%s persistence=%s owner=%s acl=%s rls=%s', c.oid::regclass, c.relkind, c.relpersistence, c.relowner::regrole, c.relacl, c.relrowsecurity)
     FROM rels c
     UNION ALL
     SELECT format('column %s.%s %s notnull=%s default=%s acl=%s', c.oid::regclass, a.attname, format_type(a.atttypid, a.atttypmod),

@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
 /// How often the lease is renewed (and the worker calls the reaper).
 pub const TICK: Duration = Duration::from_secs(1);
@@ -106,15 +106,25 @@ pub async fn run(
         else {
             return;
         };
+        let statements = match within(&cfg, Statements::prepare(&client)).await {
+            Ok(statements) => statements,
+            Err(why) => {
+                tracing::warn!(error = %why, "presence lease connection failed; reconnecting");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = shutdown.changed() => return,
+                }
+                continue;
+            }
+        };
         loop {
             let step = async {
                 for old in std::mem::take(&mut to_end) {
-                    let sql = "SELECT realtime.presence_end($1)";
-                    if let Err(e) = within(&cfg, client.query_one(sql, &[&old])).await {
+                    if let Err(e) = within(&cfg, client.query_one(&statements.end, &[&old])).await {
                         tracing::warn!(error = %e, "could not end a presence session; the reaper will");
                     }
                 }
-                renew(&cfg, &client, &session, &metrics).await?;
+                renew(&cfg, &client, &statements, &session, &metrics).await?;
                 Ok::<(), String>(())
             };
             let failed = tokio::select! {
@@ -122,7 +132,7 @@ pub async fn run(
                 _ = shutdown.changed() => None,
             };
             if *shutdown.borrow() {
-                return end(&cfg, &client, &session).await;
+                return end(&cfg, &client, &statements, &session).await;
             }
             if let Some(why) = failed {
                 tracing::warn!(error = %why, "presence lease connection failed; reconnecting");
@@ -133,7 +143,7 @@ pub async fn run(
                 _ = shutdown.changed() => {}
             }
             if *shutdown.borrow() {
-                return end(&cfg, &client, &session).await;
+                return end(&cfg, &client, &statements, &session).await;
             }
         }
         // This connection's backend was the session's: once it is gone the reaper ends the
@@ -147,14 +157,31 @@ pub async fn run(
     }
 }
 
+/// The lease connection's statements, prepared once a connection: a renewal each second is
+/// then one round trip that the primary neither parses nor plans.
+struct Statements {
+    renew: Statement,
+    end: Statement,
+}
+
+impl Statements {
+    async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
+        Ok(Statements {
+            renew: client
+                .prepare("SELECT realtime.presence_renew($1, $2::text::interval) AS held")
+                .await?,
+            end: client.prepare("SELECT realtime.presence_end($1)").await?,
+        })
+    }
+}
+
 /// Ends the session on shutdown: this sidecar's members leave at once.
-async fn end(cfg: &Config, client: &Client, session: &Session) {
+async fn end(cfg: &Config, client: &Client, statements: &Statements, session: &Session) {
     let id = session.snapshot().id;
-    let sql = "SELECT realtime.presence_end($1)";
     // Another sidecar's reaper may pick it as a deadlock's victim: try again (three times
     // at most; past that, the reaper ends the session once this backend is gone).
     for attempt in 1..=3 {
-        match within(cfg, client.query_one(sql, &[&id])).await {
+        match within(cfg, client.query_one(&statements.end, &[&id])).await {
             Ok(_) => return,
             Err(e) if attempt < 3 => {
                 tracing::debug!(error = %e, "ending the presence session failed; again")
@@ -180,14 +207,14 @@ async fn within<T>(
 async fn renew(
     cfg: &Config,
     client: &Client,
+    statements: &Statements,
     session: &Session,
     metrics: &Metrics,
 ) -> Result<(), String> {
     let lease = format!("{} seconds", cfg.presence_lease_secs);
-    let sql = "SELECT realtime.presence_renew($1, $2::text::interval) AS held";
     loop {
         let now = session.snapshot();
-        let row = within(cfg, client.query_one(sql, &[&now.id, &lease])).await?;
+        let row = within(cfg, client.query_one(&statements.renew, &[&now.id, &lease])).await?;
         let held: bool = row.get("held");
         if held || !now.ready {
             // Held, or taken just now for a new session.

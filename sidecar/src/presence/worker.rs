@@ -33,13 +33,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::watch;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
 /// The least time between two reaps on the primary, whichever sidecars make them: a little
 /// under the reaper's tick, so that a sidecar's own tick always finds a reap due when no
 /// other sidecar made one since its last, and members of an ended session never wait more
 /// than a tick for it.
 const REAP_AT_MOST_EVERY: std::time::Duration = std::time::Duration::from_millis(900);
+
+/// Every sidecar asks each second, and the first to ask once REAP_AT_MOST_EVERY has passed
+/// reaps: about one reap a second on the primary, however many sidecars.
+const REAP_SQL: &str = "SELECT CASE WHEN realtime.presence_reap_due($1) \
+                        THEN realtime.presence_reap() ELSE 0 END AS reaped";
 
 /// Most members written by one statement: a statement stays short, whatever is waiting.
 const WRITE_BATCH: usize = 1000;
@@ -247,10 +252,19 @@ impl Worker {
         // skipped, so the reaper ran every other second: a cut-off sidecar's members left
         // up to a second late.)
         let mut reap_due = Instant::now();
+        // Prepared once a connection: the reaper asks every second, and an unprepared query
+        // is parsed and planned on the primary each time, in two round trips.
+        let reap = match self
+            .call("prepare presence_reap", client.prepare(REAP_SQL))
+            .await?
+        {
+            Ok(statement) => statement,
+            Err(e) => return Err(Stop::Lost(format!("prepare presence_reap: {e}"))),
+        };
         loop {
             if Instant::now() >= reap_due {
                 reap_due = Instant::now() + super::lease::TICK;
-                self.reap(client).await?;
+                self.reap(client, &reap).await?;
             }
             self.load(client).await?;
             self.write(client).await?;
@@ -265,14 +279,10 @@ impl Worker {
         }
     }
 
-    async fn reap(&self, client: &Client) -> Result<(), Stop> {
-        // Every sidecar asks each second, and the first to ask once REAP_AT_MOST_EVERY has
-        // passed reaps: about one reap a second on the primary, however many sidecars.
-        let sql = "SELECT CASE WHEN realtime.presence_reap_due($1) \
-                   THEN realtime.presence_reap() ELSE 0 END AS reaped";
+    async fn reap(&self, client: &Client, statement: &Statement) -> Result<(), Stop> {
         let every = REAP_AT_MOST_EVERY.as_millis() as i32;
         match self
-            .call("presence_reap", client.query_one(sql, &[&every]))
+            .call("presence_reap", client.query_one(statement, &[&every]))
             .await?
         {
             Ok(row) => {
