@@ -934,6 +934,50 @@ def process_cpu(pids):
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def process_ns(pids):
+    """Nanoseconds the processes `pids` ran so far (the scheduler's count, finer than clock
+    ticks; those gone count nothing)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def plain_calls(primary, connections, rate, seconds):
+    """The primary's backends' CPU, µs a call, for `rate` prepared `SELECT 1` calls a second
+    from the edge spread over `connections` connections: what a call costs this box when its
+    backend runs that often, with nothing of pg_realtime in it."""
+    script = f"{LAB}/plain.sql"
+    with open(script, "w") as f:
+        f.write("select 1;\n")
+    cmd = ["pgbench", "-n", "-h", ADDR[primary], "-U", "postgres", "-c", connections, "-j", min(connections, 2),
+           "-R", rate, "-T", seconds + 4, "-M", "prepared", "-f", script, "postgres"]
+    run = subprocess.Popen(["bash", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', f"{CG}/edge",
+                            "ip", "netns", "exec", f"{NS}-edge", *map(str, cmd)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 10
+        while True:
+            got, _ = sql("select pid from pg_stat_activity where application_name = 'pgbench'")
+            if len(got) >= connections:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"pgbench's {connections} connections never came")
+            time.sleep(0.2)
+        pids = [int(r[0]) for r in got]
+        time.sleep(1)
+        ns0, t0 = process_ns(pids), time.time()
+        time.sleep(seconds)
+        ns1, t1 = process_ns(pids), time.time()
+    finally:
+        run.wait(timeout=seconds + 30)
+    return (ns1 - ns0) / 1e3 / (rate * (t1 - t0))
+
+
 def primary_processes():
     """The primary's server processes, {pid: kind}: a sidecar's backend by the realtime
     function it last called (its drain, lease, reaper, ...), any other by its type."""
@@ -1101,6 +1145,18 @@ def cost(a):
         print("cost: no row of 1 process to compare with (--ladder)", flush=True)
         return
     most = rows[-1]
+    # What a call costs this box as the same calls are spread over more, each less busy,
+    # backends: the drains' calls of the 1 row, made of a plain `SELECT 1` from 1 and from
+    # N connections. Nothing of pg_realtime is in it; it is what the box adds.
+    calls = lambda r: r["batches"] * r["messages"] / a.cost_seconds
+    per_call = lambda r: r["drains_us"] / r["batches"] if r["batches"] else 0.0
+    rate = max(round(calls(one)), 1)
+    plain = {n: plain_calls(primary, n, rate, 20) for n in (1, most["processes"])}
+    print(f"  per call, at {rate} calls a second: the drain backends {per_call(one):.0f} µs at 1 process, "
+          f"{per_call(most):.0f} at {most['processes']} ({calls(most):.0f} calls a second) "
+          f"({per_call(most) / max(per_call(one), 1e-9):.2f}×); a plain prepared `select 1` "
+          f"{plain[1]:.0f} µs on 1 connection, {plain[most['processes']]:.0f} on {most['processes']} "
+          f"({plain[most['processes']] / max(plain[1], 1e-9):.2f}×)", flush=True)
     ratio = most["share_us"] / one["share_us"] if one["share_us"] > 0 else float("inf")
     # The sidecars' own backends, counted process by process: a figure without the
     # publishers' row-to-row spread, which on these 2 cores exceeds the share itself.
