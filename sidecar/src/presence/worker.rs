@@ -253,18 +253,25 @@ impl Worker {
         // up to a second late.)
         let mut reap_due = Instant::now();
         // Prepared once a connection: the reaper asks every second, and an unprepared query
-        // is parsed and planned on the primary each time, in two round trips.
+        // is parsed and planned on the primary each time, in two round trips. A database that
+        // refuses it (an extension older than realtime.presence_reap_due) leaves this sidecar
+        // without a reaper, as a failing reap did before, not without presence.
         let reap = match self
             .call("prepare presence_reap", client.prepare(REAP_SQL))
             .await?
         {
-            Ok(statement) => statement,
-            Err(e) => return Err(Stop::Lost(format!("prepare presence_reap: {e}"))),
+            Ok(statement) => Some(statement),
+            Err(e) => {
+                tracing::warn!(error = %e, "the presence reaper cannot run on this database");
+                None
+            }
         };
         loop {
             if Instant::now() >= reap_due {
                 reap_due = Instant::now() + super::lease::TICK;
-                self.reap(client, &reap).await?;
+                if let Some(reap) = &reap {
+                    self.reap(client, reap).await?;
+                }
             }
             self.load(client).await?;
             self.write(client).await?;
