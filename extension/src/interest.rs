@@ -25,6 +25,9 @@
 //!   they do not listen to, `wake.rs`): a channel that just joined is not sent what was
 //!   committed before it joined. A key listened to again in a `reset` keeps when it was
 //!   first listened to, so a sidecar that offers its whole set again loses nothing.
+//! * Except when the listen turned filtering on: the slot was receiving everything, so the
+//!   keys of that listen are wanted from the queue's start, and nothing the slot was owed and
+//!   had not read yet is taken back (a slot new on a promoted standby, issue 42).
 //! * Skipped messages are still read through: the drain says how far (a row of kind
 //!   `filtered`), so the consumer's position moves on.
 //!
@@ -94,8 +97,17 @@ fn listen(
     let q = queue();
     let (mut g, interest) = exclusive(q, consumer);
     // Under the exclusive lock: a message published after this call has at least this
-    // sequence, one published before it less.
-    let since = g.core().last_seq() + 1;
+    // sequence, one published before it less. A slot that receives everything (new, or
+    // after listen_all) was owed every message it has not read yet; the keys it now
+    // listens to stay owed from the start (0), or turning the filter on would take back
+    // what it was already to receive. (Issue 42: a slot new on a promoted standby reads the
+    // new queue from its start; its listen came after other sidecars' presence diffs there,
+    // which were skipped, and its views lacked those members for good.)
+    let since = if interest.filtering() {
+        g.core().last_seq() + 1
+    } else {
+        0
+    };
     let mut kept = std::collections::HashMap::new();
     if reset {
         // Checked before anything changes, so a refused call leaves the table as it was.
