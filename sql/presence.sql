@@ -17,7 +17,15 @@
 -- reused (a sequence survives restarts).
 CREATE SEQUENCE realtime.presence_refs;
 
-CREATE TABLE realtime.presence_sessions (
+-- Unlogged: a lease lives no longer than the server it was taken on (a session is renewed
+-- from one backend, and a sidecar takes a new session when it connects again), so nothing of
+-- it needs the WAL. Each sidecar renews every second; a logged renewal made every idle
+-- sidecar flush the WAL and wait for the synchronous standbys once a second (about 0.3 ms of
+-- the primary's CPU each), and let a standby's absence expire every lease. After a crash or a
+-- promotion the table is empty, so the members of its sessions leave at the first reap, as
+-- they would anyway: their backends are gone. (realtime.presences, the members, is logged:
+-- presence survives a failover.)
+CREATE UNLOGGED TABLE realtime.presence_sessions (
     session text PRIMARY KEY,
     expires_at timestamptz NOT NULL,
     -- The backend that renews the lease (the sidecar's presence connection).

@@ -706,6 +706,8 @@ CREATE FUNCTION realtime."presence_reap_due"(every_ms integer) RETURNS boolean
 VOLATILE STRICT PARALLEL UNSAFE LANGUAGE c AS 'MODULE_PATHNAME', 'presence_reap_due_wrapper';
 REVOKE EXECUTE ON FUNCTION realtime.presence_reap_due(integer) FROM PUBLIC;
 ALTER TABLE realtime.presence_sessions DROP COLUMN backend_start;
+-- A lease lives no longer than its server: no renewal writes the WAL or waits for the standbys.
+ALTER TABLE realtime.presence_sessions SET UNLOGGED;
 CREATE OR REPLACE FUNCTION realtime.presence_renew(session_id text, lease interval DEFAULT '3 seconds')
 RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE

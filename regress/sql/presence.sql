@@ -88,6 +88,13 @@ SELECT realtime.presence_reap_due(3600001);
 SELECT has_function_privilege('public', 'realtime.presence_reap_due(integer)', 'EXECUTE') AS public_may;
 -- The sessions' backends are recorded as they renew.
 SELECT session, pid = pg_backend_pid() AS this_backend FROM realtime.presence_sessions ORDER BY session;
+-- A renewal writes nothing to the WAL (no WAL line below), so it neither flushes it nor waits
+-- for the synchronous standbys: the sessions are unlogged, as a lease lives no longer than
+-- its server.
+-- (Session 'wal' has no members, and its lease is over: the next reap ends it unseen.)
+SELECT realtime.presence_renew('wal', '-1 second') AS held_before;
+EXPLAIN (ANALYZE, WAL, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT realtime.presence_renew('wal', '-1 second');
+SELECT relpersistence FROM pg_class WHERE oid = 'realtime.presence_sessions'::regclass;
 -- A member whose session does not exist (tracked while its session was being reaped)
 -- leaves too: no member outlives its session.
 SELECT realtime.presence_track('nobody', 'room:d', false, 'fay', '{}') IS NOT NULL AS tracked;
