@@ -1,5 +1,5 @@
-//! One drain call: the tables whose changes it decodes, the queue's statistics once a
-//! second, the linger before it, and its answer read once into what each row is, cut before
+//! One drain call: the tables whose changes it decodes, the queue's statistics every few
+//! seconds, the linger before it, and its answer read once into what each row is, cut before
 //! a change a channel joined its table for during the call (drained again at once).
 
 use super::session::{within, Destinations, Session, SessionError};
@@ -14,8 +14,11 @@ use tokio_postgres::Row;
 /// The tables some channel listens to, as the oids `realtime.drain` decodes changes of.
 const TABLES_SQL: &str = "SELECT realtime.table_oids($1, $2) AS oids";
 
-/// How often the queue's statistics (held-back commits, retention) are read into metrics.
-const STATS_EVERY: Duration = Duration::from_secs(1);
+/// How often the queue's statistics (held-back commits, retention) are read into metrics:
+/// often enough for a scrape every 15 s or so, and seldom, as each read is a round trip and
+/// a wake-up of the primary's backend for every sidecar process (the primary's work by the
+/// second grows with the processes, issue 42). It was every second.
+const STATS_EVERY: Duration = Duration::from_secs(5);
 
 /// What a drain call waits for at most when nothing commits.
 const TIMEOUT_MS: i32 = 1000;

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
-/// The queue's statistics (held-back commits, retention), read into metrics once a second
+/// The queue's statistics (held-back commits, retention), read into metrics every few seconds
 /// (`call`).
 const STATS_SQL: &str = "SELECT pending_bytes, \
      coalesce(extract(epoch FROM clock_timestamp() - oldest_pending_since), 0)::float8 \
