@@ -255,11 +255,12 @@ wait_for() {
 
 # One sidecar process on host $1, consumer $2, port $3, in the background; its PID goes to
 # $LAB/$2.pid (the lab's two are sc1 and sc2 on port 4000; the cost check starts more).
-# Routed sidecars share a budget of 150 drain calls a second (sidecar/README.md, "Past one
-# machine"), so that the primary's calls do not multiply with them: below the 160-odd one
-# sidecar makes on its own at the checks' 2,000 msg/s; and a wait after a hand-out of up to
-# 100 ms: with the default 50, 8 processes each handed an eighth would make at least 20 calls
-# a second each, 160 together, more than the budget.
+# Routed sidecars share a budget of 120 drain calls a second (sidecar/README.md, "Past one
+# machine"), so that the primary's calls do not multiply with them: below the 130-odd one
+# sidecar makes on its own at the checks' 2,000 msg/s, so that one process is held to it as
+# eight are; and a wait after a hand-out of up to 100 ms: with the default 50, 8 processes
+# each handed an eighth would make at least 20 calls a second each, 160 together, more than
+# the budget.
 sidecar() {
     local h=$1 name=$2 port=$3
     local dsn="host=$(addr db1),$(addr db2) port=5432 user=realtime_sidecar dbname=postgres target_session_attrs=read-write application_name=realtime-sidecar"
@@ -268,7 +269,7 @@ sidecar() {
     on "$h" bash -c 'echo $$ > "$0" && exec "$@"' "$LAB/$name.pid" \
         env BIND="$(addr "$h")" PORT="$port" DATABASE_URL="$dsn" DB_SSL=true \
         DB_SSL_CA_CERT="$LAB/tls/ca.crt" CONSUMER_NAME="$name" API_JWT_SECRET="$SECRET" \
-        TRUSTED_PROXIES="$(addr edge)" DRAIN_CALLS_PER_SECOND="${DRAIN_CALLS_PER_SECOND:-150}" \
+        TRUSTED_PROXIES="$(addr edge)" DRAIN_CALLS_PER_SECOND="${DRAIN_CALLS_PER_SECOND:-120}" \
         DRAIN_LINGER_MAX_MS="${DRAIN_LINGER_MAX_MS:-100}" \
         LOG_LEVEL=info "$SIDECAR_BIN" > "$LAB/$name.log" 2>&1 &
 }
