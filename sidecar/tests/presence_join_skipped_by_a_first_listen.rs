@@ -11,30 +11,8 @@
 mod common;
 
 use common::*;
-use serde_json::{json, Value};
-use std::time::{Duration, Instant};
-
-/// Whether a presence frame names `key` among its joins (a diff) or its members (a state).
-fn names(frame: &Value, key: &str) -> bool {
-    match frame["event"].as_str() {
-        Some("presence_state") => frame["payload"].get(key).is_some(),
-        Some("presence_diff") => frame["payload"]["joins"].get(key).is_some(),
-        _ => false,
-    }
-}
-
-/// Reads `c`'s frames for at most `secs` until one names `key`.
-async fn sees(c: &mut Client, key: &str, secs: u64) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match tokio::time::timeout(left, c.next_json(secs)).await {
-            Ok(Some(frame)) if names(&frame, key) => return true,
-            Ok(Some(_)) => {}
-            _ => return false,
-        }
-    }
-    false
-}
+use serde_json::json;
+use std::time::Duration;
 
 #[tokio::test]
 async fn a_join_published_before_the_first_listen_reaches_the_watchers() {
@@ -68,16 +46,10 @@ async fn a_join_published_before_the_first_listen_reaches_the_watchers() {
         .await
         .unwrap();
     s.signal("STOP");
-    let ended: i64 = db
-        .query_one(
-            "SELECT count(*) FROM realtime.consumers() \
-             WHERE name = $1 AND pg_terminate_backend(active_pid, 5000)",
-            &[&s.consumer],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(ended, 1, "the sidecar's drain backend ended");
+    assert!(
+        end_drain_backend(&db, &s.consumer).await,
+        "the sidecar's drain backend ended"
+    );
 
     // Another sidecar's member joins (its session renewed by this connection, which lives
     // to the end of the test, so the reaper leaves it alone).
@@ -109,7 +81,7 @@ async fn a_join_published_before_the_first_listen_reaches_the_watchers() {
     // Before the fix the drain skipped zed's join (published before the key was listened
     // to), and the watcher never saw zed (this waited out its 15 s).
     assert!(
-        sees(&mut watcher, "zed", 15).await,
+        watcher.sees_presence_of("zed", 15).await,
         "the watcher never saw zed's join; sidecar log:\n{}",
         s.log()
     );

@@ -110,16 +110,10 @@ async fn a_leave_lost_with_the_queue_in_a_restart_still_reaches_the_watchers() {
     // read it.
     b.signal("STOP");
     let db = db().await;
-    let ended: i64 = db
-        .query_one(
-            "SELECT count(*) FROM realtime.consumers() \
-             WHERE name = $1 AND pg_terminate_backend(active_pid, 5000)",
-            &[&b.consumer],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(ended, 1, "b's drain backend ended");
+    assert!(
+        end_drain_backend(&db, &b.consumer).await,
+        "b's drain backend ended"
+    );
     let untrack = json!({"type": "presence", "event": "untrack"});
     let r = ann.push(Some("1"), &channel, "presence", untrack).await;
     assert_eq!(ann.reply(&r).await["status"], "ok");

@@ -10,17 +10,8 @@
 mod common;
 
 use common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::{Duration, Instant};
-
-/// Whether a presence frame names `key` among its joins (a diff) or its members (a state).
-fn names(frame: &Value, key: &str) -> bool {
-    match frame["event"].as_str() {
-        Some("presence_state") => frame["payload"].get(key).is_some(),
-        Some("presence_diff") => frame["payload"]["joins"].get(key).is_some(),
-        _ => false,
-    }
-}
 
 #[tokio::test]
 async fn a_member_whose_write_was_in_flight_is_tracked_under_the_next_session() {
@@ -109,17 +100,6 @@ async fn a_member_whose_write_was_in_flight_is_tracked_under_the_next_session() 
         .join(&channel, json!({"presence": {"key": "", "enabled": true}}))
         .await;
     assert_eq!(reply["status"], "ok", "{reply}");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut seen = false;
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match tokio::time::timeout(left, watcher.next_json(15)).await {
-            Ok(Some(frame)) if names(&frame, "ann") => {
-                seen = true;
-                break;
-            }
-            Ok(Some(_)) => {}
-            _ => break,
-        }
-    }
+    let seen = watcher.sees_presence_of("ann", 15).await;
     assert!(seen, "the watcher never saw ann; sidecar log:\n{}", s.log());
 }

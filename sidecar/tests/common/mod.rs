@@ -88,6 +88,30 @@ pub async fn db() -> tokio_postgres::Client {
     client
 }
 
+/// Ends the backend of `consumer`'s drain (as a stopped server or a cut connection would);
+/// true if there was one.
+pub async fn end_drain_backend(db: &tokio_postgres::Client, consumer: &str) -> bool {
+    let ended: i64 = db
+        .query_one(
+            "SELECT count(*) FROM realtime.consumers() \
+             WHERE name = $1 AND pg_terminate_backend(active_pid, 5000)",
+            &[&consumer],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    ended == 1
+}
+
+/// Whether a presence frame names `key` among its joins (a diff) or its members (a state).
+pub fn presence_names(frame: &Value, key: &str) -> bool {
+    match frame["event"].as_str() {
+        Some("presence_state") => frame["payload"].get(key).is_some(),
+        Some("presence_diff") => frame["payload"]["joins"].get(key).is_some(),
+        _ => false,
+    }
+}
+
 /// A free port below the ephemeral range. A port of that range (what binding port 0 gives)
 /// can be taken at any moment as the source port of one of the thousands of connections
 /// the tests open: a sidecar then failed to bind it ("Address already in use"), and a test
@@ -498,6 +522,19 @@ impl Client {
     }
 
     /// Text frames normalized to {join_ref, ref, topic, event, payload}.
+    /// Reads frames for at most `secs` until a presence frame names `key` (`presence_names`).
+    pub async fn sees_presence_of(&mut self, key: &str, secs: u64) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match tokio::time::timeout(left, self.next_json(secs)).await {
+                Ok(Some(frame)) if presence_names(&frame, key) => return true,
+                Ok(Some(_)) => {}
+                _ => return false,
+            }
+        }
+        false
+    }
+
     pub async fn next_json(&mut self, secs: u64) -> Option<Value> {
         loop {
             match self.next(secs).await? {
