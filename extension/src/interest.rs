@@ -101,8 +101,8 @@ fn listen(
     // after listen_all) was owed every message it has not read yet; the keys it now
     // listens to stay owed from the start (0), or turning the filter on would take back
     // what it was already to receive. (Issue 42: a slot new on a promoted standby reads the
-    // new queue from its start; its listen came after other sidecars' presence diffs there,
-    // which were skipped, and its views lacked those members for good.)
+    // new queue from its start, and its listen can come after other sidecars' presence diffs
+    // there, which were then skipped: its views would lack those members for good.)
     let since = if interest.filtering() {
         g.core().last_seq() + 1
     } else {

@@ -3,7 +3,8 @@
 -- After a failover a sidecar's slot is new on the promoted standby, and unfiltered; the
 -- sidecar reads the new queue from its start, and its listen can come a moment after other
 -- sidecars tracked their members again there: their presence diffs were skipped, and every
--- view on that sidecar lacked those members for good (the lab's forced failover: missing 200).
+-- view on that sidecar could lack those members for good. (Found while looking for why the
+-- lab's forced failover lost members; what lost them there was another bug, in the sidecar.)
 SELECT realtime.create_consumer('owed') AS base \gset
 SELECT realtime.send('{"n": 1}', 'ev', 'mine', false) AS sent;
 SELECT realtime.send('{"n": 2}', 'ev', 'other', false) AS sent;

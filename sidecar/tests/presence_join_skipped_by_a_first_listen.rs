@@ -3,10 +3,11 @@
 //! skipped by its drain: the watchers there never saw the member. After a failover every
 //! sidecar's slot is new on the promoted standby, and so unfiltered; a sidecar reads the new
 //! queue from its start and loads its views, and its listen may come only after another
-//! sidecar tracked its members again there (the lab's forced failover ended with every
-//! watcher's view missing one sidecar's 200 members). The same state is made here without a
-//! failover: the slot is set to receive everything (`realtime.listen_all`), the sidecar is
-//! stopped with its drain's backend ended, a member joins, and the first listen comes after.
+//! sidecar tracked its members again there. (Found while looking for why the lab's forced
+//! failover lost members, which another bug did: `presence_write_lost_with_its_connection`.)
+//! The same state is made here without a failover: the slot is set to receive everything
+//! (`realtime.listen_all`), the sidecar is stopped with its drain's backend ended, a member
+//! joins, and the first listen comes after.
 
 mod common;
 
