@@ -54,6 +54,15 @@ pub enum CallError {
     Failed { canceled: bool, message: String },
 }
 
+/// Whether the server ended the session with this error (FATAL or PANIC: the backend was
+/// terminated, the server is shutting down): the connection is gone, whether or not the
+/// client has read the socket's close yet, so the call was not refused, the database could
+/// not answer. (Issue 42: a presence write ended so was answered to its pushes as refused.)
+pub fn server_ended_session(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|d| matches!(d.severity(), "FATAL" | "PANIC"))
+}
+
 /// A worker's connection, with the deadline that bounds a call on a connection that hangs
 /// (the server's statement_timeout ends a slow one first).
 pub struct Db {
@@ -82,7 +91,7 @@ impl Db {
     ) -> Result<T, CallError> {
         match tokio::time::timeout(self.deadline, call).await {
             Err(_) => Err(CallError::Lost(DbFailure::Unreachable)),
-            Ok(Err(e)) if self.client.is_closed() => {
+            Ok(Err(e)) if self.client.is_closed() || server_ended_session(&e) => {
                 tracing::warn!(error = %e, "worker connection lost");
                 Err(CallError::Lost(DbFailure::Unreachable))
             }

@@ -156,10 +156,7 @@ async fn tls_to_postgres_is_verified_against_the_configured_ca_and_host() {
         "host={} port={port} user=postgres dbname=postgres",
         data.display()
     );
-    let (db, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let db = db_at(&admin).await;
     db.batch_execute("CREATE EXTENSION pg_realtime")
         .await
         .unwrap();

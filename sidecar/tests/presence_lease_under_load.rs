@@ -12,15 +12,13 @@ mod common;
 use clap::Parser;
 use common::*;
 use std::time::{Duration, Instant};
-use tokio_postgres::NoTls;
 
 const CONSUMER: &str = "lease-under-load";
 const LEASE_SECS: u64 = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_presence_lease_is_kept_while_the_connections_runtime_is_saturated() {
-    let (db, conn) = tokio_postgres::connect(&dsn(), NoTls).await.unwrap();
-    tokio::spawn(conn);
+    let db = db().await;
     let port = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap().port().to_string()

@@ -34,10 +34,7 @@ async fn presence_is_served_when_the_reaper_cannot_be_prepared() {
     ] {
         admin.batch_execute(&sql).await.unwrap();
     }
-    let (own, conn) = tokio_postgres::connect(&in_database(&dsn()), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let own = db_at(&in_database(&dsn())).await;
     own.batch_execute("CREATE EXTENSION pg_realtime; CREATE PUBLICATION supabase_realtime")
         .await
         .unwrap();

@@ -221,13 +221,10 @@ impl Worker {
     ) -> Result<Result<T, tokio_postgres::Error>, Stop> {
         match tokio::time::timeout(self.cfg.db_call_deadline(), f).await {
             Err(_) => Err(Stop::Lost(format!("{what} did not answer in time"))),
-            // A FATAL error is the server ending the session (terminated, shutting down),
-            // not a refusal of the statement: the connection is gone whatever the client has
-            // noticed yet. (Issue 42: a write ended so was answered to its pushes as refused.)
             Ok(Err(e))
                 if e.is_closed()
-                    || e.as_db_error()
-                        .is_none_or(|d| matches!(d.severity(), "FATAL" | "PANIC")) =>
+                    || e.as_db_error().is_none()
+                    || db_worker::server_ended_session(&e) =>
             {
                 Err(Stop::Lost(format!("{what}: {e}")))
             }
@@ -385,8 +382,9 @@ impl Worker {
         Ok(())
     }
 
-    /// Puts the wishes of writes not carried out back, with their pushes: the connection
-    /// was lost before they were written, or while they were (their fate unknown). Under the
+    /// Puts the wishes of writes not carried out back, with their pushes: the statement was
+    /// cancelled, or the connection was lost before they were written or while they were
+    /// (their fate unknown). Under the
     /// next session they are written again, beside the members tracked again from `applied`
     /// (a wish put back is newer, and stands). Dropped, they were lost: the members in no
     /// view and their pushes never answered (issue 42, the lab's forced failover: every
@@ -429,9 +427,7 @@ impl Worker {
                         members = part.len(),
                         "a presence write hit its statement timeout; retrying"
                     );
-                    for w in part {
-                        self.members.restore(w.id, w.op.desired(), w.replies);
-                    }
+                    self.restore(part);
                 }
                 Err(Refused::Input(why)) if part.len() == 1 => {
                     let w = part.pop().expect("one write");

@@ -81,7 +81,12 @@ pub fn anon_key() -> String {
 }
 
 pub async fn db() -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(&dsn(), tokio_postgres::NoTls)
+    db_at(&dsn()).await
+}
+
+/// A connection (without TLS) to the database `dsn` names, served in the background.
+pub async fn db_at(dsn: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
         .await
         .expect("connect to Postgres");
     tokio::spawn(conn);
