@@ -188,6 +188,10 @@ pub enum Refusal {
     PresenceTopicFull {
         limit: usize,
     },
+    /// A push while MAX_PRESENCE_PUSHES_WAITING_PER_CHANNEL of the channel's wait.
+    PresencePushesWaiting {
+        limit: usize,
+    },
     /// A `track` or `untrack` the database refused (its reason).
     UnableToTrackPresence(String),
     UnknownEvent(String),
@@ -303,6 +307,9 @@ impl Refusal {
             Refusal::PresenceSidecarBudget => "Too many presence messages per second".into(),
             Refusal::PresenceTopicFull { limit } => format!(
                 "Too many presence members in this topic: the limit is {limit} (MAX_PRESENCE_MEMBERS_PER_TOPIC)"
+            ),
+            Refusal::PresencePushesWaiting { limit } => format!(
+                "Too many presence pushes of this channel are waiting for the database: the limit is {limit} (MAX_PRESENCE_PUSHES_WAITING_PER_CHANNEL)"
             ),
             Refusal::UnknownEvent(event) => {
                 format!("UnknownEvent: this server does not handle event \"{event}\"")

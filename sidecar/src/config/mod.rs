@@ -457,6 +457,17 @@ pub struct Config {
         default_value_t = 30
     )]
     pub max_client_presence_events_per_second: u32,
+    /// Presence pushes of one channel waiting for their change to commit (the database slow
+    /// or away); past it a push is refused at once with "Too many presence pushes of this
+    /// channel are waiting for the database" and changes nothing. At the channel's 30 pushes
+    /// a second that is over 3 s of waiting; realtime-js gives up on a push after 10 s.
+    #[arg(
+        long,
+        env = "MAX_PRESENCE_PUSHES_WAITING_PER_CHANNEL",
+        default_value_t = 100,
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
+    )]
+    pub max_presence_pushes_waiting_per_channel: u32,
     /// Tracks this sidecar accepts per second across its clients; past it the tracks of the
     /// addresses that spent more than their share are refused with "Too many presence
     /// messages per second" (the channel stays; a bystander is still served).

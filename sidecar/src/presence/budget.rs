@@ -7,8 +7,8 @@
 //! its fair share (the total divided by the addresses that tracked this second). So a
 //! bystander that tracks once is served while a flood goes on, and what the sidecar takes
 //! in a second stays under twice its total. A refused track gets an error reply with the
-//! reason; no channel is closed for a budget it did not spend. Untracks are never refused
-//! (they only remove). A backend's connections (`Claims::is_backend`) have no address budget
+//! reason; no channel is closed for a budget it did not spend. No budget refuses an untrack
+//! (it only removes). A backend's connections (`Claims::is_backend`) have no address budget
 //! and share one fair share among them, as if they were one address.
 
 use crate::address::AddressKey;

@@ -6,7 +6,7 @@
 //! member leaves).
 
 use super::budget::Source;
-use super::members::{Desired, MemberId};
+use super::members::{Desired, MemberId, Reply};
 use super::Presence;
 use crate::frame::Inbound;
 use crate::held::Held;
@@ -15,7 +15,8 @@ use crate::out::Reach;
 use crate::rate::Rate;
 use crate::reason::{ChannelClosed, Refusal};
 use serde_json::Value;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// A `presence` push, parsed once (`command`).
 #[derive(Clone, Debug, PartialEq)]
@@ -97,6 +98,8 @@ pub struct ChannelPresence {
     /// A track was handed to the worker: leaving the channel untracks.
     tracked: bool,
     rate: Rate,
+    /// This channel's pushes waiting for their answer (`members::Reply`).
+    waiting: Arc<AtomicUsize>,
 }
 
 impl ChannelPresence {
@@ -116,6 +119,7 @@ impl ChannelPresence {
             watching: false,
             tracked: false,
             rate: Rate::default(),
+            waiting: Arc::default(),
         }
     }
 
@@ -179,14 +183,22 @@ impl ChannelPresence {
             conn: reach.conn,
             topic: key.clone(),
         };
-        let reply = || reach.answering(m);
+        // A push waits for its answer until its change is committed: while the database is
+        // slow or away the channel's pushes pile up, so past the limit one is refused at once
+        // and its wish is not set (a later push, or leaving the channel, still is).
+        let limit = p.max_pushes_waiting;
+        let waiting = Refusal::PresencePushesWaiting { limit };
+        let reply = || Reply::wait(reach.answering(m), &self.waiting, limit);
         match push {
             PresencePush::Unknown(event) => Outcome::Refused(Refusal::UnknownPresenceEvent(event)),
             PresencePush::Untrack => {
-                // Always allowed, as in Supabase: it only ever removes. A later track is a
-                // new member again (MAX_PRESENCE_MEMBERS_PER_TOPIC).
+                // Allowed by every rate and budget, as in Supabase: it only ever removes. A
+                // later track is a new member again (MAX_PRESENCE_MEMBERS_PER_TOPIC).
+                let Some(reply) = reply() else {
+                    return Outcome::Refused(waiting);
+                };
                 self.tracked = false;
-                p.members.set(id, Desired::Untracked, Some(reply()));
+                p.members.set(id, Desired::Untracked, Some(reply));
                 Outcome::Handed
             }
             PresencePush::Track(meta) => {
@@ -218,6 +230,10 @@ impl ChannelPresence {
                 if !self.tracked && p.views.count(key).is_some_and(|n| n >= limit) {
                     return Outcome::Refused(Refusal::PresenceTopicFull { limit });
                 }
+                // Before the budgets, so that a refused push spends none of them.
+                let Some(reply) = reply() else {
+                    return Outcome::Refused(waiting);
+                };
                 if let Err(why) = p.budgets.admit(source) {
                     return Outcome::Refused(why);
                 }
@@ -229,7 +245,7 @@ impl ChannelPresence {
                     key: self.key.clone(),
                     meta,
                 };
-                p.members.set(id, desired, Some(reply()));
+                p.members.set(id, desired, Some(reply));
                 p.metrics.presence_tracks_total.increment(1);
                 Outcome::Handed
             }

@@ -9,7 +9,8 @@
 use crate::hub::{ConnId, TopicKey};
 use crate::out::ReplyTo;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 /// One channel's presence: the connection and the channel's topic.
@@ -32,7 +33,43 @@ pub enum Desired {
 
 /// Where the answer to a `track` or `untrack` push goes: a `phx_reply` once the change is
 /// committed (or found to change nothing), or an error reply saying why it was not.
-pub type Reply = ReplyTo;
+///
+/// While the database is slow or away, a channel's pushes wait here (in its wish, or in a
+/// write in flight, or put back after a lost connection) however many times the wish is
+/// replaced. So each one counts against its channel's MAX_PRESENCE_PUSHES_WAITING_PER_CHANNEL
+/// from the moment it is handed over until it is dropped (answered, or its connection is
+/// gone): one counter per channel, wherever its pushes are.
+pub struct Reply {
+    to: ReplyTo,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Reply {
+    /// The reply to one more push of the channel whose counter is `waiting`, unless `limit`
+    /// of its pushes are waiting already.
+    pub fn wait(to: ReplyTo, waiting: &Arc<AtomicUsize>, limit: usize) -> Option<Reply> {
+        waiting
+            .fetch_update(Relaxed, Relaxed, |n| (n < limit).then_some(n + 1))
+            .ok()?;
+        Some(Reply {
+            to,
+            waiting: waiting.clone(),
+        })
+    }
+}
+
+impl std::ops::Deref for Reply {
+    type Target = ReplyTo;
+    fn deref(&self) -> &ReplyTo {
+        &self.to
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        self.waiting.fetch_sub(1, Relaxed);
+    }
+}
 
 /// A channel's wish, with the pushes waiting to hear how it ended.
 pub struct Want {
@@ -110,12 +147,32 @@ mod tests {
         }
     }
 
-    fn reply(tx: &crate::out::Sender, r: &str) -> Option<Reply> {
+    fn reply_to(tx: &crate::out::Sender, r: &str) -> ReplyTo {
         let link = crate::out::Link::new(1, crate::frame::Vsn::V2, 1, tx.clone());
-        Some(Reply {
+        ReplyTo {
             reach: link.reach("realtime:room", Some("1")),
             reference: Some(r.into()),
-        })
+        }
+    }
+
+    fn reply(tx: &crate::out::Sender, r: &str) -> Option<Reply> {
+        Reply::wait(reply_to(tx, r), &Arc::default(), usize::MAX)
+    }
+
+    #[test]
+    fn a_channel_counts_its_waiting_pushes_until_each_is_dropped() {
+        let (tx, _rx) = crate::out::channel(8);
+        let waiting = Arc::default();
+        let a = Reply::wait(reply_to(&tx, "a"), &waiting, 2).unwrap();
+        let b = Reply::wait(reply_to(&tx, "b"), &waiting, 2).unwrap();
+        assert!(Reply::wait(reply_to(&tx, "c"), &waiting, 2).is_none());
+        assert_eq!(waiting.load(Relaxed), 2, "a refused push is not counted");
+        a.ok();
+        drop(a);
+        let c = Reply::wait(reply_to(&tx, "c"), &waiting, 2);
+        assert!(c.is_some(), "an answered push no longer counts");
+        drop((b, c));
+        assert_eq!(waiting.load(Relaxed), 0);
     }
 
     #[test]

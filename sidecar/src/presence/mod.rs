@@ -46,6 +46,8 @@
 //!   that many metas is refused (issue 39, L4: every joiner is sent the whole state, and
 //!   every sidecar watching keeps it). Counted in this sidecar's view, so sidecars whose
 //!   tracks race each other can pass it by what they admit before each sees the others'.
+//! - MAX_PRESENCE_PUSHES_WAITING_PER_CHANNEL: a channel's pushes waiting for their change to
+//!   commit (the database slow or away); past it a push is refused and changes nothing.
 //!
 //! # Files
 //!
@@ -72,6 +74,8 @@ pub struct Presence {
     pub max_meta_bytes: usize,
     /// MAX_PRESENCE_MEMBERS_PER_TOPIC
     pub max_members_per_topic: usize,
+    /// MAX_PRESENCE_PUSHES_WAITING_PER_CHANNEL
+    pub max_pushes_waiting: usize,
     /// Tracks per second per connection, per address and in total.
     pub budgets: budget::Budgets,
 }
@@ -84,6 +88,7 @@ impl Presence {
             metrics,
             max_meta_bytes: cfg.max_presence_meta_bytes,
             max_members_per_topic: cfg.max_presence_members_per_topic as usize,
+            max_pushes_waiting: cfg.max_presence_pushes_waiting_per_channel as usize,
             budgets: budget::Budgets::new(
                 cfg.max_connection_presence_events_per_second,
                 cfg.max_presence_events_per_second_per_address,
