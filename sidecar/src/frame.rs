@@ -57,6 +57,22 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
+/// The longest `ref` a frame may carry. A push's ref is kept until the push is answered
+/// (a presence push waits for its commit, a held push for its verdict), so it is bounded in
+/// bytes as the pushes waiting are in count; 255 is what the 2.0.0 binary frames' one-byte
+/// length allows, and realtime-js sends a counter. A longer one makes the frame malformed,
+/// dropped as Supabase drops a frame it cannot read.
+pub const MAX_REF_BYTES: usize = 255;
+
+/// A frame's `ref`, at most MAX_REF_BYTES.
+fn push_ref(v: &Value) -> Result<Option<String>, DecodeError> {
+    let r = opt_ref(v)?;
+    if r.as_ref().is_some_and(|r| r.len() > MAX_REF_BYTES) {
+        return Err(DecodeError::Shape("ref is longer than 255 bytes"));
+    }
+    Ok(r)
+}
+
 fn opt_ref(v: &Value) -> Result<Option<String>, DecodeError> {
     match v {
         Value::Null => Ok(None),
@@ -116,7 +132,7 @@ pub fn decode_text_head(vsn: Vsn, text: &str) -> Result<(Inbound, Option<&RawVal
                 serde_json::from_str(text).map_err(|e| shape(e, "expected a JSON object"))?;
             let head = Inbound {
                 join_ref: opt_ref(&e.join_ref)?,
-                reference: opt_ref(&e.reference)?,
+                reference: push_ref(&e.reference)?,
                 topic: required_str(&e.topic, "topic must be a string")?,
                 event: required_str(&e.event, "event must be a string")?,
                 payload: Value::Null,
@@ -131,7 +147,7 @@ pub fn decode_text_head(vsn: Vsn, text: &str) -> Result<(Inbound, Option<&RawVal
             let head = Inbound {
                 event: required_str(&event, "event must be a string")?,
                 topic: required_str(&topic, "topic must be a string")?,
-                reference: opt_ref(&reference)?,
+                reference: push_ref(&reference)?,
                 join_ref: opt_ref(&join_ref)?,
                 payload: Value::Null,
             };
@@ -526,6 +542,23 @@ mod tests {
             decode_text(Vsn::V1, r#"{"topic":5,"event":"e"}"#),
             Err(DecodeError::Shape("topic must be a string"))
         ));
+    }
+
+    #[test]
+    fn a_ref_longer_than_255_bytes_makes_the_frame_malformed() {
+        for (n, ok) in [(MAX_REF_BYTES, true), (MAX_REF_BYTES + 1, false)] {
+            let r = "7".repeat(n);
+            let v1 = json!({"topic": "t", "event": "e", "ref": r}).to_string();
+            let v2 = json!([null, r, "t", "e", {}]).to_string();
+            for (vsn, text) in [(Vsn::V1, v1), (Vsn::V2, v2)] {
+                let decoded = decode_text(vsn, &text);
+                assert_eq!(decoded.is_ok(), ok, "{n} bytes: {decoded:?}");
+            }
+        }
+        // A long join_ref reaches the join, which refuses it with its reason.
+        let long = "7".repeat(MAX_REF_BYTES + 1);
+        let join = json!([long, "1", "realtime:a", "phx_join", {}]).to_string();
+        assert!(decode_text(Vsn::V2, &join).is_ok());
     }
 
     #[test]

@@ -397,3 +397,30 @@ async fn an_unbounded_join_ref_and_presence_key_are_refused() {
     assert_eq!(reply["status"], "ok", "{reply}");
     bystander_is_served(sidecar.port, &db, "poison:refs:bystander").await;
 }
+
+/// A push's ref is kept until the push is answered (a presence push until its commit, up to
+/// MAX_PRESENCE_PUSHES_WAITING_PER_CHANNEL of them), and a text frame's ref had no bound but
+/// the frame's size: megabytes each. Now a ref over 255 bytes (what a binary frame can carry)
+/// makes the frame malformed: dropped, as Supabase drops one it cannot read, the socket kept.
+#[tokio::test]
+async fn a_ref_of_any_length_was_kept_with_every_waiting_push() {
+    let sidecar = Sidecar::start("t_poison_long_ref", &[]).await;
+    let db = db().await;
+    let mut c = Client::connect(sidecar.port, "1.0.0").await;
+    let heartbeat = |r: &str| {
+        let frame = json!({"topic": "phoenix", "event": "heartbeat", "payload": {}, "ref": r});
+        Message::text(frame.to_string())
+    };
+    let (long, longest) = ("1".repeat(256), "2".repeat(255));
+    c.send_raw(heartbeat(&long)).await;
+    c.send_raw(heartbeat(&longest)).await;
+    // Frames are read in order: the long ref's reply, if any, would come first.
+    let first = c
+        .next_json(10)
+        .await
+        .expect("a reply to the second heartbeat");
+    assert_eq!(first["event"], "phx_reply", "{first}");
+    assert_eq!(first["ref"], longest.as_str(), "the first reply: {first}");
+    assert_eq!(sidecar.metric("realtime_malformed_frames_total").await, 1.0);
+    bystander_is_served(sidecar.port, &db, "poison:long-ref:bystander").await;
+}
