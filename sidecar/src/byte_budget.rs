@@ -1,7 +1,8 @@
 //! Bytes the sidecar holds on clients' behalf, bounded per client address and for the whole
 //! sidecar: the client frames being read (`reading`), and the broadcasts waiting for the
-//! relay (`relay`). A frame may be megabytes; counted in frames or messages, a few clients'
-//! large ones could hold what the machine has. Each bound has two settings (`..._PER_ADDRESS`
+//! relay (`relay`) with the pushes held while a private channel's verdict is asked (`held`).
+//! A frame may be megabytes; counted in frames or messages, a few clients' large ones could
+//! hold what the machine has. Each bound has two settings (`..._PER_ADDRESS`
 //! and the sidecar's), and what is held is taken before the bytes are (a frame's header
 //! announces its length; a broadcast's size is known before it is queued): a take that
 //! does not fit is refused at once, never waited for, so no client holds another's place.

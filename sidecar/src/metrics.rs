@@ -230,7 +230,7 @@ impl Default for Metrics {
             ),
             relay_bytes_refusals_total: r.counter(
                 "realtime_relay_bytes_refusals_total",
-                "client broadcasts refused: the bytes waiting for the relay would pass MAX_RELAY_BYTES_PER_ADDRESS or MAX_RELAY_BYTES",
+                "client broadcasts and held pushes refused: the bytes waiting for the database (the relay, a private channel's verdict) would pass MAX_RELAY_BYTES_PER_ADDRESS or MAX_RELAY_BYTES",
             ),
             auth_batches_total: r
                 .counter("realtime_auth_batches_total", "realtime.authorize calls"),
@@ -327,7 +327,7 @@ impl Default for Metrics {
             ),
             relay_bytes_held: r.gauge(
                 "realtime_relay_bytes_held",
-                "bytes of client broadcasts waiting for the relay, held against MAX_RELAY_BYTES",
+                "bytes of client broadcasts waiting for the relay and of pushes held for a private channel's verdict, held against MAX_RELAY_BYTES",
             ),
             outbound_bytes_held: r.gauge(
                 "realtime_outbound_bytes_held",

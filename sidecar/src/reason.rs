@@ -188,6 +188,9 @@ pub enum Refusal {
     PresenceTopicFull {
         limit: usize,
     },
+    /// A presence push to be held for its channel's verdicts whose bytes would pass the
+    /// relay's bound (`held`).
+    PresenceHeldBytes(crate::byte_budget::Over),
     /// A push while MAX_PRESENCE_PUSHES_WAITING_PER_CHANNEL of the channel's wait.
     PresencePushesWaiting {
         limit: usize,
@@ -308,6 +311,10 @@ impl Refusal {
             Refusal::PresenceTopicFull { limit } => format!(
                 "Too many presence members in this topic: the limit is {limit} (MAX_PRESENCE_MEMBERS_PER_TOPIC)"
             ),
+            Refusal::PresenceHeldBytes(over) => match over {
+                crate::byte_budget::Over::Address => "UnableToTrackPresence: this client address's presence pushes waiting for the database would pass MAX_RELAY_BYTES_PER_ADDRESS; retry".into(),
+                crate::byte_budget::Over::Sidecar => "UnableToTrackPresence: the presence pushes waiting for the database would pass MAX_RELAY_BYTES; retry".into(),
+            },
             Refusal::PresencePushesWaiting { limit } => format!(
                 "Too many presence pushes of this channel are waiting for the database: the limit is {limit} (MAX_PRESENCE_PUSHES_WAITING_PER_CHANNEL)"
             ),

@@ -67,7 +67,8 @@ pub struct Shared {
     pub resumes: crate::history::line::Line<crate::history::Request>,
     /// Bytes of client frames being read (MAX_READING_BYTES_PER_ADDRESS, MAX_READING_BYTES).
     pub reading: crate::byte_budget::ByteBudget,
-    /// Bytes of broadcasts waiting for the relay (MAX_RELAY_BYTES_PER_ADDRESS, MAX_RELAY_BYTES).
+    /// Bytes of broadcasts waiting for the relay and of pushes held for a private channel's
+    /// verdict (MAX_RELAY_BYTES_PER_ADDRESS, MAX_RELAY_BYTES).
     pub relay_bytes: crate::byte_budget::ByteBudget,
     /// Large frames queued to connections, each counted once (MAX_OUTBOUND_BYTES_PER_ADDRESS,
     /// MAX_SIDECAR_OUTBOUND_BYTES).

@@ -1,7 +1,7 @@
 //! The bytes the sidecar holds on clients' behalf, each bounded per client address and for
 //! the whole sidecar: client frames being read (MAX_READING_BYTES_PER_ADDRESS,
-//! MAX_READING_BYTES) and broadcasts waiting for the relay (MAX_RELAY_BYTES_PER_ADDRESS,
-//! MAX_RELAY_BYTES). Each bound is passed by a client that a real one would be; small
+//! MAX_READING_BYTES) and pushes waiting for the database, for the relay or for a private
+//! channel's verdict (MAX_RELAY_BYTES_PER_ADDRESS, MAX_RELAY_BYTES). Each bound is passed by a client that a real one would be; small
 //! messages, and what fits, go on.
 
 mod common;
@@ -281,6 +281,124 @@ async fn broadcasts_past_the_relay_bounds_are_refused_and_what_fits_is_relayed()
         let (status, answer) = post_batch(from, port, &public, 150_000).await;
         assert_eq!(status, 202, "{from}: {answer}");
     }
+}
+
+/// Pushes held while a private channel's verdict is asked (`held`) wait for the database as
+/// broadcasts queued for the relay do, but held their bytes nowhere: while a slow verdict was
+/// asked, one client could hold frames of megabytes at its events-per-second rate. Now each
+/// holds its bytes against MAX_RELAY_BYTES_PER_ADDRESS until the verdict is back. Here the
+/// member's write verdicts wait on a lock the test holds.
+#[tokio::test]
+async fn pushes_held_for_a_slow_verdict_held_their_bytes_nowhere() {
+    const LOCK: i64 = 4245;
+    let db = db().await;
+    load_private_policies(&db).await;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let room = format!("held-bytes:{nanos}");
+    let member = "0b0e0000-0000-4000-8000-000000000073";
+    db.batch_execute(&format!(
+        "INSERT INTO private_members VALUES ('{member}', '{room}', false);
+         CREATE OR REPLACE FUNCTION public.t_held_bytes_wait() RETURNS boolean LANGUAGE plpgsql
+             AS $$ BEGIN PERFORM pg_advisory_lock_shared({LOCK});
+                   PERFORM pg_advisory_unlock_shared({LOCK}); RETURN true; END $$;
+         GRANT EXECUTE ON FUNCTION public.t_held_bytes_wait() TO authenticated;
+         DROP POLICY IF EXISTS t_held_bytes ON realtime.messages;
+         CREATE POLICY t_held_bytes ON realtime.messages FOR INSERT TO authenticated
+             WITH CHECK ((SELECT realtime.topic()) LIKE 'held-bytes:%' AND public.t_held_bytes_wait());"
+    ))
+    .await
+    .unwrap();
+    let sidecar = Sidecar::start(
+        "t_held_bytes",
+        &[
+            ("MAX_FRAME_SIZE", "300000"),
+            ("MAX_RELAY_BYTES_PER_ADDRESS", "300000"),
+            ("MAX_RELAY_BYTES", "300000"),
+            ("MAX_PRESENCE_META_BYTES", "200000"),
+        ],
+    )
+    .await;
+    let holder = common::db().await;
+    let mut c = Client::connect_from("127.0.0.73", sidecar.port, "1.0.0")
+        .await
+        .unwrap();
+    let topic = format!("realtime:{room}");
+    let config = json!({"private": true, "broadcast": {"ack": true},
+                        "presence": {"key": "m", "enabled": true}});
+    let r = c
+        .push(
+            Some("1"),
+            &topic,
+            "phx_join",
+            json!({"config": config, "access_token": user_token(member)}),
+        )
+        .await;
+    let joined = c.reply(&r).await;
+    assert_eq!(joined["status"], "ok", "{joined}");
+
+    // Broadcasts: the first asks the write verdict, which waits; the second waits behind it;
+    // the third would pass the address's bound and is refused at once.
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    let large = |event: &str| json!({"type": "broadcast", "event": event, "payload": {"x": "x".repeat(120_000)}});
+    let first = c.push(Some("1"), &topic, "broadcast", large("a")).await;
+    let second = c.push(Some("1"), &topic, "broadcast", large("b")).await;
+    let third = c.push(Some("1"), &topic, "broadcast", large("c")).await;
+    let refused = c.reply(&third).await;
+    assert_eq!(
+        refused["response"]["reason"],
+        "UnableToBroadcast: this client address's broadcasts waiting for the database would pass MAX_RELAY_BYTES_PER_ADDRESS; retry",
+        "{refused}"
+    );
+    gauge_until(
+        &sidecar,
+        "realtime_relay_bytes_held",
+        |v| v >= 240_000.0,
+        "the two held broadcasts' bytes",
+    )
+    .await;
+    holder
+        .execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    for r in [&first, &second] {
+        let reply = c.reply(r).await;
+        assert_eq!(reply["status"], "ok", "broadcast {r}: {reply}");
+    }
+    gauge_reaches(&sidecar, "realtime_relay_bytes_held", 0.0).await;
+
+    // Presence: the same, with the presence write verdict asked at the first track.
+    holder
+        .execute("SELECT pg_advisory_lock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    let track = |n: u32| json!({"type": "presence", "event": "track", "payload": {"n": n, "x": "x".repeat(120_000)}});
+    let first = c.push(Some("1"), &topic, "presence", track(1)).await;
+    let second = c.push(Some("1"), &topic, "presence", track(2)).await;
+    let third = c.push(Some("1"), &topic, "presence", track(3)).await;
+    let refused = c.reply(&third).await;
+    assert_eq!(
+        refused["response"]["reason"],
+        "UnableToTrackPresence: this client address's presence pushes waiting for the database would pass MAX_RELAY_BYTES_PER_ADDRESS; retry",
+        "{refused}"
+    );
+    holder
+        .execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
+        .await
+        .unwrap();
+    for r in [&first, &second] {
+        let reply = c.reply(r).await;
+        assert_eq!(reply["status"], "ok", "track {r}: {reply}");
+    }
+    gauge_reaches(&sidecar, "realtime_relay_bytes_held", 0.0).await;
+    db.batch_execute("DROP POLICY t_held_bytes ON realtime.messages;")
+        .await
+        .unwrap();
 }
 
 /// Sends a 400 kB broadcast `i` to `topic` from the database and waits until `reader` has it.

@@ -3,12 +3,16 @@
 //! asks it, and the pushes after it wait behind it (`held`), then go on in order.
 
 use super::{Answer, Channels};
+use crate::address::AddressKey;
 use crate::authorizer::{self, Verdict};
 use crate::broadcast;
+use crate::byte_budget::Hold;
 use crate::command::ClientBroadcast;
 use crate::frame::{self, Inbound};
 use crate::presence::channel::{Outcome, PresencePush};
 use crate::reason::{ChannelClosed, Refusal};
+use crate::relay;
+use crate::state::Shared;
 
 impl Channels {
     /// A client broadcast on a joined channel: relayed, refused, or held while the write
@@ -18,14 +22,35 @@ impl Channels {
         let Some(ch) = self.channels.get_mut(&m.topic) else {
             return;
         };
-        let Some((m, b)) = ch.broadcast.held.admit(m, b) else {
-            return;
-        };
-        if ch.key.private && ch.broadcast.write.is_none() {
+        let asking = ch.broadcast.held.is_asking();
+        if asking || (ch.key.private && ch.broadcast.write.is_none()) {
+            // Held until the verdict is back, its bytes held as a relayed broadcast's are.
+            let bytes = relay::broadcast_bytes(&ch.key.topic, &b.event, &b.payload);
+            let address = self.presence_source.address;
+            let topic = m.topic.clone();
+            match relay::take_bytes(
+                &self.shared.relay_bytes,
+                address,
+                bytes,
+                &self.shared.metrics,
+            ) {
+                Ok(hold) => ch.broadcast.held.hold(m, b, hold),
+                Err(over) => {
+                    let persisted = b.persist != Ok(None);
+                    let why = Refusal::UnableToBroadcast(relay::over_text(over).into());
+                    self.shared
+                        .metrics
+                        .client_broadcast_failures_total
+                        .increment(1);
+                    self.refuse_broadcast(&m, &why, persisted);
+                    return;
+                }
+            }
+            if asking {
+                return;
+            }
             let generation = ch.checks.generation;
             let (sub_topic, who) = (ch.key.topic.clone(), ch.who.clone());
-            let topic = m.topic.clone();
-            ch.broadcast.held.ask(m, b);
             let auth = self.shared.authorize.clone();
             self.ask(async move {
                 let write = authorizer::write_access(&auth, &who, &sub_topic).await;
@@ -114,9 +139,13 @@ impl Channels {
         let Some(ch) = self.channels.get_mut(&m.topic) else {
             return;
         };
-        let Some((m, push)) = ch.presence.held.admit(m, push) else {
+        if ch.presence.held.is_asking() {
+            match presence_hold(&self.shared, self.presence_source.address, &push) {
+                Ok(hold) => ch.presence.held.hold(m, push, hold),
+                Err(why) => self.refuse(&m, why),
+            }
             return;
-        };
+        }
         let p = &self.shared.presence;
         let source = &mut self.presence_source;
         let outcome = ch.presence.push(p, &ch.reach, &ch.key, &m, push, source);
@@ -125,8 +154,15 @@ impl Channels {
             Outcome::Refused(why) => self.refuse(&m, why),
             Outcome::Close(why) => self.leave(&m.topic, Some(why)),
             Outcome::Ask { read, push } => {
+                let hold = match presence_hold(&self.shared, self.presence_source.address, &push) {
+                    Ok(hold) => hold,
+                    Err(why) => return self.refuse(&m, why),
+                };
+                let Some(ch) = self.channels.get_mut(&m.topic) else {
+                    return;
+                };
                 let topic = m.topic.clone();
-                ch.presence.held.ask(m, push);
+                ch.presence.held.hold(m, push, hold);
                 let generation = ch.checks.generation;
                 let (sub_topic, who) = (ch.key.topic.clone(), ch.who.clone());
                 let auth = self.shared.authorize.clone();
@@ -183,4 +219,18 @@ impl Channels {
             self.presence_apply(m, push);
         }
     }
+}
+
+/// Holds the bytes of a presence push about to be held for its channel's verdicts (`held`).
+fn presence_hold(
+    shared: &Shared,
+    address: Option<AddressKey>,
+    push: &PresencePush,
+) -> Result<Hold, Refusal> {
+    let bytes = match push {
+        PresencePush::Track(meta) => meta.to_string().len(),
+        PresencePush::Untrack | PresencePush::Unknown(_) => 0,
+    };
+    relay::take_bytes(&shared.relay_bytes, address, bytes, &shared.metrics)
+        .map_err(Refusal::PresenceHeldBytes)
 }

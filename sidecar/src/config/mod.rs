@@ -131,12 +131,13 @@ pub struct Config {
     #[arg(long, env = "MAX_READING_BYTES", default_value_t = 512 << 20)]
     pub max_reading_bytes: usize,
     /// Bytes of one client address's broadcasts waiting for the relay (its connections' and
-    /// REST requests' together): a broadcast that would pass it is refused
-    /// ("UnableToBroadcast: ... MAX_RELAY_BYTES_PER_ADDRESS ...; retry"). At least
+    /// REST requests' together), and of its pushes held while a private channel's verdict is
+    /// asked: a push that would pass it is refused ("UnableToBroadcast: ...
+    /// MAX_RELAY_BYTES_PER_ADDRESS ...; retry", a track "UnableToTrackPresence: ..."). At least
     /// MAX_FRAME_SIZE.
     #[arg(long, env = "MAX_RELAY_BYTES_PER_ADDRESS", default_value_t = 64 << 20)]
     pub max_relay_bytes_per_address: usize,
-    /// Bytes of every broadcast waiting for the relay; past it as
+    /// Bytes of every broadcast waiting for the relay and every push held for a verdict; past it as
     /// MAX_RELAY_BYTES_PER_ADDRESS, naming MAX_RELAY_BYTES. At least
     /// MAX_RELAY_BYTES_PER_ADDRESS.
     #[arg(long, env = "MAX_RELAY_BYTES", default_value_t = 512 << 20)]
