@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use futures_util::SinkExt;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -283,6 +283,50 @@ async fn broadcasts_past_the_relay_bounds_are_refused_and_what_fits_is_relayed()
     }
 }
 
+/// A private channel whose write verdicts wait for advisory lock `lock` (its policy).
+struct Held<'a> {
+    sidecar: &'a Sidecar,
+    holder: &'a tokio_postgres::Client,
+    lock: i64,
+    topic: &'a str,
+}
+
+impl Held<'_> {
+    /// With the lock held, `c` pushes three 120 kB `bodies` as `event`: the first asks the
+    /// verdict and waits, the second waits behind it, and the third, past the address's bound
+    /// of 300,000 bytes, is refused at once with `reason`. Once the lock is let go the first
+    /// two are answered ok, and their bytes are given back.
+    async fn third_refused(&self, c: &mut Client, event: &str, bodies: [Value; 3], reason: &str) {
+        let lock = self.lock;
+        self.holder
+            .execute("SELECT pg_advisory_lock($1)", &[&lock])
+            .await
+            .unwrap();
+        let mut refs = Vec::new();
+        for body in bodies {
+            refs.push(c.push(Some("1"), self.topic, event, body).await);
+        }
+        let refused = c.reply(&refs[2]).await;
+        assert_eq!(refused["response"]["reason"], reason, "{refused}");
+        gauge_until(
+            self.sidecar,
+            "realtime_relay_bytes_held",
+            |v| v >= 240_000.0,
+            "the two held pushes' bytes",
+        )
+        .await;
+        self.holder
+            .execute("SELECT pg_advisory_unlock($1)", &[&lock])
+            .await
+            .unwrap();
+        for r in &refs[..2] {
+            let reply = c.reply(r).await;
+            assert_eq!(reply["status"], "ok", "{event} {r}: {reply}");
+        }
+        gauge_reaches(self.sidecar, "realtime_relay_bytes_held", 0.0).await;
+    }
+}
+
 /// Pushes held while a private channel's verdict is asked (`held`) wait for the database as
 /// broadcasts queued for the relay do, but held their bytes nowhere: while a slow verdict was
 /// asked, one client could hold frames of megabytes at its events-per-second rate. Now each
@@ -293,11 +337,7 @@ async fn pushes_held_for_a_slow_verdict_held_their_bytes_nowhere() {
     const LOCK: i64 = 4245;
     let db = db().await;
     load_private_policies(&db).await;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let room = format!("held-bytes:{nanos}");
+    let room = format!("held-bytes:{}", now());
     let member = "0b0e0000-0000-4000-8000-000000000073";
     db.batch_execute(&format!(
         "INSERT INTO private_members VALUES ('{member}', '{room}', false);
@@ -341,61 +381,29 @@ async fn pushes_held_for_a_slow_verdict_held_their_bytes_nowhere() {
 
     // Broadcasts: the first asks the write verdict, which waits; the second waits behind it;
     // the third would pass the address's bound and is refused at once.
-    holder
-        .execute("SELECT pg_advisory_lock($1)", &[&LOCK])
-        .await
-        .unwrap();
     let large = |event: &str| json!({"type": "broadcast", "event": event, "payload": {"x": "x".repeat(120_000)}});
-    let first = c.push(Some("1"), &topic, "broadcast", large("a")).await;
-    let second = c.push(Some("1"), &topic, "broadcast", large("b")).await;
-    let third = c.push(Some("1"), &topic, "broadcast", large("c")).await;
-    let refused = c.reply(&third).await;
-    assert_eq!(
-        refused["response"]["reason"],
+    let held = Held {
+        sidecar: &sidecar,
+        holder: &holder,
+        lock: LOCK,
+        topic: &topic,
+    };
+    held.third_refused(
+        &mut c,
+        "broadcast",
+        [large("a"), large("b"), large("c")],
         "UnableToBroadcast: this client address's broadcasts waiting for the database would pass MAX_RELAY_BYTES_PER_ADDRESS; retry",
-        "{refused}"
-    );
-    gauge_until(
-        &sidecar,
-        "realtime_relay_bytes_held",
-        |v| v >= 240_000.0,
-        "the two held broadcasts' bytes",
     )
     .await;
-    holder
-        .execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
-        .await
-        .unwrap();
-    for r in [&first, &second] {
-        let reply = c.reply(r).await;
-        assert_eq!(reply["status"], "ok", "broadcast {r}: {reply}");
-    }
-    gauge_reaches(&sidecar, "realtime_relay_bytes_held", 0.0).await;
-
     // Presence: the same, with the presence write verdict asked at the first track.
-    holder
-        .execute("SELECT pg_advisory_lock($1)", &[&LOCK])
-        .await
-        .unwrap();
     let track = |n: u32| json!({"type": "presence", "event": "track", "payload": {"n": n, "x": "x".repeat(120_000)}});
-    let first = c.push(Some("1"), &topic, "presence", track(1)).await;
-    let second = c.push(Some("1"), &topic, "presence", track(2)).await;
-    let third = c.push(Some("1"), &topic, "presence", track(3)).await;
-    let refused = c.reply(&third).await;
-    assert_eq!(
-        refused["response"]["reason"],
+    held.third_refused(
+        &mut c,
+        "presence",
+        [track(1), track(2), track(3)],
         "UnableToTrackPresence: this client address's presence pushes waiting for the database would pass MAX_RELAY_BYTES_PER_ADDRESS; retry",
-        "{refused}"
-    );
-    holder
-        .execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
-        .await
-        .unwrap();
-    for r in [&first, &second] {
-        let reply = c.reply(r).await;
-        assert_eq!(reply["status"], "ok", "track {r}: {reply}");
-    }
-    gauge_reaches(&sidecar, "realtime_relay_bytes_held", 0.0).await;
+    )
+    .await;
     db.batch_execute("DROP POLICY t_held_bytes ON realtime.messages;")
         .await
         .unwrap();

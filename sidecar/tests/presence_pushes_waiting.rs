@@ -44,21 +44,7 @@ async fn pushes_past_the_limit_are_refused_while_the_database_holds_the_channels
     .await;
     let topic = format!("pushes-waiting-{}", now());
     let channel = format!("realtime:{topic}");
-    let holder = db().await;
-    let db = db().await;
-    db.batch_execute(&format!(
-        "CREATE FUNCTION public.t_pushes_waiting_hold() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.topic = '{topic}' THEN PERFORM pg_advisory_lock_shared({LOCK}); \
-         PERFORM pg_advisory_unlock_shared({LOCK}); END IF; RETURN NEW; END $$; \
-         CREATE TRIGGER t_pushes_waiting_hold BEFORE INSERT ON realtime.presences \
-         FOR EACH ROW EXECUTE FUNCTION public.t_pushes_waiting_hold();"
-    ))
-    .await
-    .unwrap();
-    holder
-        .execute("SELECT pg_advisory_lock($1)", &[&LOCK])
-        .await
-        .unwrap();
+    let held = PresenceWritesHeld::new(&topic, LOCK).await;
 
     let mut ann = Client::connect(s.port, "1.0.0").await;
     let reply = ann
@@ -69,23 +55,7 @@ async fn pushes_past_the_limit_are_refused_while_the_database_holds_the_channels
     let first = ann.push(Some("1"), &channel, "presence", track(1)).await;
 
     // The first write waits on the lock; two more pushes wait behind it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let held: bool = db
-            .query_one(
-                "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event = 'advisory' \
-                 AND query LIKE '%presence_track%')",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if held {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the presence write never waited");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    held.writer().await;
     let second = ann.push(Some("1"), &channel, "presence", track(2)).await;
     let third = ann.push(Some("1"), &channel, "presence", track(3)).await;
 
@@ -102,10 +72,7 @@ async fn pushes_past_the_limit_are_refused_while_the_database_holds_the_channels
         assert_eq!(payload["response"]["reason"], reason, "push {r}: {payload}");
     }
 
-    holder
-        .execute("SELECT pg_advisory_unlock($1)", &[&LOCK])
-        .await
-        .unwrap();
+    held.release().await;
     let answered = replies(&mut ann, &[&first, &second, &third], 15).await;
     assert_eq!(
         answered.len(),
@@ -116,13 +83,6 @@ async fn pushes_past_the_limit_are_refused_while_the_database_holds_the_channels
     for (r, payload) in &answered {
         assert_eq!(payload["status"], "ok", "push {r}: {payload}");
     }
-    db.batch_execute(
-        "DROP TRIGGER t_pushes_waiting_hold ON realtime.presences; \
-         DROP FUNCTION public.t_pushes_waiting_hold();",
-    )
-    .await
-    .unwrap();
-
     // The refused pushes changed nothing: once this sidecar's view has the third push's
     // meta (its diff comes through the queue, after the push was answered), ann is there
     // with that meta alone.

@@ -18,23 +18,9 @@ async fn a_member_whose_write_was_in_flight_is_tracked_under_the_next_session() 
     let s = Sidecar::start("t_presence_write_lost", &[]).await;
     let topic = format!("write-lost-{}", now());
     let channel = format!("realtime:{topic}");
-    let holder = db().await;
     let db = db().await;
-
     // A track of this topic waits for advisory lock 4242 before its row goes in.
-    db.batch_execute(&format!(
-        "CREATE FUNCTION public.t_write_lost_wait() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.topic = '{topic}' THEN PERFORM pg_advisory_lock_shared(4242); \
-         PERFORM pg_advisory_unlock_shared(4242); END IF; RETURN NEW; END $$; \
-         CREATE TRIGGER t_write_lost_wait BEFORE INSERT ON realtime.presences \
-         FOR EACH ROW EXECUTE FUNCTION public.t_write_lost_wait();"
-    ))
-    .await
-    .unwrap();
-    holder
-        .execute("SELECT pg_advisory_lock(4242)", &[])
-        .await
-        .unwrap();
+    let held = PresenceWritesHeld::new(&topic, 4242).await;
 
     let mut ann = Client::connect(s.port, "1.0.0").await;
     let reply = ann
@@ -45,35 +31,14 @@ async fn a_member_whose_write_was_in_flight_is_tracked_under_the_next_session() 
     let pushed = ann.push(Some("1"), &channel, "presence", track).await;
 
     // The worker's write waits on the lock; its backend is ended, as a stopped server ends it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let pid: i32 = loop {
-        let row = db
-            .query_opt(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event = 'advisory' \
-                 AND query LIKE '%presence_track%' LIMIT 1",
-                &[],
-            )
-            .await
-            .unwrap();
-        if let Some(row) = row {
-            break row.get(0);
-        }
-        assert!(Instant::now() < deadline, "the presence write never waited");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let pid = held.writer().await;
     let ended: bool = db
         .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
         .await
         .unwrap()
         .get(0);
     assert!(ended, "the presence write's backend ended");
-    db.batch_execute(
-        "DROP TRIGGER t_write_lost_wait ON realtime.presences; \
-         DROP FUNCTION public.t_write_lost_wait();",
-    )
-    .await
-    .unwrap();
-    drop(holder);
+    held.release().await;
 
     // Before the fix ann's push was never answered and no view had her (each waited out its
     // 15 s).

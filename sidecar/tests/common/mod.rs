@@ -84,6 +84,65 @@ pub async fn db() -> tokio_postgres::Client {
     db_at(&dsn()).await
 }
 
+/// Presence writes of one topic held in the database: a trigger on the members' table makes
+/// each of the topic's rows wait for advisory lock `lock`, which this value's connection holds
+/// until `release` (which lets them go and drops the trigger).
+pub struct PresenceWritesHeld {
+    holder: tokio_postgres::Client,
+    lock: i64,
+}
+
+impl PresenceWritesHeld {
+    pub async fn new(topic: &str, lock: i64) -> PresenceWritesHeld {
+        let holder = db().await;
+        holder
+            .batch_execute(&format!(
+                "CREATE FUNCTION public.t_presence_held_{lock}() RETURNS trigger LANGUAGE plpgsql \
+                 AS $$ BEGIN IF NEW.topic = '{topic}' THEN PERFORM pg_advisory_lock_shared({lock}); \
+                 PERFORM pg_advisory_unlock_shared({lock}); END IF; RETURN NEW; END $$; \
+                 CREATE TRIGGER t_presence_held_{lock} BEFORE INSERT ON realtime.presences \
+                 FOR EACH ROW EXECUTE FUNCTION public.t_presence_held_{lock}(); \
+                 SELECT pg_advisory_lock({lock});"
+            ))
+            .await
+            .unwrap();
+        PresenceWritesHeld { holder, lock }
+    }
+
+    /// The backend of a presence write waiting for the lock, once one is (at most 10 s).
+    pub async fn writer(&self) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let row = self
+                .holder
+                .query_opt(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event = 'advisory' \
+                     AND query LIKE '%presence_track%' LIMIT 1",
+                    &[],
+                )
+                .await
+                .unwrap();
+            if let Some(row) = row {
+                return row.get(0);
+            }
+            assert!(Instant::now() < deadline, "no presence write waited");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn release(self) {
+        let lock = self.lock;
+        self.holder
+            .batch_execute(&format!(
+                "SELECT pg_advisory_unlock({lock}); \
+                 DROP TRIGGER t_presence_held_{lock} ON realtime.presences; \
+                 DROP FUNCTION public.t_presence_held_{lock}();"
+            ))
+            .await
+            .unwrap();
+    }
+}
+
 /// A connection (without TLS) to the database `dsn` names, served in the background.
 pub async fn db_at(dsn: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
