@@ -137,8 +137,8 @@ pub struct Config {
     /// MAX_FRAME_SIZE.
     #[arg(long, env = "MAX_RELAY_BYTES_PER_ADDRESS", default_value_t = 64 << 20)]
     pub max_relay_bytes_per_address: usize,
-    /// Bytes of every broadcast waiting for the relay and every push held for a verdict; past it as
-    /// MAX_RELAY_BYTES_PER_ADDRESS, naming MAX_RELAY_BYTES. At least
+    /// Bytes of every broadcast waiting for the relay and every push held for a verdict;
+    /// past it as MAX_RELAY_BYTES_PER_ADDRESS, naming MAX_RELAY_BYTES. At least
     /// MAX_RELAY_BYTES_PER_ADDRESS.
     #[arg(long, env = "MAX_RELAY_BYTES", default_value_t = 512 << 20)]
     pub max_relay_bytes: usize,

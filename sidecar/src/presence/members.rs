@@ -4,7 +4,8 @@
 //! worker writes whatever changed since it last looked, in one statement for every
 //! channel. So a client that re-tracks a cursor 30 times while one write is in the
 //! database costs one more write, not 30, and the queue between them can never overflow:
-//! it holds at most one entry per channel.
+//! it holds at most one entry per channel, and each channel's pushes waiting to be answered
+//! are counted (`Reply`, MAX_PRESENCE_PUSHES_WAITING_PER_CHANNEL).
 
 use crate::hub::{ConnId, TopicKey};
 use crate::out::ReplyTo;
