@@ -134,19 +134,18 @@ pub fn hold_bytes(
     payload: &Payload,
     metrics: &Metrics,
 ) -> Result<Hold, Failure> {
-    let bytes = broadcast_bytes(topic, event, payload);
-    take_bytes(budget, address, bytes, metrics)
-        .map_err(|over| Failure::Unavailable(over_text(over)))
+    let bytes = persist_full::size(payload) + topic.len() + event.len();
+    take_bytes(budget, address, bytes, metrics).map_err(|over| {
+        Failure::Unavailable(match over {
+            Over::Address => "this client address's broadcasts waiting for the database would pass MAX_RELAY_BYTES_PER_ADDRESS; retry",
+            Over::Sidecar => "the broadcasts waiting for the database would pass MAX_RELAY_BYTES; retry",
+        })
+    })
 }
 
-/// What a broadcast holds of MAX_RELAY_BYTES_PER_ADDRESS and MAX_RELAY_BYTES.
-pub fn broadcast_bytes(topic: &str, event: &str, payload: &Payload) -> usize {
-    persist_full::size(payload) + topic.len() + event.len()
-}
-
-/// Holds `bytes` of pushes waiting for the database (broadcasts queued for the relay, or a
-/// private channel's pushes held for its verdict, `held`), or says which bound they would
-/// pass.
+/// Holds `bytes` of pushes waiting for the database (broadcasts, queued for the relay or
+/// held for a private channel's verdict; a held track, `held`), or says which bound they
+/// would pass.
 pub fn take_bytes(
     budget: &ByteBudget,
     address: Option<AddressKey>,
@@ -156,14 +155,6 @@ pub fn take_bytes(
     budget.take(address, bytes).inspect_err(|_| {
         metrics.relay_bytes_refusals_total.increment(1);
     })
-}
-
-/// Why a broadcast's bytes were refused.
-pub fn over_text(over: Over) -> &'static str {
-    match over {
-        Over::Address => "this client address's broadcasts waiting for the database would pass MAX_RELAY_BYTES_PER_ADDRESS; retry",
-        Over::Sidecar => "the broadcasts waiting for the database would pass MAX_RELAY_BYTES; retry",
-    }
 }
 
 impl Broadcast {

@@ -25,24 +25,22 @@ impl Channels {
         let asking = ch.broadcast.held.is_asking();
         if asking || (ch.key.private && ch.broadcast.write.is_none()) {
             // Held until the verdict is back, its bytes held as a relayed broadcast's are.
-            let bytes = relay::broadcast_bytes(&ch.key.topic, &b.event, &b.payload);
+            let (budget, metrics) = (&self.shared.relay_bytes, &self.shared.metrics);
             let address = self.presence_source.address;
             let topic = m.topic.clone();
-            match relay::take_bytes(
-                &self.shared.relay_bytes,
+            match relay::hold_bytes(
+                budget,
                 address,
-                bytes,
-                &self.shared.metrics,
+                &ch.key.topic,
+                &b.event,
+                &b.payload,
+                metrics,
             ) {
                 Ok(hold) => ch.broadcast.held.hold(m, b, hold),
-                Err(over) => {
+                Err(failure) => {
                     let persisted = b.persist != Ok(None);
-                    let why = Refusal::UnableToBroadcast(relay::over_text(over).into());
-                    self.shared
-                        .metrics
-                        .client_broadcast_failures_total
-                        .increment(1);
-                    self.refuse_broadcast(&m, &why, persisted);
+                    metrics.client_broadcast_failures_total.increment(1);
+                    self.refuse_broadcast(&m, &failure.reason(), persisted);
                     return;
                 }
             }
@@ -79,14 +77,14 @@ impl Channels {
                 .flatten(),
         };
         if let Err(why) = broadcast::push(&self.shared, author, &ch.reach, key, state, &m, b) {
-            self.refuse_broadcast(&m, &why, persisted);
+            self.refuse_broadcast(&m, &why.text(), persisted);
         }
     }
 
     /// An error reply to a client broadcast: Supabase's `reason`, and `error` too for one
     /// that asked to be kept (realtime-js returns that to the app).
-    fn refuse_broadcast(&mut self, m: &Inbound, why: &Refusal, persisted: bool) {
-        let reply = crate::relay::refusal(&why.text(), persisted);
+    fn refuse_broadcast(&mut self, m: &Inbound, reason: &str, persisted: bool) {
+        let reply = crate::relay::refusal(reason, persisted);
         self.push_text(frame::encode(
             self.link.vsn,
             m.join_ref.as_deref(),
@@ -108,7 +106,7 @@ impl Channels {
             if let Some(f) = write.failure() {
                 for (m, b) in held {
                     let persisted = b.persist != Ok(None);
-                    self.refuse_broadcast(&m, &Refusal::Database(f.clone()), persisted);
+                    self.refuse_broadcast(&m, &Refusal::Database(f.clone()).text(), persisted);
                 }
                 return;
             }

@@ -384,11 +384,11 @@ impl Worker {
 
     /// Puts the wishes of writes not carried out back, with their pushes: the statement was
     /// cancelled, or the connection was lost before they were written or while they were
-    /// (their fate unknown). Under the
-    /// next session they are written again, beside the members tracked again from `applied`
-    /// (a wish put back is newer, and stands). Dropped, they were lost: the members in no
-    /// view and their pushes never answered (issue 42, the lab's forced failover: every
-    /// view lacked 400 members after a write to the isolated old primary never answered).
+    /// (their fate unknown). Under the next session they are written again, beside the
+    /// members tracked again from `applied` (a wish put back is newer, and stands). Dropped,
+    /// they were lost: the members in no view and their pushes never answered (issue 42, the
+    /// lab's forced failover: every view lacked 400 members after a write to the isolated old
+    /// primary never answered).
     fn restore(&self, writes: Vec<Write>) {
         for w in writes {
             self.members.restore(w.id, w.op.desired(), w.replies);

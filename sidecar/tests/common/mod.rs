@@ -585,7 +585,6 @@ impl Client {
         }
     }
 
-    /// Text frames normalized to {join_ref, ref, topic, event, payload}.
     /// Reads frames for at most `secs` until a presence frame names `key` (`presence_names`).
     pub async fn sees_presence_of(&mut self, key: &str, secs: u64) -> bool {
         let deadline = Instant::now() + Duration::from_secs(secs);
@@ -599,6 +598,7 @@ impl Client {
         false
     }
 
+    /// Text frames normalized to {join_ref, ref, topic, event, payload}.
     pub async fn next_json(&mut self, secs: u64) -> Option<Value> {
         loop {
             match self.next(secs).await? {
